@@ -1,0 +1,93 @@
+"""Feature maps phi for linear attention: sim(q, k) = phi(q) . phi(k) replaces exp(q . k).
+
+A feature map takes [..., K] and returns [..., F] (F = K except for random features). Any of these
+names, or any callable with that contract, can be passed as `feature_map=` to `linear_attention`:
+
+- "identity": phi(x) = x (plain linear attention; with normalize=True the sum q . z can reach zero).
+- "elu+1": phi(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020, "Transformers are RNNs").
+- "relu": phi(x) = max(x, 0).
+- `FavorPlus(num_features, seed)`: Performer's positive orthogonal random features (Choromanski et
+  al. 2021), an unbiased estimate of the softmax kernel exp(q . k / sqrt(K)).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import array_module
+
+
+def identity(x):
+    """phi(x) = x."""
+    return x
+
+
+def elu_plus_one(x):
+    """phi(x) = elu(x) + 1: x + 1 for x > 0, exp(x) otherwise; always positive."""
+    xp = array_module(x)
+    return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, 0)))
+
+
+def relu(x):
+    """phi(x) = max(x, 0)."""
+    return array_module(x).maximum(x, 0)
+
+
+class FavorPlus:
+    """FAVOR+ positive orthogonal random features (Performer).
+
+        phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m),   x' = x / K^(1/4),   W: [m, K]
+
+    For any Gaussian row w, E[exp(w.q' - |q'|^2/2) exp(w.k' - |k'|^2/2)] = exp(q'.k') = exp(q.k / sqrt(K)),
+    so phi(q) . phi(k) is an unbiased, always positive estimate of the softmax kernel. Rows are drawn
+    in blocks of K mutually orthogonal directions (QR of a Gaussian matrix) with lengths drawn like a
+    Gaussian vector's (chi with K degrees of freedom): the same marginal law, lower variance.
+
+    The projection is seeded: the same (num_features, seed, K) always gives the same W. No max is
+    subtracted inside exp (some implementations do, for range); the estimate stays exact in expectation.
+    """
+
+    def __init__(self, num_features: int = 256, seed: int = 0):
+        if isinstance(num_features, bool) or not isinstance(num_features, (int, np.integer)) or num_features <= 0:
+            raise ValueError(f"num_features: expected a positive integer, got {num_features!r}")
+        self.num_features = int(num_features)
+        self.seed = int(seed)
+        self._projections: dict[int, np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        return f"FavorPlus(num_features={self.num_features}, seed={self.seed})"
+
+    def projection(self, K: int) -> np.ndarray:
+        """W: [m, K], float64, made once per K."""
+        if K not in self._projections:
+            rng = np.random.default_rng(self.seed)
+            blocks, rows = [], 0
+            while rows < self.num_features:
+                q, _ = np.linalg.qr(rng.standard_normal((K, K)))
+                blocks.append(q.T)  # K orthonormal rows
+                rows += K
+            directions = np.concatenate(blocks)[: self.num_features]
+            lengths = np.linalg.norm(rng.standard_normal((self.num_features, K)), axis=1)
+            self._projections[K] = directions * lengths[:, None]
+        return self._projections[K]
+
+    def __call__(self, x):
+        xp = array_module(x)
+        K = x.shape[-1]
+        W = xp.asarray(self.projection(K), dtype=x.dtype)
+        x = x / K ** 0.25
+        log_features = x @ W.T - 0.5 * (x * x).sum(-1, keepdims=True)
+        return xp.exp(log_features) / np.sqrt(self.num_features)
+
+
+NAMED = {"identity": identity, "elu+1": elu_plus_one, "relu": relu, "favor+": FavorPlus()}
+
+
+def resolve(feature_map):
+    """None -> identity; a name in NAMED ("favor+" is FavorPlus(256, seed=0)); a callable -> itself."""
+    if feature_map is None:
+        return identity
+    if callable(feature_map):
+        return feature_map
+    if isinstance(feature_map, str) and feature_map in NAMED:
+        return NAMED[feature_map]
+    raise ValueError(f"feature_map: expected None, a callable, or one of {sorted(NAMED)}, got {feature_map!r}")

@@ -1,0 +1,7 @@
+"""The mixers: one module per mixer, each with `recurrent`, `chunked`, `step` and (where one exists)
+`parallel`, all returning (o, final_state). See CONVENTIONS.md for shapes and gates."""
+from . import (attention, deltanet, gated_deltanet, gla, kda, lightning, linear_attention, mamba2, retnet,
+               simple_gla)
+
+__all__ = ["attention", "linear_attention", "retnet", "lightning", "mamba2", "simple_gla", "gla",
+           "deltanet", "gated_deltanet", "kda"]

@@ -1,0 +1,83 @@
+"""Engine: the gated delta rule, behind deltanet, gated_deltanet and kda. The public modules check
+their inputs and map their paper's symbols onto this; here the inputs are already checked, cast to one
+dtype, and `q` already carries `scale`.
+
+    S'  = Diag(exp(g_t)) S_{t-1}                        decay first (no gate: S' = S_{t-1})
+    S_t = S' + beta_t k_t (v_t - S'^T k_t)^T             then correct what S' predicts for k_t
+    o_t = S_t^T q_t
+
+`g` is None (DeltaNet), scalar [B, T, H] (Gated DeltaNet) or per key channel [B, T, H, K] (KDA).
+Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]; o [B, T, H, V].
+"""
+from __future__ import annotations
+
+from ..backend import array_module, solve_unit_lower
+from ..chunking import (decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
+                        state_or_zeros, to_chunks)
+
+
+def step(q, k, v, beta, g, S):
+    """One token: q, k [B, H, K], v [B, H, V], beta [B, H], g None / [B, H] / [B, H, K], S or None."""
+    S = state_or_zeros(S, q, v)
+    S = decay_state(S, g)
+    prediction = (k[..., None, :] @ S)[..., 0, :]  # S'^T k_t: what the memory holds for k_t
+    S = S + (beta[..., None] * k)[..., :, None] * (v - prediction)[..., None, :]
+    return (q[..., None, :] @ S)[..., 0, :], S
+
+
+def recurrent(q, k, v, beta, g, S0):
+    """The definition: one `step` per token, vectorized over batch and heads."""
+    xp = array_module(q)
+    S = state_or_zeros(S0, q[:, 0], v[:, 0])
+    o = xp.empty(v.shape, q.dtype)
+    for t in range(q.shape[1]):
+        o[:, t], S = step(q[:, t], k[:, t], v[:, t], beta[:, t], None if g is None else g[:, t], S)
+    return o, S
+
+
+def chunked(q, k, v, beta, g, S0, chunk_size):
+    """Chunked form with the WY representation (DeltaNet: Yang et al. 2024; gated: Yang et al. 2025).
+
+    Inside one chunk, with G the chunk-local cumulative gate and S the state entering the chunk,
+    unroll the recurrence: S_t = exp(G_t) S + sum_{j <= t} exp(G_t - G_j) k_j delta_j^T, where the
+    corrections delta_t = beta_t (v_t - S_{t-1}'^T k_t) solve the unit lower-triangular system
+        (I + A) Delta = diag(beta) V - diag(beta) (K * exp(G)) S,
+        A_tj = beta_t k_t . exp(G_t - G_j) k_j   for j < t.
+    With T = (I + A)^-1 (one triangular solve per chunk, all chunks at once):
+        W = T diag(beta) (K * exp(G)),  U = T diag(beta) V,  Delta = U - W S.
+    Then, chunk after chunk (only this loop is sequential):
+        O = (Q * exp(G)) S + (Q K^T, decayed and causally masked) Delta
+        S <- exp(G_C) S + (K * exp(G_C - G))^T Delta
+    """
+    xp = array_module(q)
+    T, K = q.shape[1], q.shape[-1]
+    qc, kc, vc = (to_chunks(x, chunk_size) for x in (q, k, v))   # [B, H, N, C, .]
+    beta_c = to_chunks(beta, chunk_size)[..., None]              # [B, H, N, C, 1]
+    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
+
+    k_beta = kc * beta_c
+    A = gated_gram(k_beta, kc, G, strict=True)
+    WU = solve_unit_lower(A, xp.concatenate([decay_rows(k_beta, G), vc * beta_c], axis=-1))
+    W, U = WU[..., :K], WU[..., K:]
+    scores = gated_gram(qc, kc, G)                                # [B, H, N, C, C]
+    q_from_start = decay_rows(qc, G)
+    if G is None:
+        G_last, k_to_end = None, kc
+    else:
+        G_last = G[:, :, :, -1]
+        k_to_end = decay_rows(kc, G_last[:, :, :, None] - G)
+
+    S = state_or_zeros(S0, q[:, 0], v[:, 0])
+    o = xp.empty_like(vc)
+    for n in range(qc.shape[2]):
+        delta = U[:, :, n] - W[:, :, n] @ S
+        o[:, :, n] = q_from_start[:, :, n] @ S + scores[:, :, n] @ delta
+        S = decay_state(S, None if G_last is None else G_last[:, :, n]) + k_to_end[:, :, n].swapaxes(-1, -2) @ delta
+    return from_chunks(o, T), S
+
+
+def parallel(q, k, v, beta, g, S0):
+    """The quadratic form: the chunked form with one chunk holding the whole sequence, so that
+    O = (Q K^T, masked) (I + A)^-1 diag(beta) V when starting from an empty memory (DeltaNet's
+    "attention" form)."""
+    return chunked(q, k, v, beta, g, S0, max(q.shape[1], 1))

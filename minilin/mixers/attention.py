@@ -1,0 +1,127 @@
+"""Causal softmax attention (Vaswani et al. 2017), the baseline every other mixer is measured against.
+
+    o_i = sum_{j <= i} softmax_j(scale * q_i . k_j) v_j
+
+Its "state" is the KV cache: every key and value seen so far, [B, t, H, K] and [B, t, H, V], growing by
+one entry per token; that growth is what linear attention and SSMs replace with a fixed-size memory.
+
+Forms:
+- parallel: the masked n x n score matrix, softmax, times V.
+- chunked: FlashAttention-style tiling (Dao et al. 2022) with an online softmax. Queries and keys are cut
+  into blocks of C; for each key block every query block keeps a running max m, a running sum l and an
+  unnormalized output acc, rescaled by exp(m_old - m_new) whenever the max grows:
+      m' = max(m, rowmax(S)),  P = exp(S - m'),  l' = exp(m - m') l + rowsum(P),  acc' = exp(m - m') acc + P V
+  and o = acc / l at the end. Exact (not an approximation), and no n x n matrix is ever formed.
+- step: one query against the cache, after appending its own key and value.
+- recurrent: a loop of steps (the definition as a decoder runs it).
+All return (o, KVCache); `initial_state` / `state` is a KVCache of earlier tokens (positions 0..P-1), so
+running [0, t) then [t, T) from the returned cache equals running [0, T).
+
+Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; KVCache.k [B, P, H, K], KVCache.v [B, P, H, V].
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import examples
+from ..backend import array_module
+from ..chunking import from_chunks, num_chunks, to_chunks
+from ..validation import check_chunk_size, check_scale, check_tensors, state_name
+
+
+class KVCache(NamedTuple):
+    """The softmax layer's memory: all keys [B, P, H, K] and values [B, P, H, V] seen so far."""
+
+    k: object
+    v: object
+
+
+def _prepare(q, k, v, scale, cache, step=False):
+    if cache is not None and not (isinstance(cache, tuple) and len(cache) == 2):
+        raise TypeError(f"{state_name(step)}: expected a KVCache(k, v) or None, got {type(cache).__name__}")
+    name = state_name(step)
+    cache_k, cache_v = (None, None) if cache is None else cache
+    xp, shapes, (q, k, v, cache_k, cache_v) = check_tensors(
+        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"),
+        (f"{name}.k", cache_k, "B P H K"), (f"{name}.v", cache_v, "B P H V"), step=step)
+    if step:  # one token: give it back its T axis so every form works on [B, T, H, .]
+        q, k, v = q[:, None], k[:, None], v[:, None]
+    if cache_k is not None:
+        k, v = xp.concatenate([cache_k, k], axis=1), xp.concatenate([cache_v, v], axis=1)
+    return q * check_scale(scale, shapes["K"]), k, v
+
+
+def _masked_softmax_read(q, k, v):
+    """q [B, T, H, K] at positions P..P+T-1 against all keys k [B, P+T, H, K]: the quadratic form."""
+    xp = array_module(q)
+    T, total = q.shape[1], k.shape[1]
+    scores = xp.einsum("bthk,bshk->bhts", q, k)                       # [B, H, T, P + T]
+    visible = xp.arange(total)[None, :] <= (total - T + xp.arange(T))[:, None]
+    scores = xp.where(visible, scores, -xp.inf)
+    weights = xp.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return xp.einsum("bhts,bshv->bthv", weights, v)
+
+
+def parallel(q, k, v, *, scale=None, initial_state=None):
+    """Masked n x n softmax. Returns (o [B, T, H, V], KVCache of all P + T tokens)."""
+    q, k, v = _prepare(q, k, v, scale, initial_state)
+    return _masked_softmax_read(q, k, v), KVCache(k, v)
+
+
+def step(q, k, v, *, state=None, scale=None):
+    """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], the cache one token longer)."""
+    q, k, v = _prepare(q, k, v, scale, state, step=True)
+    return _masked_softmax_read(q, k, v)[:, 0], KVCache(k, v)
+
+
+def recurrent(q, k, v, *, scale=None, initial_state=None):
+    """One `step` per token, as a decoder runs: the cache grows by one entry each time."""
+    xp, _, _ = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
+    cache = initial_state
+    outputs = []
+    for t in range(q.shape[1]):
+        o_t, cache = step(q[:, t], k[:, t], v[:, t], state=cache, scale=scale)
+        outputs.append(o_t)
+    return xp.stack(outputs, axis=1), cache
+
+
+def chunked(q, k, v, *, scale=None, initial_state=None, chunk_size=64):
+    """FlashAttention-style tiling with an online softmax (see the module docstring); exact."""
+    C = check_chunk_size(chunk_size)
+    q, k, v = _prepare(q, k, v, scale, initial_state)
+    xp = array_module(q)
+    T, total = q.shape[1], k.shape[1]
+    prefix = total - T
+    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)  # [B, H, Nq or Nk, C, .]
+    q_pos = prefix + xp.arange(qc.shape[2] * C).reshape(-1, C)     # absolute positions [Nq, C]
+    k_pos = xp.arange(kc.shape[2] * C).reshape(-1, C)              # [Nk, C]; padding lies past every query
+
+    B, H, Nq = qc.shape[:3]
+    m = xp.full((B, H, Nq, C), -xp.inf, q.dtype)                    # running max of the scores
+    l = xp.zeros((B, H, Nq, C), q.dtype)                            # running sum of exp(score - m)
+    acc = xp.zeros((B, H, Nq, C, v.shape[-1]), q.dtype)             # running sum of exp(score - m) v
+    for j in range(num_chunks(total, C)):
+        first = max(0, (j * C - prefix) // C)                       # query blocks before it see none of block j
+        visible = k_pos[j][None, None, :] <= q_pos[first:, :, None]  # [Nq', C, C]
+        scores = qc[:, :, first:] @ kc[:, :, j, None].swapaxes(-1, -2)
+        scores = xp.where(visible, scores, -xp.inf)
+        m_new = xp.maximum(m[:, :, first:], scores.max(-1))
+        # Key 0 is visible to every query and block 0 comes first, so m_new is finite from the start.
+        p = xp.exp(scores - m_new[..., None])
+        rescale = xp.exp(m[:, :, first:] - m_new)
+        l[:, :, first:] = rescale * l[:, :, first:] + p.sum(-1)
+        acc[:, :, first:] = rescale[..., None] * acc[:, :, first:] + p @ vc[:, :, j, None]
+        m[:, :, first:] = m_new
+    return from_chunks(acc / l[..., None], T), KVCache(k, v)
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs (see `minilin.examples`): returns (args, kwargs) for every form."""
+    rng = examples.generator(seed)
+    q = examples.normal(rng, (B, T, H, K), dtype, xp)
+    k = examples.normal(rng, (B, T, H, K), dtype, xp)
+    v = examples.normal(rng, (B, T, H, V), dtype, xp)
+    return (q, k, v), {}

@@ -1,0 +1,81 @@
+"""Mamba-2's state-space dual layer, SSD (Dao & Gu 2024, "Transformers are SSMs"), with a scalar A per head.
+
+    h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T        h: [N, P] per head
+    y_t = h_t^T C_t + D x_t
+
+Paper symbols: x = input [P channels per head], dt = step size Delta (after softplus, >= 0),
+A = scalar state matrix per head (A <= 0), B = input matrix, C = output matrix, D = skip, N = state size.
+
+SSD is the scalar-gate linear recurrence of `simple_gla` under the mapping (CONVENTIONS.md)
+    q = C,  k = B,  v = dt * x,  g = dt * A,  scale = 1,
+so its chunked form is `simple_gla`'s: the 1-semiseparable matrix L = exp(segsum(dt A)) inside each chunk
+(Y_diag = (C B^T * L) (dt x)), chunk states, inter-chunk state passing, and the state read
+(Y_off = C h * exp(cumsum dt A)), which is the paper's SSD algorithm step for step. Mamba-2's B and C
+groups are taken per head here ([B, T, H, N]); repeat a group's B, C over its heads to get them.
+
+Shapes: x [B, T, H, P]; dt [B, T, H]; A [H]; B, C [B, T, H, N]; D [H] or None; y [B, T, H, P];
+state [B, H, N, P]. Forms: recurrent, chunked, parallel, step; each returns (y, final_state).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import examples
+from ..validation import check_chunk_size, check_max, check_min, check_tensors, state_name
+from . import _gated_linear
+
+
+def _prepare(x, dt, A, B, C, D, state, step=False):
+    _, _, (x, dt, A, B, C, D, state) = check_tensors(
+        ("x", x, "B T H P"), ("dt", dt, "B T H"), ("A", A, "H"), ("B", B, "B T H N"), ("C", C, "B T H N"),
+        ("D", D, "H"), (state_name(step), state, "B H N P"), step=step)
+    check_min("dt", dt, 0.0, "step sizes dt >= 0")
+    check_max("A", A, 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
+    # The mapping onto the scalar-gate recurrence: q = C, k = B, v = dt x, g = dt A.
+    return (C, B, dt[..., None] * x, dt * A, state), x, D
+
+
+def _skip(y, x, D):
+    """y + D x (D per head)."""
+    return y if D is None else y + D[:, None] * x
+
+
+def recurrent(x, dt, A, B, C, D=None, *, initial_state=None):
+    """Token loop (the definition). Returns (y [B, T, H, P], final state [B, H, N, P])."""
+    mapped, x, D = _prepare(x, dt, A, B, C, D, initial_state)
+    y, h = _gated_linear.recurrent(*mapped)
+    return _skip(y, x, D), h
+
+
+def chunked(x, dt, A, B, C, D=None, *, initial_state=None, chunk_size=64):
+    """The SSD chunk algorithm; any T, chunk_size > 0."""
+    chunk_size = check_chunk_size(chunk_size)
+    mapped, x, D = _prepare(x, dt, A, B, C, D, initial_state)
+    y, h = _gated_linear.chunked(*mapped, chunk_size)
+    return _skip(y, x, D), h
+
+
+def parallel(x, dt, A, B, C, D=None, *, initial_state=None):
+    """The quadratic (attention-like) form: y = (L * C B^T) (dt x) + D x, L the semiseparable mask."""
+    mapped, x, D = _prepare(x, dt, A, B, C, D, initial_state)
+    y, h = _gated_linear.parallel(*mapped)
+    return _skip(y, x, D), h
+
+
+def step(x, dt, A, B, C, D=None, *, state=None):
+    """One decoding step: x [B, H, P], dt [B, H], B, C [B, H, N] -> (y_t [B, H, P], new state)."""
+    mapped, x, D = _prepare(x, dt, A, B, C, D, state, step=True)
+    y, h = _gated_linear.step(*mapped)
+    return _skip(y, x, D), h
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs: x [B, T, H, P=V], B and C [B, T, H, N=K]. Returns (args, kwargs)."""
+    rng = examples.generator(seed)
+    x = examples.normal(rng, (B, T, H, V), dtype, xp)
+    dt = examples.uniform(rng, 0.01, 0.5, (B, T, H), dtype, xp)
+    A = -examples.uniform(rng, 0.5, 2.0, (H,), dtype, xp)
+    B_in = examples.normal(rng, (B, T, H, K), dtype, xp)
+    C_out = examples.normal(rng, (B, T, H, K), dtype, xp)
+    D = examples.normal(rng, (H,), dtype, xp)
+    return (x, dt, A, B_in, C_out, D), {}

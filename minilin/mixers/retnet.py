@@ -1,0 +1,73 @@
+"""RetNet's retention (Sun et al. 2023, "Retentive Network"): linear attention with a fixed decay
+gamma_h per head.
+
+    S_t = gamma S_{t-1} + k_t v_t^T                 S: [K, V]
+    o_t = scale * S_t^T q_t
+    parallel: O = (Q K^T * D) V,  D_ij = gamma^(i - j) for i >= j, else 0
+
+Paper symbols: gamma = decay (default gamma_h = 1 - 2^(-5 - h) for head h = 0..H-1, RetNet's
+multi-scale retention), D = the decay mask, S = the recurrent state s_n. The paper's xPos rotation and
+group norm belong to the layer around retention and are left out. Computed as `simple_gla` with the
+constant log-gate g = log gamma; the parallel form's exp(G_i - G_j) is exactly gamma^(i - j).
+
+Shapes: q, k [B, T, H, K]; v [B, T, H, V]; gamma [H]; o [B, T, H, V]; state [B, H, K, V].
+Forms: recurrent, chunked (RetNet's chunkwise recurrent form), parallel, step; each returns (o, final_state).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import examples
+from ..validation import (check_chunk_size, check_max, check_min, check_scale, check_tensors,
+                          state_name)
+from . import _gated_linear
+
+
+def default_gamma(H: int, xp=np):
+    """RetNet's per-head decays gamma_h = 1 - 2^(-5 - h), h = 0..H-1: head 0 forgets fastest
+    (gamma = 0.96875, a memory of about 32 tokens), each next head twice as slowly."""
+    return 1 - 2.0 ** (-5 - xp.arange(H, dtype=xp.float64))
+
+
+def _prepare(q, k, v, gamma, scale, state, step=False):
+    xp, shapes, (q, k, v, gamma, state) = check_tensors(
+        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("gamma", gamma, "H"),
+        (state_name(step), state, "B H K V"), step=step)
+    if gamma is None:
+        gamma = default_gamma(shapes["H"], xp).astype(q.dtype)
+    else:
+        check_min("gamma", gamma, 0.0, "decays gamma in (0, 1]", strict=True)
+        check_max("gamma", gamma, 1.0, "decays gamma in (0, 1]")
+    log_gamma = xp.log(gamma)
+    g = xp.broadcast_to(log_gamma, q.shape[:-1])  # the same log-decay at every token
+    return q * check_scale(scale, shapes["K"]), k, v, g, state
+
+
+def recurrent(q, k, v, *, gamma=None, scale=None, initial_state=None):
+    """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
+    return _gated_linear.recurrent(*_prepare(q, k, v, gamma, scale, initial_state))
+
+
+def chunked(q, k, v, *, gamma=None, scale=None, initial_state=None, chunk_size=64):
+    """Chunkwise recurrent form: parallel inside chunks, recurrent across them."""
+    chunk_size = check_chunk_size(chunk_size)
+    return _gated_linear.chunked(*_prepare(q, k, v, gamma, scale, initial_state), chunk_size)
+
+
+def parallel(q, k, v, *, gamma=None, scale=None, initial_state=None):
+    """Parallel form O = (Q K^T * D) V with the decay mask D_ij = gamma^(i - j)."""
+    return _gated_linear.parallel(*_prepare(q, k, v, gamma, scale, initial_state))
+
+
+def step(q, k, v, *, state=None, gamma=None, scale=None):
+    """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
+    return _gated_linear.step(*_prepare(q, k, v, gamma, scale, state, step=True))
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs (see `minilin.examples`): returns (args, kwargs) for every form."""
+    rng = examples.generator(seed)
+    q = examples.normal(rng, (B, T, H, K), dtype, xp)
+    k = examples.normal(rng, (B, T, H, K), dtype, xp)
+    v = examples.normal(rng, (B, T, H, V), dtype, xp)
+    return (q, k, v), {}

@@ -1,0 +1,58 @@
+"""Scalar-gated linear attention ("simple GLA"): one data-dependent decay per head and token.
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T          g_t <= 0 (log space), S: [K, V]
+    o_t = scale * S_t^T q_t
+
+The common form of RetNet (constant g = log gamma), Lightning Attention (constant g = -slope) and
+Mamba-2's SSD (g = dt * A, see `mamba2`); FLA calls it `simple_gla`. Its chunked form is the SSD
+algorithm: intra-chunk 1-semiseparable mask exp(G_i - G_j), chunk states, state passing, state read.
+
+Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H]; o [B, T, H, V]; state [B, H, K, V].
+Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import examples
+from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
+from . import _gated_linear
+
+
+def _prepare(q, k, v, g, scale, state, step=False):
+    _, shapes, (q, k, v, g, state) = check_tensors(
+        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("g", g, "B T H"),
+        (state_name(step), state, "B H K V"), step=step)
+    check_log_gate("g", g)
+    return q * check_scale(scale, shapes["K"]), k, v, g, state
+
+
+def recurrent(q, k, v, g, *, scale=None, initial_state=None):
+    """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
+    return _gated_linear.recurrent(*_prepare(q, k, v, g, scale, initial_state))
+
+
+def chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_size=64):
+    """Chunked (SSD) form; any T, chunk_size C > 0."""
+    chunk_size = check_chunk_size(chunk_size)
+    return _gated_linear.chunked(*_prepare(q, k, v, g, scale, initial_state), chunk_size)
+
+
+def parallel(q, k, v, g, *, scale=None, initial_state=None):
+    """Quadratic form: o = ((Q K^T) * L) V with L_ij = exp(G_i - G_j) for j <= i, G = cumsum(g)."""
+    return _gated_linear.parallel(*_prepare(q, k, v, g, scale, initial_state))
+
+
+def step(q, k, v, g, *, state=None, scale=None):
+    """One decoding step: q, k [B, H, K], v [B, H, V], g [B, H] -> (o_t [B, H, V], new state)."""
+    return _gated_linear.step(*_prepare(q, k, v, g, scale, state, step=True))
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs (see `minilin.examples`): returns (args, kwargs) for every form."""
+    rng = examples.generator(seed)
+    q = examples.normal(rng, (B, T, H, K), dtype, xp)
+    k = examples.normal(rng, (B, T, H, K), dtype, xp)
+    v = examples.normal(rng, (B, T, H, V), dtype, xp)
+    g = examples.log_gates(rng, (B, T, H), dtype, xp)
+    return (q, k, v, g), {}

@@ -1,0 +1,145 @@
+"""Input checks shared by every mixer: bad input raises before any work starts.
+
+Each message names the argument, what was expected and what was given, for example
+`beta: expected shape [B, T, H] = [2, 100, 4], got [2, 100]`.
+
+Shapes are written as dimension letters (`"B T H K"`). A `Shapes` object binds each letter to a size
+the first time it sees it and checks every later argument against the sizes bound so far, so the
+first argument that disagrees is the one named.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .backend import array_module, is_cupy_array
+
+
+class Shapes:
+    """Sizes of the dimension letters seen so far in one call, e.g. {'B': 2, 'T': 100, 'H': 4}."""
+
+    def __init__(self, **sizes: int):
+        self.sizes = dict(sizes)
+
+    def __getitem__(self, letter: str) -> int:
+        return self.sizes[letter]
+
+    def bind(self, name: str, shape, dims: str) -> None:
+        """Check `shape` against the letters in `dims` and bind the letters not seen before."""
+        letters = dims.split()
+        shape = tuple(int(s) for s in shape)
+        known = [self.sizes.get(letter) for letter in letters]
+        if len(shape) != len(letters) or any(k is not None and k != s for k, s in zip(known, shape)):
+            expected = ", ".join(str(k) if k is not None else letter for k, letter in zip(known, letters))
+            raise ValueError(
+                f"{name}: expected shape [{', '.join(letters)}] = [{expected}], got {list(shape)}"
+            )
+        for letter, size in zip(letters, shape):
+            self.sizes.setdefault(letter, size)
+
+
+def _type_name(x) -> str:
+    t = type(x)
+    return f"{t.__module__.split('.')[0]}.{t.__name__}" if t.__module__ != "builtins" else t.__name__
+
+
+def check_array(name: str, x, dims: str, shapes: Shapes, xp):
+    """Check one tensor argument: an array of module `xp`, floating point, of shape `dims`, finite."""
+    if not (isinstance(x, np.ndarray) or is_cupy_array(x)):
+        raise TypeError(f"{name}: expected a NumPy or CuPy array, got {_type_name(x)}")
+    if array_module(x) is not xp:
+        raise TypeError(
+            f"{name}: expected a {xp.__name__} array like the other inputs, got {_type_name(x)}"
+        )
+    if x.dtype.kind != "f":
+        raise TypeError(f"{name}: expected a floating-point array (float32 or float64), got {x.dtype}")
+    shapes.bind(name, x.shape, dims)
+    finite = xp.isfinite(x)
+    if not bool(finite.all()):
+        bad = ~finite if xp is np else (~finite).get()
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name}: expected finite values, got {x[first]} at index {first}")
+    return x
+
+
+def check_max(name: str, x, bound: float, what: str) -> None:
+    """Raise unless every element of `x` is <= bound."""
+    top = float(x.max()) if x.size else bound
+    if top > bound:
+        raise ValueError(f"{name}: expected {what}, got max {top:.6g}")
+
+
+def check_min(name: str, x, bound: float, what: str, *, strict: bool = False) -> None:
+    """Raise unless every element of `x` is >= bound (> bound when `strict`)."""
+    if x.size == 0:
+        return
+    low = float(x.min())
+    if low < bound or (strict and low == bound):
+        raise ValueError(f"{name}: expected {what}, got min {low:.6g}")
+
+
+def check_log_gate(name: str, g) -> None:
+    """A gate in log space must be <= 0, so its decay factor exp(g) lies in (0, 1]."""
+    check_max(name, g, 0.0, f"log-space decay {name} <= 0 (the decay factor is exp({name}))")
+
+
+def check_beta(beta, allow_neg_eigval: bool) -> None:
+    """beta in [0, 1]; in [0, 2] with allow_neg_eigval (the transition I - beta k k^T may then flip sign)."""
+    top = 2.0 if allow_neg_eigval else 1.0
+    what = f"values in [0, {top:g}] (allow_neg_eigval={allow_neg_eigval})"
+    check_min("beta", beta, 0.0, what)
+    check_max("beta", beta, top, what)
+
+
+def check_chunk_size(chunk_size) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+        raise TypeError(f"chunk_size: expected a positive integer, got {_type_name(chunk_size)} {chunk_size!r}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
+    return int(chunk_size)
+
+
+def check_scale(scale, K: int) -> float:
+    """`scale` defaults to K ** -0.5; given, it must be a finite real number."""
+    if scale is None:
+        return K ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not np.isfinite(scale):
+        raise TypeError(f"scale: expected a finite real number or None, got {scale!r}")
+    return float(scale)
+
+
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
+
+
+def common_dtype(xp, *arrays):
+    """The floating dtype all inputs are computed in (float16 is promoted to float32)."""
+    dtype = xp.result_type(*[a for a in arrays if a is not None])
+    return xp.dtype(xp.float32) if dtype.itemsize < 4 else dtype
+
+
+def state_name(step: bool) -> str:
+    """What the state argument is called: `state` in step(), `initial_state` elsewhere."""
+    return "state" if step else "initial_state"
+
+
+def check_tensors(*specs, step: bool = False):
+    """Check the tensor arguments of one call and cast them to one floating dtype.
+
+    specs: (name, array or None, dims) in signature order; None means an optional argument left out.
+    With step=True the inputs hold one token: the letter T is dropped from every dims.
+    Returns (xp, shapes, [arrays cast to the common dtype, None kept]).
+    """
+    given = [(name, x) for name, x, _ in specs if x is not None]
+    xp = array_module(given[0][1])
+    shapes = Shapes()
+    for name, x, dims in specs:
+        if x is not None:
+            check_array(name, x, " ".join(d for d in dims.split() if not (step and d == "T")), shapes, xp)
+    if shapes.sizes.get("T", 1) < 1:
+        raise ValueError(f"{given[0][0]}: expected at least one token (T >= 1), got T = 0")
+    dtype = common_dtype(xp, *[x for _, x in given])
+    return xp, shapes, [None if x is None else x.astype(dtype, copy=False) for _, x, _ in specs]
