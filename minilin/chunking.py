@@ -164,17 +164,14 @@ def pass_states(dS, G_total, S0):
     S0: [B, H, K, V] or None (zeros).
     Returns (S_in [B, H, N, K, V], the state entering each chunk; S_final [B, H, K, V]).
 
-    Without a gate this is an exclusive prefix sum over chunks, done in one vectorized call; with one it
-    is a loop over the N chunks (not over the T tokens).
+    The only sequential part of a chunked form: a loop over the N chunks, not over the T tokens.
+    (Without a gate it is an exclusive prefix sum; the loop of N adds is faster in NumPy than
+    `cumsum` along a middle axis.)
     """
     xp = array_module(dS)
     S = xp.zeros_like(dS[:, :, 0]) if S0 is None else S0
-    if G_total is None:
-        before = xp.cumsum(dS[:, :, :-1], axis=2)
-        S_in = xp.concatenate([xp.zeros_like(dS[:, :, :1]), before], axis=2) + S[:, :, None]
-        return S_in, S_in[:, :, -1] + dS[:, :, -1]
     S_in = xp.empty_like(dS)
     for n in range(dS.shape[2]):
         S_in[:, :, n] = S
-        S = decay_state(S, G_total[:, :, n]) + dS[:, :, n]
+        S = decay_state(S, None if G_total is None else G_total[:, :, n]) + dS[:, :, n]
     return S_in, S

@@ -57,12 +57,12 @@ def _masked_softmax_read(q, k, v):
     """q [B, T, H, K] at positions P..P+T-1 against all keys k [B, P+T, H, K]: the quadratic form."""
     xp = array_module(q)
     T, total = q.shape[1], k.shape[1]
-    scores = xp.einsum("bthk,bshk->bhts", q, k)                       # [B, H, T, P + T]
+    scores = q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1)        # [B, H, T, P + T]
     visible = xp.arange(total)[None, :] <= (total - T + xp.arange(T))[:, None]
     scores = xp.where(visible, scores, -xp.inf)
     weights = xp.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
-    return xp.einsum("bhts,bshv->bthv", weights, v)
+    return xp.ascontiguousarray((weights @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3))
 
 
 def parallel(q, k, v, *, scale=None, initial_state=None):

@@ -1,0 +1,30 @@
+"""`minilin bench`: time every form of every mixer, after checking it against the reference.
+
+    minilin bench --device cpu      NumPy on this CPU (bench/cpu.py)
+    minilin bench [--device gpu]    the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
+"""
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="time each mixer's forms (checked first)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu",
+                   help="cpu: the NumPy reference; gpu: the CUDA extension and CuPy (default)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (median reported)")
+    p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    if args.device == "cpu":
+        from . import cpu
+
+        return cpu.main(args)
+    try:
+        from . import gpu
+    except ImportError as error:  # the GPU benchmark lands with the CUDA extension
+        print(f"minilin bench --device gpu is not available: {error}. Try --device cpu.")
+        return 2
+    return gpu.main(args)

@@ -1,0 +1,90 @@
+"""`minilin bench --device cpu`: each mixer's recurrent (token loop) against its chunked form, in NumPy.
+
+Problem: B=1, H=4, T=4096, K=V=64, float32 (CONVENTIONS.md shapes). For each mixer: the baseline form's
+time (the recurrent loop, one vectorized update over B and H per token), the chunked form's time, the
+speed-up, and the chunked output's relative error against the baseline run in float64. Each form is
+checked before it is timed; a form whose error exceeds float32's tolerance is reported and not timed.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+import numpy as np
+
+from .. import catalog
+from .timing import median_ms
+
+PROBLEM = dict(B=1, T=4096, H=4, K=64, V=64)
+FLOAT32_TOLERANCE = 1e-4
+
+
+def machine() -> str:
+    import os
+
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, NumPy {np.__version__}"
+
+
+def bench_mixer(name: str, repeats: int | None) -> dict:
+    mod = catalog.module(name)
+    baseline = catalog.baseline_form(name)
+    args32, kwargs = mod.example_inputs(**PROBLEM, dtype=np.float32)
+    args64 = tuple(a.astype(np.float64) if hasattr(a, "astype") else a for a in args32)
+    reference, _ = getattr(mod, baseline)(*args64, **kwargs)
+    row = {"mixer": name, "baseline": baseline}
+    for form in catalog.forms(name):
+        fn = getattr(mod, form)
+        out, _ = fn(*args32, **kwargs)
+        error = catalog.relative_error(out, reference)
+        row[f"{form}_error"] = error
+        if not error <= FLOAT32_TOLERANCE:  # NaN fails too
+            row[f"{form}_ms"] = None
+            continue
+        runs = repeats or (3 if form == baseline else 7)
+        row[f"{form}_ms"] = median_ms(lambda: fn(*args32, **kwargs), repeats=runs)
+    if row.get("chunked_ms") and row.get(f"{baseline}_ms"):
+        row["speedup"] = row[f"{baseline}_ms"] / row["chunked_ms"]
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| mixer | baseline form | baseline ms | chunked ms | speed-up | chunked rel. error |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        speedup = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
+        error = f"{r['chunked_error']:.1e}" if "chunked_error" in r else "-"
+        lines.append(f"| {r['mixer']} | {r['baseline']} | {_ms(r, r['baseline'])} | {_ms(r, 'chunked')} "
+                     f"| {speedup} | {error} |")
+    return "\n".join(lines)
+
+
+def _ms(row: dict, form: str) -> str:
+    if f"{form}_ms" not in row:
+        return "-"
+    value = row[f"{form}_ms"]
+    return "wrong, not timed" if value is None else f"{value:.1f}"
+
+
+def main(args) -> int:
+    names = args.mixers or catalog.names()
+    unknown = sorted(set(names) - set(catalog.names()))
+    if unknown:
+        print(f"--mixers: unknown mixer(s) {unknown}; choose from {catalog.names()}", file=sys.stderr)
+        return 2
+    print(f"minilin bench --device cpu: B={PROBLEM['B']} H={PROBLEM['H']} T={PROBLEM['T']} "
+          f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, median of repeats; {machine()}", flush=True)
+    rows = []
+    for name in names:
+        rows.append(bench_mixer(name, args.repeats))
+        print(f"  {name}: done", file=sys.stderr, flush=True)
+    print(format_table(rows))
+    if args.json:
+        payload = json.dumps({"device": "cpu", "machine": machine(), "problem": PROBLEM, "rows": rows}, indent=2)
+        if args.json == "-":
+            print(payload)
+        else:
+            with open(args.json, "w") as f:
+                f.write(payload + "\n")
+    wrong = [r["mixer"] for r in rows if any(v is None for k, v in r.items() if k.endswith("_ms"))]
+    return 1 if wrong else 0

@@ -1,0 +1,52 @@
+"""Which mixers minilin has and which forms each offers; the tour, the benchmarks and the tests read
+this instead of keeping lists of their own."""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from . import mixers
+
+FORMS = ("recurrent", "chunked", "parallel")
+
+# Softmax attention's recurrent form is a decoder loop that copies a growing KV cache at every token
+# (quadratic memory traffic), so its fair baseline is the parallel form.
+BASELINE = {"attention": "parallel"}
+
+
+def names() -> list[str]:
+    """Every mixer in `minilin.mixers`, in the order of the chapters."""
+    return list(mixers.__all__)
+
+
+def module(name: str):
+    return importlib.import_module(f"minilin.mixers.{name}")
+
+
+def forms(name: str) -> list[str]:
+    """The sequence forms a mixer offers, among recurrent, chunked and parallel."""
+    mod = module(name)
+    return [form for form in FORMS if hasattr(mod, form)]
+
+
+def baseline_form(name: str) -> str:
+    """The form every other form is compared with: the recurrence (the definition) where there is one."""
+    return BASELINE.get(name) or ("recurrent" if hasattr(module(name), "recurrent") else "parallel")
+
+
+def nbytes(state) -> int:
+    """Bytes held by a state: an array, or a tuple of arrays (a KV cache)."""
+    if state is None:
+        return 0
+    if isinstance(state, (tuple, list)):
+        return sum(nbytes(s) for s in state)
+    return int(state.nbytes)
+
+
+def relative_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64 (CONVENTIONS.md); NaN anywhere gives NaN."""
+    from .backend import to_numpy
+
+    out, ref = to_numpy(out).astype(np.float64), to_numpy(ref).astype(np.float64)
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), np.finfo(float).tiny))

@@ -1,0 +1,43 @@
+"""minilin's command line. Each command lives in its own module, which adds its parser with
+`register(subparsers)` and sets `func`; this file only wires them together.
+
+    minilin [status]            the exercises: solved / failing / not started, and the next one
+    minilin check|hint|reset|watch [N]
+    minilin tour [NAME] [--quick] [--plots DIR]
+    minilin bench [--device cpu|gpu] [--json]
+    minilin doctor              what was found for the CUDA side (nvcc, CuPy, GPU, extension)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# The modules that provide commands, in the order `minilin --help` lists them.
+COMMAND_MODULES = ["minilin.tour", "minilin.bench"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minilin",
+        description="Linear attention, state-space models and the delta rule, built from scratch.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        if "status" in parser._subparsers._group_actions[0].choices:  # the exercises' overview
+            args = parser.parse_args(["status"])
+        else:
+            parser.print_help()
+            return 0
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Every mixer's forms, run on the same random problem: they agree to rounding, the state stays one
+fixed size while a softmax layer's KV cache grows with the sequence, and each form takes its own time."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import catalog
+from ..bench.timing import median_ms
+
+
+def run(quick: bool = False) -> list[dict]:
+    """One row per mixer: the largest relative difference between its forms, bytes, and times (float64)."""
+    problem = dict(B=1, T=256 if quick else 1024, H=4, K=64, V=64)
+    rows = []
+    for name in catalog.names():
+        mod = catalog.module(name)
+        args, kwargs = mod.example_inputs(**problem, dtype=np.float64)
+        baseline = catalog.baseline_form(name)
+        outputs, times = {}, {}
+        for form in catalog.forms(name):
+            fn = getattr(mod, form)
+            outputs[form] = fn(*args, **kwargs)
+            times[form] = median_ms(lambda: fn(*args, **kwargs), repeats=1 if quick else 3, warmup=0)
+        reference, state = outputs[baseline]
+        rows.append({
+            "mixer": name,
+            "forms": list(outputs),
+            "max_difference": max((catalog.relative_error(o, reference) for o, _ in outputs.values()), default=0.0),
+            "state_bytes": catalog.nbytes(state),
+            "kv_cache_bytes": problem["B"] * problem["T"] * problem["H"] * (problem["K"] + problem["V"]) * 8,
+            "ms": times,
+            "T": problem["T"],
+        })
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'mixer':18s} {'forms compared':28s} {'max rel diff':>12s} {'state':>10s} {'KV cache':>10s}  time (ms)"]
+    for r in rows:
+        times = ", ".join(f"{form} {ms:.1f}" for form, ms in r["ms"].items())
+        lines.append(f"{r['mixer']:18s} {' = '.join(r['forms']):28s} {r['max_difference']:12.1e} "
+                     f"{_bytes(r['state_bytes']):>10s} {_bytes(r['kv_cache_bytes']):>10s}  {times}")
+    T = rows[0]["T"] if rows else 0
+    lines.append(f"(B=1, H=4, K=V=64, T={T}, float64; KV cache: what a softmax layer holds at this length. "
+                 "attention's 'state' is that cache.)")
+    return "\n".join(lines)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
