@@ -8,7 +8,9 @@ import numpy as np
 
 from . import mixers
 
-FORMS = ("recurrent", "chunked", "parallel")
+# Whole-sequence forms, in the order they are listed. Not every mixer has every form: S4 adds its
+# FFT convolution, Mamba its associative-scan form.
+FORMS = ("recurrent", "chunked", "parallel", "convolution", "scan")
 
 # Softmax attention's recurrent form is a decoder loop that copies a growing KV cache at every token
 # (quadratic memory traffic), so its fair baseline is the parallel form.
@@ -25,14 +27,14 @@ def module(name: str):
 
 
 def forms(name: str) -> list[str]:
-    """The sequence forms a mixer offers, among recurrent, chunked and parallel."""
+    """The whole-sequence forms a mixer offers (functions only: `mamba.scan` could be a module)."""
     mod = module(name)
-    return [form for form in FORMS if hasattr(mod, form)]
+    return [form for form in FORMS if callable(getattr(mod, form, None))]
 
 
 def baseline_form(name: str) -> str:
     """The form every other form is compared with: the recurrence (the definition) where there is one."""
-    return BASELINE.get(name) or ("recurrent" if hasattr(module(name), "recurrent") else "parallel")
+    return BASELINE.get(name) or ("recurrent" if "recurrent" in forms(name) else forms(name)[0])
 
 
 def nbytes(state) -> int:

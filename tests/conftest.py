@@ -1,0 +1,44 @@
+"""Shared test helpers: relative error, sequence slicing, state comparison."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minilin import catalog
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| (CONVENTIONS.md); NaN anywhere gives NaN, which fails every `<` check."""
+    return catalog.relative_error(out, ref)
+
+
+def is_sequence(arg) -> bool:
+    """Per-token inputs are [B, T, ...] with ndim >= 3; lower-rank args are per-head parameters."""
+    return hasattr(arg, "ndim") and arg.ndim >= 3
+
+
+def time_slice(args, sl):
+    return tuple(a[:, sl] if is_sequence(a) else a for a in args)
+
+
+def state_err(a, b) -> float:
+    """Largest relative error between two states: arrays, tuples of arrays (KV caches) or None."""
+    if a is None or b is None:
+        assert a is None and b is None, "one state is None and the other is not"
+        return 0.0
+    if isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        return max((state_err(x, y) for x, y in zip(a, b)), default=0.0)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        return max((state_err(a[key], b[key]) for key in a), default=0.0)
+    if not hasattr(a, "shape"):  # a plain number (a position counter)
+        assert a == b
+        return 0.0
+    assert a.shape == b.shape, f"state shapes differ: {a.shape} vs {b.shape}"
+    return rel_err(a, b) if np.any(np.asarray(b)) else float(np.abs(np.asarray(a)).max(initial=0.0))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,118 @@
+"""Every mixer's forms compute the same function (float64, 1e-10), continue from a returned state, and
+a loop of `step` equals the recurrence. Driven by the catalog, so a new mixer is covered on arrival."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minilin import catalog
+from conftest import is_sequence, rel_err, state_err, time_slice
+
+TOL = 1e-10
+MIXERS = catalog.names()
+# (B, T, H, K, V, chunk_size): T = 1, T % chunk != 0, chunk 16 and 64, K != V, B > 1, H > 1.
+SHAPES = [
+    (1, 1, 1, 4, 4, 16),
+    (2, 37, 3, 8, 5, 16),
+    (1, 64, 2, 16, 16, 64),
+    (2, 130, 2, 8, 12, 64),
+    (1, 100, 1, 6, 9, 16),
+]
+
+
+def run_form(mod, form, args, kwargs, chunk_size, **extra):
+    fn = getattr(mod, form)
+    if form == "chunked":
+        extra["chunk_size"] = chunk_size
+    return fn(*args, **kwargs, **extra)
+
+
+def assert_forms_agree(name, B, T, H, K, V, chunk_size, seed):
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(B, T, H, K, V, seed=seed)
+    baseline = catalog.baseline_form(name)
+    ref, ref_state = run_form(mod, baseline, args, kwargs, chunk_size)
+    assert np.isfinite(ref).all()
+    for form in catalog.forms(name):
+        out, state = run_form(mod, form, args, kwargs, chunk_size)
+        assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}.{form}: {out.shape} {out.dtype}"
+        err = rel_err(out, ref)
+        assert err < TOL, f"{name}.{form} vs {baseline}: output relative error {err:.2e}"
+        err = state_err(state, ref_state)
+        assert err < TOL, f"{name}.{form} vs {baseline}: final state relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}C{}".format(*s))
+@pytest.mark.parametrize("name", MIXERS)
+def test_forms_agree_on_awkward_shapes(name, shape):
+    assert_forms_agree(name, *shape, seed=hash(shape) % 1000)
+
+
+@pytest.mark.parametrize("name", MIXERS)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(B=st.integers(1, 2), T=st.integers(1, 80), H=st.integers(1, 3), K=st.integers(1, 9),
+       V=st.integers(1, 9), chunk_size=st.sampled_from([1, 3, 16, 64]), seed=st.integers(0, 2**16))
+def test_forms_agree_hypothesis(name, B, T, H, K, V, chunk_size, seed):
+    assert_forms_agree(name, B, T, H, K, V, chunk_size, seed)
+
+
+def stateful(name) -> bool:
+    """Causal mixers with a state to carry (the non-causal approximations have neither)."""
+    return callable(getattr(catalog.module(name), "step", None))
+
+
+@pytest.mark.parametrize("name", [n for n in MIXERS if stateful(n)])
+def test_continuation_from_returned_state(name):
+    """Running [0, T) equals running [0, t) and then [t, T) from the returned state, in every form."""
+    B, T, H, K, V, t = 2, 75, 2, 8, 6, 29
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(B, T, H, K, V, seed=7)
+    for form in catalog.forms(name):
+        full, full_state = run_form(mod, form, args, kwargs, 16)
+        head, head_state = run_form(mod, form, time_slice(args, slice(0, t)), kwargs, 16)
+        tail, tail_state = run_form(mod, form, time_slice(args, slice(t, T)), kwargs, 16, initial_state=head_state)
+        err = rel_err(np.concatenate([head, tail], axis=1), full)
+        assert err < TOL, f"{name}.{form}: continued output relative error {err:.2e}"
+        err = state_err(tail_state, full_state)
+        assert err < TOL, f"{name}.{form}: continued final state relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", [n for n in MIXERS if stateful(n)])
+def test_step_loop_equals_recurrent(name):
+    B, T, H, K, V = 2, 23, 3, 5, 7
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(B, T, H, K, V, seed=11)
+    ref, ref_state = getattr(mod, catalog.baseline_form(name))(*args, **kwargs)
+    state, outputs = None, []
+    for t in range(T):
+        o_t, state = mod.step(*time_slice(args, t), state=state, **kwargs)
+        outputs.append(o_t)
+    err = rel_err(np.stack(outputs, axis=1), ref)
+    assert err < TOL, f"{name}.step loop: output relative error {err:.2e}"
+    assert state_err(state, ref_state) < TOL
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_float32_forms_agree_at_T2048(name):
+    """float32 forms agree with each other and with the float64 definition to 1e-4 at T = 2048."""
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(1, 2048, 2, 32, 32, dtype=np.float32, seed=3)
+    args64 = tuple(a.astype(np.float64) if hasattr(a, "astype") else a for a in args)
+    baseline = catalog.baseline_form(name)
+    ref64, _ = getattr(mod, baseline)(*args64, **kwargs)
+    for form in catalog.forms(name):
+        out, _ = run_form(mod, form, args, kwargs, 64)
+        assert out.dtype == np.float32, f"{name}.{form} returned {out.dtype} for float32 inputs"
+        err = rel_err(out, ref64)
+        assert err < 1e-4, f"{name}.{form} float32 vs float64 {baseline}: relative error {err:.2e}"
+
+
+def test_every_sequence_input_is_sliced_consistently():
+    """The test protocol above relies on it: sequence inputs are [B, T, ...], parameters are not."""
+    for name in MIXERS:
+        args, _ = catalog.module(name).example_inputs(2, 7, 3, 4, 5)
+        for a in args:
+            if is_sequence(a):
+                assert a.shape[:2] == (2, 7), f"{name}: sequence input of shape {a.shape}"
