@@ -27,22 +27,3 @@ def array_module(*arrays):
 def to_numpy(x):
     """A NumPy copy of a NumPy or CuPy array (for printing and comparing)."""
     return x.get() if is_cupy_array(x) else np.asarray(x)
-
-
-def solve_unit_lower(A, rhs):
-    """Solve `(I + A) X = rhs` for a strictly lower-triangular `A`, batched over leading axes.
-
-    A: [..., C, C] (only the strictly lower part is read), rhs: [..., C, M] -> X: [..., C, M].
-    This is the triangular solve behind the WY representation of the delta rule. On NumPy it is
-    `scipy.linalg.solve_triangular` (unit diagonal, so the diagonal of `A` is never read). On CuPy it
-    is a batched LU solve of the same system: cuSOLVER has no batched triangular solve, and the
-    matrix is unit lower triangular, so the LU factorization is the matrix itself.
-    """
-    xp = array_module(A, rhs)
-    if xp is np:
-        from scipy.linalg import solve_triangular
-
-        return solve_triangular(A, rhs, lower=True, unit_diagonal=True, check_finite=False)
-    C = A.shape[-1]
-    eye = xp.eye(C, dtype=A.dtype)
-    return xp.linalg.solve(xp.tril(A, -1) + eye, rhs)

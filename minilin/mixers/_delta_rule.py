@@ -11,9 +11,9 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]; o
 """
 from __future__ import annotations
 
-from ..backend import array_module, solve_unit_lower
-from ..chunking import (decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
-                        state_or_zeros, to_chunks)
+from ..backend import array_module
+from ..chunking import (causal_mask, decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
+                        state_or_zeros, to_chunks, unit_lower_inverse)
 
 
 def step(q, k, v, beta, g, S):
@@ -43,11 +43,12 @@ def chunked(q, k, v, beta, g, S0, chunk_size):
     corrections delta_t = beta_t (v_t - S_{t-1}'^T k_t) solve the unit lower-triangular system
         (I + A) Delta = diag(beta) V - diag(beta) (K * exp(G)) S,
         A_tj = beta_t k_t . exp(G_t - G_j) k_j   for j < t.
-    With T = (I + A)^-1 (one triangular solve per chunk, all chunks at once):
+    With T = (I + A)^-1 (for all chunks at once, `chunking.unit_lower_inverse`):
         W = T diag(beta) (K * exp(G)),  U = T diag(beta) V,  Delta = U - W S.
-    Then, chunk after chunk (only this loop is sequential):
-        O = (Q * exp(G)) S + (Q K^T, decayed and causally masked) Delta
-        S <- exp(G_C) S + (K * exp(G_C - G))^T Delta
+    Only the state pass is sequential, chunk after chunk (FLA's chunk_gated_delta_rule_fwd_h):
+        Delta_n = U_n - W_n S_n,    S_{n+1} = exp(G_C) S_n + (K * exp(G_C - G))^T Delta_n
+    and then every chunk's output at once (FLA's chunk_fwd_o):
+        O_n = (Q * exp(G)) S_n + (Q K^T, decayed and causally masked) Delta_n
     """
     xp = array_module(q)
     T, K = q.shape[1], q.shape[-1]
@@ -56,23 +57,27 @@ def chunked(q, k, v, beta, g, S0, chunk_size):
     G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
 
     k_beta = kc * beta_c
-    A = gated_gram(k_beta, kc, G, strict=True)
-    WU = solve_unit_lower(A, xp.concatenate([decay_rows(k_beta, G), vc * beta_c], axis=-1))
-    W, U = WU[..., :K], WU[..., K:]
-    scores = gated_gram(qc, kc, G)                                # [B, H, N, C, C]
-    q_from_start = decay_rows(qc, G)
+    # Both intra-chunk matrices share the decay exp(G_t - G_j): build them in one call, [k*beta; q] vs k.
+    grams = gated_gram(xp.stack([k_beta, qc]), kc, G)
+    A = grams[0] * causal_mask(chunk_size, xp, strict=True)         # beta_t k_t . k_j decayed, j < t
+    scores = grams[1]                                                # q_t . k_j decayed, j <= t
+    T_inv = unit_lower_inverse(A)                                    # (I + A)^-1
+    W = T_inv @ decay_rows(k_beta, G)
+    U = T_inv @ (vc * beta_c)
     if G is None:
         G_last, k_to_end = None, kc
     else:
         G_last = G[:, :, :, -1]
         k_to_end = decay_rows(kc, G_last[:, :, :, None] - G)
+    k_to_end_T = xp.ascontiguousarray(k_to_end.swapaxes(-1, -2))   # [B, H, N, K, C]
 
     S = state_or_zeros(S0, q[:, 0], v[:, 0])
-    o = xp.empty_like(vc)
+    S_in, delta = xp.empty(U.shape[:3] + S.shape[-2:], S.dtype), xp.empty_like(U)
     for n in range(qc.shape[2]):
-        delta = U[:, :, n] - W[:, :, n] @ S
-        o[:, :, n] = q_from_start[:, :, n] @ S + scores[:, :, n] @ delta
-        S = decay_state(S, None if G_last is None else G_last[:, :, n]) + k_to_end[:, :, n].swapaxes(-1, -2) @ delta
+        S_in[:, :, n] = S
+        delta[:, :, n] = U[:, :, n] - W[:, :, n] @ S
+        S = decay_state(S, None if G_last is None else G_last[:, :, n]) + k_to_end_T[:, :, n] @ delta[:, :, n]
+    o = decay_rows(qc, G) @ S_in + scores @ delta
     return from_chunks(o, T), S
 
 
