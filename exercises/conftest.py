@@ -1,0 +1,127 @@
+"""pytest for the exercises: `pytest exercises` checks your files, `pytest exercises --solutions` the worked
+solutions. The checks themselves are the test_*.py next to each exercise; the course code is in
+minilin/course/. What this file adds to plain pytest:
+
+- the `learner` fixture: the exercise's file (yours, or the solution's with --solutions), freshly imported;
+- a function still raising NotImplementedError counts as TODO: one short line, never a traceback;
+- GPU exercises skip, with the reason, where CuPy sees no GPU (and are never counted as solved);
+- tests run in the order of exercises/exercises.toml, and a summary closes the run:
+  `5/17 solved, 40/150 points; next: 06 RetNet, exercises/06_retnet/retnet.py`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minilin.course import runner, tree
+from minilin.course.checks import gpu_status
+from minilin.course.commands import next_exercise, status_word, summary_line
+
+EXERCISES = tree.load(Path(__file__).resolve().parent.parent)
+_results: dict = {}   # exercise number -> list of outcomes, in the order the checks ran
+_gpu = []             # gpu_status(), asked once
+
+
+def pytest_addoption(parser):
+    parser.addoption("--solutions", action="store_true",
+                     help="run the exercise checks against the worked solutions in solutions/ instead of exercises/")
+
+
+def _tree(config) -> str:
+    return "solutions" if config.getoption("--solutions") else "exercises"
+
+
+def _exercise(item_or_report):
+    path = getattr(item_or_report, "path", None) or Path(str(item_or_report.fspath))
+    return tree.exercise_of(path, EXERCISES)
+
+
+@pytest.fixture
+def learner(request):
+    """The learner's module for this exercise (solutions/ with --solutions), imported afresh."""
+    ex = _exercise(request.node)
+    if ex is None:
+        pytest.fail(f"{request.path.parent.name} is not an exercise folder listed in exercises/exercises.toml",
+                    pytrace=False)
+    if ex.gpu:
+        if not _gpu:
+            _gpu.append(gpu_status())
+        ok, reason = _gpu[0]
+        if not ok:
+            pytest.skip(f"{ex.label}: {reason}")
+    return runner.load_module(ex.path(_tree(request.config)))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Exercise order, then the order the checks are written in."""
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: ((_exercise(item).number if _exercise(item) else 0), order[id(item)]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    module = item.funcargs.get("learner") if hasattr(item, "funcargs") else None
+    if call.when != "call" or call.excinfo is None or module is None:
+        return
+    todo = runner.todo_function(call.excinfo.value, Path(module.__file__))
+    if todo:
+        ex = _exercise(item)
+        report.minilin_todo = todo
+        report.longrepr = f"{ex.relpath(_tree(item.config))}: {todo}() is not written yet (minilin hint {ex.number})"
+
+
+def pytest_report_teststatus(report, config):
+    if report.when == "call" and getattr(report, "minilin_todo", None):
+        return "todo", "T", ("TODO", {"yellow": True})
+    return None
+
+
+def pytest_runtest_logreport(report):
+    ex = _exercise(report)
+    if ex is None:
+        return
+    outcomes = _results.setdefault(ex.number, [])
+    if report.when == "call":
+        outcomes.append(runner.TODO if getattr(report, "minilin_todo", None) else report.outcome)
+    elif report.skipped:
+        outcomes.append(runner.SKIPPED)
+    elif report.failed:  # an error in setup (the file does not import) or teardown
+        outcomes.append(runner.FAILED)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _results:
+        return
+    which = _tree(config)
+    results = []
+    for ex in EXERCISES:
+        if ex.number in _results:
+            results.append(runner.ExerciseResult(ex, status=runner.status_of(_results[ex.number])))
+    write = terminalreporter.write_line
+    terminalreporter.write_sep("=", f"minilin exercises ({which}/)")
+    width = max(len(r.exercise.title) for r in results)
+    for r in results:
+        ex = r.exercise
+        line = f"{ex.number:02d} {ex.title:<{width}}  {ex.points if r.status == runner.SOLVED else 0:>2}/{ex.points:<2}  "
+        if r.status == runner.NOT_STARTED:
+            line += f"not started: open {ex.relpath(which)} (minilin hint {ex.number})"
+        elif r.status == runner.IN_PROGRESS:
+            line += f"in progress: functions still TODO in {ex.relpath(which)} (minilin hint {ex.number})"
+        elif r.status == runner.FAILING:
+            line += f"failing: see the failure above (minilin check {ex.number}; minilin hint {ex.number})"
+        elif r.status == runner.SKIPPED:
+            line += "skipped: needs a GPU that CuPy can see"
+        else:
+            line += r.status
+        markup = {runner.SOLVED: {"green": True}, runner.FAILING: {"red": True},
+                  runner.SKIPPED: {"cyan": True}}.get(r.status, {})
+        write(line, **markup)
+    ran = [r.exercise for r in results]
+    if len(ran) == len(EXERCISES):
+        write(summary_line(results, EXERCISES), bold=True)
+    else:
+        write(summary_line(results, ran) + f"   (ran {len(ran)} of {len(EXERCISES)} exercises; "
+              "`minilin status` checks them all)", bold=True)
