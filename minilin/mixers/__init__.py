@@ -2,6 +2,7 @@
 `parallel`, all returning (o, final_state). See CONVENTIONS.md for shapes and gates."""
 from . import (attention, deltanet, gated_deltanet, gla, kda, lightning, linear_attention, mamba2, retnet,
                simple_gla)
+from . import linformer, nystromformer, sliding_window
 
 __all__ = ["attention", "linear_attention", "retnet", "lightning", "mamba2", "simple_gla", "gla",
-           "deltanet", "gated_deltanet", "kda"]
+           "deltanet", "gated_deltanet", "kda", "sliding_window", "linformer", "nystromformer"]
