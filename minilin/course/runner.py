@@ -123,7 +123,13 @@ def run(exercise: Exercise, *, tree: str = "exercises", module=None, stop_at_fir
             result.message = f"{exercise.relpath(tree)} does not import:\n" + "".join(
                 traceback.format_exception_only(type(error), error)).rstrip()
             return result
-    checks = load_module(test_path, prefix="minilin_check")
+    try:
+        checks = load_module(test_path, prefix="minilin_check")
+    except Exception as error:  # the check itself is broken: say so instead of crashing
+        result.message = f"the check {test_path.name} does not import (a bug in the course, not in your file):\n" + \
+            "".join(traceback.format_exception_only(type(error), error)).rstrip()
+        sys.modules.pop(module.__name__, None)
+        return result
     for function in check_functions(checks):
         try:
             function(module)

@@ -1,0 +1,56 @@
+"""Check for exercise 06 (you do not need to edit this file): the three forms of retention against
+minilin.mixers.retnet, in float64, on random inputs with random per-head decays."""
+import numpy as np
+
+from minilin.chunking import decay_matrix
+from minilin.course.checks import SEQUENCE_CASES, assert_close, label, unpack
+from minilin.mixers import retnet
+
+
+def _inputs(case, seed):
+    (q, k, v), _ = retnet.example_inputs(**case, seed=seed)
+    gamma = np.random.default_rng(seed + 1000).uniform(0.6, 0.999, case["H"])
+    return q, k, v, gamma
+
+
+def test_decay_mask(learner):
+    for H, T, seed in [(1, 1, 0), (3, 7, 1), (2, 64, 2)]:
+        gamma = np.random.default_rng(seed).uniform(0.5, 1.0, H)
+        gamma[0] = 1.0                               # no decay at all is allowed too
+        # gamma^(i - j) = exp(G_i - G_j) with G the cumulative sum of log gamma.
+        G = np.cumsum(np.broadcast_to(np.log(gamma)[:, None], (H, T)), axis=1)
+        assert_close(f"decay_mask(gamma, T={T}) with H={H}", learner.decay_mask(gamma, T), decay_matrix(G), dims="H I J")
+    gamma = np.array([0.05])
+    assert_close("decay_mask(gamma=[0.05], T=300) (tiny powers underflow to 0; negative ones must not appear)",
+                 learner.decay_mask(gamma, 300), decay_matrix(np.cumsum(np.full((1, 300), np.log(0.05)), axis=1)),
+                 dims="H I J")
+
+
+def test_retnet_parallel(learner):
+    for seed, case in enumerate(SEQUENCE_CASES, 60):
+        q, k, v, gamma = _inputs(case, seed)
+        for scale in (None, 0.4):
+            expected, _ = retnet.parallel(q, k, v, gamma=gamma, scale=scale)
+            got = learner.retnet_parallel(q, k, v, gamma, scale=scale)
+            assert_close(f"retnet_parallel(scale={scale}) [{label(case)}]", got, expected, dims="B T H V")
+
+
+def test_retnet_recurrent(learner):
+    for seed, case in enumerate(SEQUENCE_CASES, 70):
+        q, k, v, gamma = _inputs(case, seed)
+        expected_o, expected_S = retnet.recurrent(q, k, v, gamma=gamma)
+        o, S = unpack("retnet_recurrent(...)", learner.retnet_recurrent(q, k, v, gamma), 2, "(o, final_state)")
+        assert_close(f"retnet_recurrent: o [{label(case)}]", o, expected_o, dims="B T H V")
+        assert_close(f"retnet_recurrent: final state [{label(case)}]", S, expected_S, dims="B H K V")
+
+
+def test_retnet_chunked(learner):
+    for seed, case in enumerate(SEQUENCE_CASES, 80):
+        q, k, v, gamma = _inputs(case, seed)
+        expected_o, expected_S = retnet.recurrent(q, k, v, gamma=gamma, scale=0.3)
+        for C in (16, 1, 64, 5):
+            o, S = unpack("retnet_chunked(...)", learner.retnet_chunked(q, k, v, gamma, scale=0.3, chunk_size=C),
+                          2, "(o, final_state)")
+            where = f"[{label(case, chunk_size=C)}]"
+            assert_close(f"retnet_chunked: o {where}", o, expected_o, dims="B T H V", chunk_size=C)
+            assert_close(f"retnet_chunked: final state {where}", S, expected_S, dims="B H K V")

@@ -1,0 +1,49 @@
+"""Check for exercise 12 (you do not need to edit this file): the WY representation against a triangular
+inverse with minilin.chunking.unit_lower_inverse, and the chunked form against the recurrence of
+minilin.mixers.deltanet, in float64."""
+import numpy as np
+
+from minilin import examples
+from minilin.chunking import unit_lower_inverse
+from minilin.course.checks import SEQUENCE_CASES, assert_close, label, unpack
+from minilin.mixers import deltanet
+
+
+def test_wy_representation(learner):
+    for seed, (lead, C, K, V) in enumerate([((), 1, 3, 2), ((2,), 5, 4, 3), ((2, 3), 16, 8, 5), ((1,), 64, 16, 16)]):
+        rng = examples.generator(seed + 160)
+        k = examples.unit_vectors(rng, (*lead, C, K))
+        v = examples.normal(rng, (*lead, C, V))
+        beta = examples.uniform(rng, 0, 1, (*lead, C))
+        A = np.tril(beta[..., None] * (k @ np.swapaxes(k, -1, -2)), -1)
+        T = unit_lower_inverse(A)                              # (I + A)^-1
+        expected_W = T @ (beta[..., None] * k)
+        expected_U = T @ (beta[..., None] * v)
+        W, U = unpack("wy_representation(k, v, beta)", learner.wy_representation(k, v, beta), 2, "(W, U)")
+        where = f"[chunks {list(lead)}, C={C}, K={K}, V={V}]"
+        assert_close(f"wy_representation: W {where}", W, expected_W)
+        assert_close(f"wy_representation: U {where}", U, expected_U)
+
+
+def test_deltanet_chunked(learner):
+    for seed, case in enumerate(SEQUENCE_CASES, 170):
+        (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=seed)
+        expected_o, expected_S = deltanet.recurrent(q, k, v, beta)
+        for C in (16, 1, 64, 5):
+            o, S = unpack("deltanet_chunked(...)", learner.deltanet_chunked(q, k, v, beta, chunk_size=C), 2,
+                          "(o, final_state)")
+            where = f"[{label(case, chunk_size=C)}]"
+            assert_close(f"deltanet_chunked: o {where}", o, expected_o, dims="B T H V", chunk_size=C)
+            assert_close(f"deltanet_chunked: final state {where}", S, expected_S, dims="B H K V")
+
+
+def test_deltanet_chunked_scale(learner):
+    case = dict(B=1, T=50, H=2, K=8, V=4)
+    (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=180)
+    expected_o, expected_S = deltanet.recurrent(q, k, v, beta, scale=1.5)
+    o, S = unpack("deltanet_chunked(...)", learner.deltanet_chunked(q, k, v, beta, scale=1.5, chunk_size=16), 2,
+                  "(o, final_state)")
+    assert_close(f"deltanet_chunked(scale=1.5): o [{label(case, chunk_size=16)}]", o, expected_o, dims="B T H V",
+                 chunk_size=16)
+    assert_close(f"deltanet_chunked(scale=1.5): final state [{label(case, chunk_size=16)}]", S, expected_S,
+                 dims="B H K V")
