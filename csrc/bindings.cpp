@@ -1,0 +1,95 @@
+// minilin._cuda: the pybind11 module around the kernels. It takes raw device pointers (Python ints),
+// sizes, a dtype code and a stream handle, so it needs neither CUDA nor CuPy headers; minilin/cuda.py
+// validates CuPy arrays and passes their pointers here. Errors: ArgumentError -> ValueError,
+// KernelError -> RuntimeError, both naming the kernel.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "minilin_cuda.h"
+
+#ifndef MINILIN_CUDA_ARCH
+#define MINILIN_CUDA_ARCH "unknown"
+#endif
+#ifndef MINILIN_NVCC_VERSION
+#define MINILIN_NVCC_VERSION "unknown"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+const minilin::Version& find_version(const std::string& op, int number) {
+  for (const auto& v : minilin::versions())
+    if (op == v.op && number == v.number) return v;
+  std::string known;
+  for (const auto& v : minilin::versions())
+    if (op == v.op) known += (known.empty() ? "" : ", ") + std::to_string(v.number);
+  if (known.empty()) throw minilin::ArgumentError("minilin._cuda: op must be 'linear' or 'delta', got '" + op + "'");
+  throw minilin::ArgumentError("minilin._cuda: " + op + " has versions " + known + ", got " + std::to_string(number));
+}
+
+template <typename P>
+P* pointer(std::uintptr_t address) {
+  return reinterpret_cast<P*>(address);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cuda, m) {
+  m.doc() = "minilin's CUDA kernels (see csrc/). Use minilin.cuda, which validates CuPy arrays first.";
+  m.attr("cuda_arch") = MINILIN_CUDA_ARCH;
+  m.attr("nvcc_version") = MINILIN_NVCC_VERSION;
+
+  m.def("versions", [] {
+    py::list out;
+    for (const auto& v : minilin::versions()) {
+      py::dict d;
+      d["op"] = v.op;
+      d["version"] = v.number;
+      d["name"] = v.name;
+      d["summary"] = v.summary;
+      d["float32"] = v.supports_float32;
+      d["bfloat16"] = v.supports_bfloat16;
+      d["min_compute_capability"] = v.min_compute_capability;
+      out.append(d);
+    }
+    return out;
+  }, "Every kernel version: op, version, name, summary, dtypes, minimum compute capability.");
+
+  m.def("workspace_bytes", [](const std::string& op, int version, int B, int T, int H, int K, int V) -> size_t {
+    const auto& v = find_version(op, version);
+    return v.workspace_bytes ? v.workspace_bytes(B, T, H, K, V) : 0;
+  }, py::arg("op"), py::arg("version"), py::arg("B"), py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"),
+     "Scratch bytes the version needs for these sizes (0: none).");
+
+  m.def("forward",
+        [](const std::string& op, int version, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t g,
+           std::uintptr_t beta, std::uintptr_t h0, std::uintptr_t o, std::uintptr_t ht, std::uintptr_t workspace,
+           size_t workspace_size, int B, int T, int H, int K, int V, float scale, int dtype, std::uintptr_t stream) {
+          const auto& ver = find_version(op, version);
+          minilin::Problem p;
+          p.q = pointer<const void>(q);
+          p.k = pointer<const void>(k);
+          p.v = pointer<const void>(v);
+          p.g = pointer<const float>(g);
+          p.beta = pointer<const float>(beta);
+          p.h0 = pointer<const float>(h0);
+          p.o = pointer<void>(o);
+          p.ht = pointer<float>(ht);
+          p.workspace = pointer<void>(workspace);
+          p.workspace_size = workspace_size;
+          p.B = B, p.T = T, p.H = H, p.K = K, p.V = V;
+          p.scale = scale;
+          p.dtype = static_cast<minilin::DType>(dtype);
+          p.stream = pointer<void>(stream);
+          py::gil_scoped_release release;
+          ver.forward(p);
+        },
+        py::arg("op"), py::arg("version"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"),
+        py::arg("h0"), py::arg("o"), py::arg("ht"), py::arg("workspace"), py::arg("workspace_size"), py::arg("B"),
+        py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"), py::arg("scale"), py::arg("dtype"), py::arg("stream"),
+        "Launch one forward pass on `stream`. Pointers are device addresses (0 for an absent g, beta, h0 or "
+        "workspace); dtype 0 = float32, 1 = bfloat16. Checks sizes (ValueError) and the launch (RuntimeError).");
+}

@@ -1,0 +1,70 @@
+// Host-side helpers shared by every version's launcher: argument checks that throw ArgumentError
+// (Python's ValueError), and the launch check that turns any CUDA error into KernelError
+// (Python's RuntimeError) naming the kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "../minilin_cuda.h"
+
+namespace minilin {
+
+inline cudaStream_t stream_of(const Problem& p) { return static_cast<cudaStream_t>(p.stream); }
+
+// MINILIN_CUDA_SYNC=1 synchronizes after every launch, so an error inside a kernel (an illegal address,
+// say) is reported by the call that launched it, not by whatever CUDA call happens to come next.
+inline bool sync_after_launch() {
+  static const bool on = [] {
+    const char* s = std::getenv("MINILIN_CUDA_SYNC");
+    return s != nullptr && s[0] != '\0' && s[0] != '0';
+  }();
+  return on;
+}
+
+inline void check_cuda(cudaError_t status, const char* kernel, const char* what) {
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+    throw KernelError(std::string("minilin._cuda: kernel ") + kernel + ": " + what + " failed: " +
+                      cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+  }
+}
+
+// Call right after a <<<...>>> launch.
+inline void check_launch(const char* kernel, const Problem& p) {
+  check_cuda(cudaGetLastError(), kernel, "launch");
+  if (sync_after_launch()) check_cuda(cudaStreamSynchronize(stream_of(p)), kernel, "execution");
+}
+
+// Kernels that need more than 48 KB of dynamic shared memory must say so once per kernel.
+template <typename Kernel>
+inline void allow_shared_memory(Kernel kernel, size_t bytes, const char* name) {
+  if (bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+               name, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+}
+
+inline void require(bool ok, const std::string& message) {
+  if (!ok) throw ArgumentError("minilin._cuda: " + message);
+}
+
+// Checks every version shares: positive sizes, pointers present, the gate/beta an op needs.
+inline void check_common(const Problem& p, const char* kernel, bool needs_beta) {
+  const std::string k = kernel;
+  require(p.B > 0 && p.T > 0 && p.H > 0 && p.K > 0 && p.V > 0,
+          k + ": sizes must be positive, got B=" + std::to_string(p.B) + " T=" + std::to_string(p.T) +
+              " H=" + std::to_string(p.H) + " K=" + std::to_string(p.K) + " V=" + std::to_string(p.V));
+  require(p.q && p.k && p.v && p.o && p.ht, k + ": q, k, v, o and ht must be device pointers, got a null one");
+  require(!needs_beta || p.beta, k + ": beta must be a device pointer, got null");
+  require(p.dtype == kFloat32 || p.dtype == kBFloat16,
+          k + ": dtype code must be 0 (float32) or 1 (bfloat16), got " + std::to_string(p.dtype));
+  require(p.K % 8 == 0 && p.V % 8 == 0,
+          k + ": K and V must be multiples of 8 (16-byte rows for cp.async), got K=" + std::to_string(p.K) +
+              " V=" + std::to_string(p.V));
+}
+
+__host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace minilin

@@ -1,0 +1,114 @@
+// Tensor-core building blocks of the v3 kernels: mma.sync m16n8k16 (bf16 in, fp32 accumulate, sm_80+) fed
+// from shared memory by ldmatrix. Fragment layouts are the PTX ISA's ("Matrix Fragments for mma.m16n8k16"):
+// with g = lane / 4 and t = lane % 4,
+//   A (16 x 16, row-major):  a0 = A[g][2t..2t+1]  a1 = A[g+8][2t..]  a2 = A[g][2t+8..]  a3 = A[g+8][2t+8..]
+//   B (16 x 8, "col"):       b0 = B[2t..2t+1][g]  b1 = B[2t+8..2t+9][g]
+//   C (16 x 8, fp32):        c0, c1 = C[g][2t], C[g][2t+1]      c2, c3 = C[g+8][2t], C[g+8][2t+1]
+// Shared tiles are bf16, row-major, with rows padded by 8 elements (16 bytes) so that the 8 rows one
+// ldmatrix reads fall into different banks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+namespace minilin {
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row)));
+}
+
+// d += a b for one 16 x 8 x 16 tile.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- fragment loads from shared memory; ld is the row stride in elements ------------------------
+// A(m, kk) = X[m][kk]: the 16 x 16 tile at (m0, k0) of a row-major matrix.
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const __nv_bfloat16* X, int ld, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  ldmatrix_x4(a, X + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+}
+
+// A(m, kk) = X[kk][m]: the 16 x 16 tile at (m0, k0) of the transpose of a row-major X (e.g. K^T from K).
+__device__ __forceinline__ void load_a_transposed(unsigned (&a)[4], const __nv_bfloat16* X, int ld, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  ldmatrix_x4_trans(a, X + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
+
+// B(kk, n) = Y[n][kk] for the two 16 x 8 tiles at (k0, n0) and (k0, n0 + 8): b[0], b[1] for the first,
+// b[2], b[3] for the second (e.g. B = K^T from K for Q K^T).
+__device__ __forceinline__ void load_b_pair(unsigned (&b)[4], const __nv_bfloat16* Y, int ld, int k0, int n0) {
+  const int lane = threadIdx.x & 31;
+  ldmatrix_x4(b, Y + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+// B(kk, n) = Z[kk][n] for the two 16 x 8 tiles at (k0, n0) and (k0, n0 + 8) of a row-major Z (e.g. V).
+__device__ __forceinline__ void load_b_pair_transposed(unsigned (&b)[4], const __nv_bfloat16* Z, int ld, int k0, int n0) {
+  const int lane = threadIdx.x & 31;
+  ldmatrix_x4_trans(b, Z + (k0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ld + n0 + (lane >> 4) * 8);
+}
+
+// ---- one warp's tile of C = A B: MT x NT tiles of 16 x 8, over kk in [k_begin, k_end) ------------------
+// kA / kB say how A and B are stored (see the loaders above). NT must be even (B tiles load in pairs).
+enum class Stored { kRowMajor, kTransposed };
+
+template <int MT, int NT, Stored kA, Stored kB>
+__device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda, const __nv_bfloat16* B,
+                                         int ldb, int m0, int n0, int k_begin, int k_end) {
+  static_assert(NT % 2 == 0, "B tiles are loaded in pairs");
+  for (int k0 = k_begin; k0 < k_end; k0 += 16) {
+    unsigned a[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      if constexpr (kA == Stored::kRowMajor) load_a(a[i], A, lda, m0 + 16 * i, k0);
+      else load_a_transposed(a[i], A, lda, m0 + 16 * i, k0);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      unsigned b[4];
+      if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(b, B, ldb, k0, n0 + 8 * j);
+      else load_b_pair(b, B, ldb, k0, n0 + 8 * j);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        mma_bf16(acc[i][j], a[i], b[0], b[1]);
+        mma_bf16(acc[i][j + 1], a[i], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+}
+
+// Row and column, inside the warp's tile, of accumulator element e of tile (i, j).
+__device__ __forceinline__ int acc_row(int i, int e) { return 16 * i + ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
+__device__ __forceinline__ int acc_col(int j, int e) { return 8 * j + 2 * (threadIdx.x & 3) + (e & 1); }
+
+__device__ __forceinline__ void store_bf16x2(__nv_bfloat16* dst, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
+}
+
+}  // namespace minilin

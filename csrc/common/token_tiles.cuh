@@ -1,0 +1,65 @@
+// Token staging for the recurrent (v1) kernels of both ops: the block copies 32 tokens of q, k, its
+// 32-column slice of v, and g / beta into shared memory with cp.async, two stages deep, so the copy of
+// the next 32 tokens runs while the warps step through the current ones.
+#pragma once
+
+#include "device.cuh"
+#include "../minilin_cuda.h"
+
+namespace minilin {
+
+constexpr int kTileTokens = 32;    // tokens per stage
+constexpr int kTileColumns = 32;   // value columns per block (4 warps x 8 columns)
+
+template <typename T>
+struct TokenTiles {
+  // One stage: q, k [kTileTokens][K], v [kTileTokens][kTileColumns] (input dtype), g, beta [kTileTokens],
+  // laid out back to back; stage 1 follows stage 0. Pointers are computed, not kept in arrays, so that a
+  // run-time stage index never sends them to local memory.
+  unsigned char* base;
+  int K;
+
+  __host__ __device__ static size_t stage_bytes(int K) {
+    return (2 * size_t(kTileTokens) * K + size_t(kTileTokens) * kTileColumns) * sizeof(T) + 2 * kTileTokens * sizeof(float);
+  }
+  __device__ unsigned char* stage_base(int s) const { return base + s * stage_bytes(K); }
+  __device__ T* q(int s) const { return reinterpret_cast<T*>(stage_base(s)); }
+  __device__ T* k(int s) const { return q(s) + kTileTokens * K; }
+  __device__ T* v(int s) const { return k(s) + kTileTokens * K; }
+  __device__ float* g(int s) const { return reinterpret_cast<float*>(v(s) + kTileTokens * kTileColumns); }
+  __device__ float* beta(int s) const { return g(s) + kTileTokens; }
+
+  // Uses two stages from `raw` (16-byte aligned); returns the first byte after them.
+  __device__ unsigned char* carve(unsigned char* raw, int K_) {
+    base = raw;
+    K = K_;
+    return raw + 2 * stage_bytes(K_);
+  }
+
+  // Issue the copies of tokens t0 .. t0 + 31 of head (b, h) and value columns v0 .. v0 + 31 into
+  // `stage`. Tokens past T and columns past V are zero-filled.
+  __device__ void load(const Problem& p, int stage, int b, int h, int t0, int v0) const {
+    const int valid = min(kTileTokens, p.T - t0);
+    const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;  // (b, t0, h) in [B, T, H]
+    const T* qg = static_cast<const T*>(p.q) + first * p.K;
+    const T* kg = static_cast<const T*>(p.k) + first * p.K;
+    cp_async_rows(q(stage), p.K, qg, static_cast<long long>(p.H) * p.K, kTileTokens, p.K, valid);
+    cp_async_rows(k(stage), p.K, kg, static_cast<long long>(p.H) * p.K, kTileTokens, p.K, valid);
+
+    constexpr int kPer16 = 16 / sizeof(T);
+    constexpr int kPieces = kTileColumns / kPer16;
+    const T* vg = static_cast<const T*>(p.v) + first * p.V + v0;
+    for (int i = threadIdx.x; i < kTileTokens * kPieces; i += blockDim.x) {
+      const int r = i / kPieces, c = (i % kPieces) * kPer16;
+      const bool ok = r < valid && v0 + c < p.V;  // V % 8 == 0: a 16-byte piece is all in or all out
+      cp_async_16(v(stage) + r * kTileColumns + c, ok ? vg + static_cast<long long>(r) * p.H * p.V + c : vg, ok);
+    }
+    for (int i = threadIdx.x; i < kTileTokens; i += blockDim.x) {
+      const bool ok = i < valid;
+      if (p.g) cp_async_4(g(stage) + i, ok ? p.g + first + static_cast<long long>(i) * p.H : p.g, ok);
+      if (p.beta) cp_async_4(beta(stage) + i, ok ? p.beta + first + static_cast<long long>(i) * p.H : p.beta, ok);
+    }
+  }
+};
+
+}  // namespace minilin

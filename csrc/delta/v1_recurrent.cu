@@ -1,0 +1,164 @@
+// delta v1 (recurrent): the gated delta rule S' = exp(g_t) S_{t-1}, S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,
+// o_t = S_t^T q_t run token by token, one block per (batch, head, 32 value columns) with the K x 32 state
+// in registers, because the plainest parallel form of a recurrence is one sequential loop per state slice.
+//
+// Same layout as linear v1 (4 warps x 8 value columns, lane l holds key rows l, l + 32, ...). Unlike
+// linear attention, the update needs a read first: the prediction S'^T k_t, reduced over the key rows.
+// Both reads are taken from the state before the update, in one 16-value warp reduction:
+//     a = S_{t-1}^T k_t,  b = S_{t-1}^T q_t                   (one transpose_reduce of 8 + 8 values)
+//     u = beta_t (v_t - exp(g_t) a)                            the correction written for k_t
+//     o_t = exp(g_t) b + (k_t . q_t) u,   S_t = exp(g_t) S_{t-1} + k_t u^T
+// DeltaNet is the same with g = 0 (no decay).
+#include "../common/device.cuh"
+#include "../common/launch.cuh"
+#include "../common/token_tiles.cuh"
+
+namespace minilin {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kColumnsPerWarp = 8;
+static_assert(kWarps * kColumnsPerWarp == kTileColumns, "a block covers one value tile");
+
+template <typename Elem, int ROWS>
+__global__ void __launch_bounds__(kWarps * 32) delta_v1_recurrent(const Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  TokenTiles<Elem> tiles;
+  float* o_tile = reinterpret_cast<float*>(tiles.carve(smem, p.K));  // [kTileTokens][kTileColumns]
+  float* kq = o_tile + kTileTokens * kTileColumns;                      // [kTileTokens]: k_t . q_t
+
+  const int K = p.K, V = p.V, T = p.T, H = p.H;
+  const int v0 = blockIdx.x * kTileColumns, h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int col0 = warp * kColumnsPerWarp;
+
+  float S[ROWS][kColumnsPerWarp];  // S[r][c] = state row (lane + 32 r), column (v0 + col0 + c)
+  const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int c = 0; c < kColumnsPerWarp; ++c) {
+      const int row = lane + 32 * r, col = v0 + col0 + c;
+      S[r][c] = (p.h0 && row < K && col < V) ? p.h0[state_base + static_cast<long long>(row) * V + col] : 0.0f;
+    }
+
+  const int tiles_count = ceil_div(T, kTileTokens);
+  tiles.load(p, 0, b, h, 0, v0);
+  cp_async_commit();
+  for (int tile = 0; tile < tiles_count; ++tile) {
+    const int stage = tile & 1, t0 = tile * kTileTokens;
+    if (tile + 1 < tiles_count) tiles.load(p, stage ^ 1, b, h, t0 + kTileTokens, v0);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const Elem* qs = tiles.q(stage);
+    const Elem* ks = tiles.k(stage);
+    const Elem* vs = tiles.v(stage);
+    const float* gs = tiles.g(stage);
+    const float* betas = tiles.beta(stage);
+    for (int t = warp; t < kTileTokens; t += kWarps) {
+      float dot = 0.0f;
+      for (int f = lane; f < K; f += 32) dot += to_float(qs[t * K + f]) * to_float(ks[t * K + f]);
+      dot = warp_sum(dot);
+      if (lane == 0) kq[t] = dot;
+    }
+    __syncthreads();
+
+    for (int t = 0; t < kTileTokens; ++t) {  // padded tokens have k = v = beta = g = 0: no-ops
+      float qr[ROWS], kr[ROWS], vc[kColumnsPerWarp];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int f = lane + 32 * r;
+        qr[r] = f < K ? to_float(qs[t * K + f]) : 0.0f;
+        kr[r] = f < K ? to_float(ks[t * K + f]) : 0.0f;
+      }
+      load8(vs + t * kTileColumns + col0, vc);
+      const float decay = p.g ? expf(gs[t]) : 1.0f;
+      const float beta = betas[t];
+
+      // partial[c] = (S^T k)_c and partial[8 + c] = (S^T q)_c over this lane's rows, then over the warp
+      float partial[2 * kColumnsPerWarp];
+#pragma unroll
+      for (int c = 0; c < kColumnsPerWarp; ++c) {
+        float Sk = 0.0f, Sq = 0.0f;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          Sk = fmaf(S[r][c], kr[r], Sk);
+          Sq = fmaf(S[r][c], qr[r], Sq);
+        }
+        partial[c] = Sk;
+        partial[kColumnsPerWarp + c] = Sq;
+      }
+      const float reduced = transpose_reduce<2 * kColumnsPerWarp>(partial);  // value index (lane >> 1) & 15
+
+      // u_c = beta (v_c - exp(g) (S^T k)_c) for every column: (S^T k)_c sits in lanes 2c, 2c + 1
+      float u[kColumnsPerWarp];
+#pragma unroll
+      for (int c = 0; c < kColumnsPerWarp; ++c)
+        u[c] = beta * (vc[c] - decay * __shfl_sync(kFullMask, reduced, 2 * c));
+
+      // lanes 16 + 2c hold (S^T q)_c; lane 2c (= lane - 16) holds (S^T k)_c for the same column
+      const float Sk_mine = __shfl_sync(kFullMask, reduced, (lane - 16) & 31);
+      if (lane >= 16 && (lane & 1) == 0) {
+        const int c = (lane - 16) >> 1;
+        const float u_mine = beta * (to_float(vs[t * kTileColumns + col0 + c]) - decay * Sk_mine);
+        o_tile[t * kTileColumns + col0 + c] = p.scale * (decay * reduced + kq[t] * u_mine);
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int c = 0; c < kColumnsPerWarp; ++c) S[r][c] = fmaf(decay, S[r][c], kr[r] * u[c]);
+    }
+    __syncthreads();
+
+    Elem* o = static_cast<Elem*>(p.o);
+    for (int i = threadIdx.x; i < kTileTokens * kTileColumns; i += blockDim.x) {
+      const int r = i / kTileColumns, c = i % kTileColumns, t = t0 + r, col = v0 + c;
+      if (t < T && col < V) o[((static_cast<long long>(b) * T + t) * H + h) * V + col] = from_float<Elem>(o_tile[i]);
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int c = 0; c < kColumnsPerWarp; ++c) {
+      const int row = lane + 32 * r, col = v0 + col0 + c;
+      if (row < K && col < V) p.ht[state_base + static_cast<long long>(row) * V + col] = S[r][c];
+    }
+}
+
+template <typename Elem, int ROWS>
+void launch(const Problem& p) {
+  const size_t smem = 2 * TokenTiles<Elem>::stage_bytes(p.K) + (kTileTokens * kTileColumns + kTileTokens) * sizeof(float);
+  auto kernel = delta_v1_recurrent<Elem, ROWS>;
+  allow_shared_memory(kernel, smem, "delta_v1_recurrent");
+  const dim3 grid(ceil_div(p.V, kTileColumns), p.H, p.B);
+  kernel<<<grid, kWarps * 32, smem, stream_of(p)>>>(p);
+  check_launch("delta_v1_recurrent", p);
+}
+
+template <typename Elem>
+void launch_rows(const Problem& p) {
+  if (p.K <= 32) return launch<Elem, 1>(p);
+  if (p.K <= 64) return launch<Elem, 2>(p);
+  if (p.K <= 128) return launch<Elem, 4>(p);
+  return launch<Elem, 8>(p);
+}
+
+void forward(const Problem& p) {
+  check_common(p, "delta_v1_recurrent", true);
+  require(p.K <= 256, "delta_v1_recurrent: K must be <= 256 (the state rows live in registers), got K=" +
+                          std::to_string(p.K));
+  if (p.dtype == kFloat32) launch_rows<float>(p);
+  else launch_rows<__nv_bfloat16>(p);
+}
+
+}  // namespace
+
+extern const Version delta_v1 = {
+    "delta", 1, "recurrent",
+    "The definition, token by token: one block per (batch, head, 32 value columns), the state in registers.",
+    true, true, 80, nullptr, forward};
+
+}  // namespace minilin

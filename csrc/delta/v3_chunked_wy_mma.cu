@@ -1,0 +1,259 @@
+// delta v3 (chunked WY, tensor cores): v2's chunk algorithm with every product on bf16 tensor cores
+// (mma.sync m16n8k16, fp32 accumulators; the WY step's K K^T too), the state kept in registers across
+// chunks, and the next chunk copied in (cp.async) while the current one computes, because v2 spends its
+// time in fp32 multiply-adds that the tensor cores do an order of magnitude faster.
+//
+// The WY step T = (I + A)^-1 runs first for all chunks in parallel (wy_prepare.cuh, T stored in bf16).
+// Then one block of 8 warps per (batch, head, 64 value columns), sequential over 64-token chunks. Per
+// chunk (G the chunk-local cumulative log-gate, zero for DeltaNet; all shared tiles bf16):
+//     X     = diag(beta) (V - diag(exp(G)) K S)       warps: 16 rows x 32 columns each
+//     Delta = T X
+//     P     = (Q K^T) * exp(G_i - G_j), causal
+//     O     = diag(exp(G)) Q S + P Delta
+//     S    <- exp(G_last) S + K^T diag(exp(G_last - G)) Delta      each warp owns 16 rows of S (fp32 registers)
+// S is read by the products through a bf16 copy in shared memory, rewritten after each chunk.
+#include "wy_prepare.cuh"
+
+namespace minilin {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;
+constexpr int kLdV = kBlockV + 8;
+constexpr int kLdC = kChunk + 8;
+using bf16 = __nv_bfloat16;
+
+size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspace_elements(B, T, H) * sizeof(bf16); }
+
+template <int K>
+struct Layout {
+  static constexpr int kLdK = K + 8;
+  // per stage: q, k [kChunk][kLdK], v [kChunk][kLdV], T [kChunk][kLdC] (bf16); g, beta [kChunk] (fp32)
+  static constexpr size_t kStageBytes =
+      (2 * kChunk * kLdK + kChunk * kLdV + kChunk * kLdC) * sizeof(bf16) + 2 * kChunk * sizeof(float);
+  static constexpr size_t kBytes = 2 * kStageBytes
+                                   + kChunk * kLdC * sizeof(bf16)       // P
+                                   + K * kLdV * sizeof(bf16)            // S (bf16 copy)
+                                   + 3 * kChunk * kLdV * sizeof(bf16)   // X, Delta, Delta decayed to the end
+                                   + kChunk * sizeof(float);            // G
+  unsigned char* base;
+  __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
+  __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
+  __device__ bf16* v(int s) const { return k(s) + kChunk * kLdK; }
+  __device__ bf16* wy(int s) const { return v(s) + kChunk * kLdV; }
+  __device__ float* g(int s) const { return reinterpret_cast<float*>(wy(s) + kChunk * kLdC); }
+  __device__ float* beta(int s) const { return g(s) + kChunk; }
+  __device__ bf16* P() const { return reinterpret_cast<bf16*>(base + 2 * kStageBytes); }
+  __device__ bf16* S() const { return P() + kChunk * kLdC; }
+  __device__ bf16* X() const { return S() + K * kLdV; }
+  __device__ bf16* delta() const { return X() + kChunk * kLdV; }
+  __device__ bf16* delta_decayed() const { return delta() + kChunk * kLdV; }
+  __device__ float* G() const { return reinterpret_cast<float*>(delta_decayed() + kChunk * kLdV); }
+};
+
+template <int K>
+__device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, const bf16* wy, int b, int h, int n, int v0) {
+  const int t0 = n * kChunk, valid = min(kChunk, p.T - t0), chunks = ceil_div(p.T, kChunk);
+  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
+  cp_async_rows(L.q(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K,
+                kChunk, K, valid);
+  cp_async_rows(L.k(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K,
+                kChunk, K, valid);
+  cp_async_rows(L.v(stage), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
+                kChunk, kBlockV, valid);
+  const bf16* wy_chunk = wy + ((static_cast<long long>(b) * p.H + h) * chunks + n) * kChunk * kChunk;
+  cp_async_rows(L.wy(stage), kLdC, wy_chunk, kChunk, kChunk, kChunk, kChunk);
+  if (threadIdx.x < kChunk) {
+    const bool ok = threadIdx.x < valid;
+    const long long at = first + static_cast<long long>(threadIdx.x) * p.H;
+    if (p.g) cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + at : p.g, ok);
+    cp_async_4(L.beta(stage) + threadIdx.x, ok ? p.beta + at : p.beta, ok);
+  }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) delta_v3_chunked_wy_mma(const Problem p, const bf16* wy) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = Layout<K>::kLdK;
+  constexpr int kRowSharers = kWarps / (K / 16);
+  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
+  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+
+  const Layout<K> L{smem};
+  const int T = p.T, H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);  // this warp's tile of P, X, Delta and O
+  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);  // ... of S
+  const float scale = p.scale;
+
+  load_chunk<K>(L, 0, p, wy, b, h, 0, v0);
+  cp_async_commit();
+
+  float S[1][kStateTiles][4];
+  const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
+#pragma unroll
+  for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      float2 s2 = make_float2(0.0f, 0.0f);
+      if (p.h0) s2 = *reinterpret_cast<const float2*>(p.h0 + state_base + static_cast<long long>(row) * V + v0 + col);
+      S[0][j][e] = s2.x;
+      S[0][j][e + 1] = s2.y;
+      store_bf16x2(L.S() + row * kLdV + col, s2.x, s2.y);
+    }
+
+  bf16* o = static_cast<bf16*>(p.o);
+  for (int n = 0; n < chunks; ++n) {
+    const int stage = n & 1, t0 = n * kChunk;
+    cp_async_wait<0>();
+    __syncthreads();  // chunk n is on chip; every read of chunk n - 1's stage is done
+    if (n + 1 < chunks) load_chunk<K>(L, stage ^ 1, p, wy, b, h, n + 1, v0);
+    cp_async_commit();
+
+    const bf16* q_s = L.q(stage);
+    const bf16* k_s = L.k(stage);
+    const bf16* v_s = L.v(stage);
+    const float* beta = L.beta(stage);
+    float* G = L.G();
+    if (warp == 0) {
+      const float* g = L.g(stage);
+      const float2 G2 = chunk_cumsum_64(p.g ? g[2 * lane] : 0.0f, p.g ? g[2 * lane + 1] : 0.0f);
+      G[2 * lane] = G2.x;
+      G[2 * lane + 1] = G2.y;
+    }
+    __syncthreads();
+    const float G_last = G[kChunk - 1];
+
+    // P = (Q K^T) * exp(G_i - G_j) for j <= i (scale applied at the output)
+    {
+      float acc[1][4][4];
+      zero(acc);
+      if (n0 < m0 + 16) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(acc, q_s, kLdK, k_s, kLdK, m0, n0, 0, K);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+          const float x = c <= r ? acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
+          const float y = c + 1 <= r ? acc[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
+          store_bf16x2(L.P() + r * kLdC + c, x, y);
+        }
+    }
+    // X = diag(beta) (V - diag(exp(G)) K S)
+    {
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, k_s, kLdK, L.S(), kLdV, m0, n0, 0, K);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+          const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v_s + r * kLdV + c));
+          const float decay = __expf(G[r]);
+          store_bf16x2(L.X() + r * kLdV + c, beta[r] * (v2.x - decay * acc[0][j][e]),
+                       beta[r] * (v2.y - decay * acc[0][j][e + 1]));
+        }
+    }
+    __syncthreads();
+
+    // Delta = T X (T lower triangular), and Delta decayed to the chunk's end
+    {
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.wy(stage), kLdC, L.X(), kLdV, m0, n0, 0, m0 + 16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+          const float d = __expf(G_last - G[r]);
+          store_bf16x2(L.delta() + r * kLdV + c, acc[0][j][e], acc[0][j][e + 1]);
+          store_bf16x2(L.delta_decayed() + r * kLdV + c, d * acc[0][j][e], d * acc[0][j][e + 1]);
+        }
+    }
+    __syncthreads();
+
+    // O = diag(exp(G)) Q S + P Delta, times scale
+    {
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, q_s, kLdK, L.S(), kLdV, m0, n0, 0, K);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][j][e] *= __expf(G[m0 + acc_row(0, e)]);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(), kLdC, L.delta(), kLdV, m0, n0, 0, m0 + 16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e), t = t0 + r;
+          if (t < T)
+            store_bf16x2(o + ((static_cast<long long>(b) * T + t) * H + h) * V + v0 + c, scale * acc[0][j][e],
+                         scale * acc[0][j][e + 1]);
+        }
+    }
+    // S <- exp(G_last) S + K^T (Delta decayed to the end), in registers
+    {
+      const float decay = __expf(G_last);
+#pragma unroll
+      for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[0][j][e] *= decay;
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0,
+                                                                       0, kChunk);
+    }
+    __syncthreads();  // every read of the bf16 copy of S is done
+#pragma unroll
+    for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        store_bf16x2(L.S() + (s_m0 + acc_row(0, e)) * kLdV + s_n0 + acc_col(j, e), S[0][j][e], S[0][j][e + 1]);
+  }
+
+#pragma unroll
+  for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      *reinterpret_cast<float2*>(p.ht + state_base + static_cast<long long>(row) * V + v0 + col) =
+          make_float2(S[0][j][e], S[0][j][e + 1]);
+    }
+}
+
+template <int K>
+void launch(const Problem& p) {
+  bf16* wy = static_cast<bf16*>(p.workspace);
+  launch_wy_prepare<bf16, bf16, true>(p, wy, "delta_v3_wy_prepare_mma");
+  const size_t smem = Layout<K>::kBytes;
+  auto kernel = delta_v3_chunked_wy_mma<K>;
+  allow_shared_memory(kernel, smem, "delta_v3_chunked_wy_mma");
+  const dim3 grid(p.V / kBlockV, p.H, p.B);
+  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p, wy);
+  check_launch("delta_v3_chunked_wy_mma", p);
+}
+
+void forward(const Problem& p) {
+  check_common(p, "delta_v3_chunked_wy_mma", true);
+  require(p.dtype == kBFloat16, "delta_v3_chunked_wy_mma: bfloat16 inputs only (tensor cores multiply bf16), got float32");
+  require(p.K == 64 || p.K == 128, "delta_v3_chunked_wy_mma: K must be 64 or 128, got K=" + std::to_string(p.K));
+  require(p.V % kBlockV == 0, "delta_v3_chunked_wy_mma: V must be a multiple of 64, got V=" + std::to_string(p.V));
+  require(p.workspace && p.workspace_size >= workspace_bytes(p.B, p.T, p.H, p.K, p.V),
+          "delta_v3_chunked_wy_mma: workspace must hold " + std::to_string(workspace_bytes(p.B, p.T, p.H, p.K, p.V)) +
+              " bytes, got " + std::to_string(p.workspace_size));
+  if (p.K == 64) launch<64>(p);
+  else launch<128>(p);
+}
+
+}  // namespace
+
+extern const Version delta_v3 = {
+    "delta", 3, "chunked_wy_mma",
+    "v2's chunks and WY step on bf16 tensor cores (mma.sync, fp32 accumulators), the state in registers, the next chunk copied in meanwhile.",
+    false, true, 80, workspace_bytes, forward};
+
+}  // namespace minilin

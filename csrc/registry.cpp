@@ -1,0 +1,15 @@
+// The ladder: every kernel version, in op then version order. Each version lives in its own file
+// (csrc/<op>/v<N>_*.cu) and says there, in one sentence, what it changed and why.
+#include "minilin_cuda.h"
+
+namespace minilin {
+
+extern const Version linear_v1, linear_v2, linear_v3;
+extern const Version delta_v1, delta_v2, delta_v3;
+
+const std::vector<Version>& versions() {
+  static const std::vector<Version> all = {linear_v1, linear_v2, linear_v3, delta_v1, delta_v2, delta_v3};
+  return all;
+}
+
+}  // namespace minilin
