@@ -16,6 +16,12 @@ FORMS = ("recurrent", "chunked", "parallel", "convolution", "scan")
 # (quadratic memory traffic), so its fair baseline is the parallel form.
 BASELINE = {"attention": "parallel"}
 
+# Non-causal approximations of softmax attention have one form (parallel): comparing it with itself checks
+# nothing. They are measured against the function they approximate, `exact` in their own module (exact
+# non-causal softmax attention, called with the same (args, kwargs)); the difference is approximation
+# error, to be reported, not held to a rounding tolerance.
+APPROXIMATES = {"linformer": "exact", "nystromformer": "exact"}
+
 
 def names() -> list[str]:
     """Every mixer in `minilin.mixers`, in the order of the chapters."""
@@ -35,6 +41,12 @@ def forms(name: str) -> list[str]:
 def baseline_form(name: str) -> str:
     """The form every other form is compared with: the recurrence (the definition) where there is one."""
     return BASELINE.get(name) or ("recurrent" if "recurrent" in forms(name) else forms(name)[0])
+
+
+def reference(name: str):
+    """The function a mixer's forms are measured against: an approximation's exact function
+    (`APPROXIMATES`), else the mixer's baseline form. Called like the forms: fn(*args, **kwargs)."""
+    return getattr(module(name), APPROXIMATES.get(name) or baseline_form(name))
 
 
 def nbytes(state) -> int:
