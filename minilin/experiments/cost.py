@@ -1,0 +1,181 @@
+"""Cost: time against sequence length for the recurrent form, the chunked form and softmax attention.
+
+    recurrent:  T steps, each a state update of O(K V): linear in T, but T small sequential operations
+    chunked:    T / C chunks of dense C x C and C x K products, then T / C state steps: linear in T, in
+                fewer and larger operations (what NumPy's BLAS, and a GPU, are good at)
+    softmax:    every token attends to every earlier one: T^2 / 2 scores, quadratic in T
+On this CPU the table gives the measured milliseconds and the growth exponent p (time ~ T^p) over the
+three longest lengths; the machine's other load makes single timings noisy. Two mixers stand for the two families: simple GLA (scalar-gated linear attention,
+the Mamba-2 family) and Gated DeltaNet (the delta rule, chunked through the WY representation).
+Softmax is `attention.chunked`, FlashAttention-style tiling with an online softmax (NumPy's fastest
+softmax here; `attention.parallel` builds the whole T x T matrix and is slower still).
+
+The GPU part is optional: when CuPy, a GPU, the compiled extension (`minilin.cuda`) and the GPU benchmark
+(`minilin.bench.gpu`) are all present, the CUDA benchmark is run through its own command line
+(`minilin bench --device gpu --json PATH`) and its JSON rows are shown as they come. Assumed of it, and
+nothing more: that command exists and writes {"rows": [one flat dict per measurement, ...], ...}.
+Otherwise the GPU part is skipped and the reason is printed.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from .. import catalog
+from ..bench.timing import median_ms
+from . import _plot
+
+CPU_PROBLEM = dict(B=1, H=4, K=64, V=64)
+# (label, mixer, form); each linear mixer's chunked form is checked against its recurrence before timing.
+FORMS = (
+    ("simple GLA, recurrent", "simple_gla", "recurrent"),
+    ("simple GLA, chunked", "simple_gla", "chunked"),
+    ("Gated DeltaNet, recurrent", "gated_deltanet", "recurrent"),
+    ("Gated DeltaNet, chunked", "gated_deltanet", "chunked"),
+    ("softmax attention", "attention", "chunked"),
+)
+FLOAT32_TOLERANCE = 1e-4
+
+
+def sizes(quick: bool) -> dict:
+    return dict(Ts=[128, 256, 512, 1024] if quick else [256, 512, 1024, 2048, 4096],
+                repeats=2 if quick else 3)
+
+
+def run(quick: bool = False) -> dict:
+    p = sizes(quick)
+    cpu = []
+    for T in p["Ts"]:
+        row = {"T": T, "ms": {}, "chunked_vs_recurrent": {}}
+        outputs = {}
+        for label, name, form in FORMS:
+            mod = catalog.module(name)
+            args, kwargs = mod.example_inputs(T=T, **CPU_PROBLEM, dtype=np.float32, seed=12)
+            fn = getattr(mod, form)
+            outputs[(name, form)] = fn(*args, **kwargs)[0]
+            if form == "chunked" and (name, "recurrent") in outputs:
+                error = catalog.relative_error(outputs[(name, form)], outputs[(name, "recurrent")])
+                row["chunked_vs_recurrent"][name] = error
+                if not error <= FLOAT32_TOLERANCE:  # a wrong form is reported, not timed (NaN fails too)
+                    row["ms"][label] = None
+                    continue
+            row["ms"][label] = best_ms(lambda: fn(*args, **kwargs), p["repeats"])
+        cpu.append(row)
+    return {"problem": CPU_PROBLEM, "repeats": p["repeats"], "cpu": cpu, "exponents": exponents(cpu), "gpu": gpu_results(quick)}
+
+
+def best_ms(fn, runs: int) -> float:
+    """The fastest of `runs` timed runs, in ms: the run least disturbed by whatever else the machine is
+    doing, so the closest to the algorithm's own cost."""
+    return min(median_ms(fn, repeats=1, warmup=0) for _ in range(runs))
+
+
+def exponents(rows: list[dict], points: int = 3) -> dict:
+    """p in time ~ T^p, per form: the least-squares slope of log(ms) against log(T) over the longest
+    `points` lengths (short ones measure call overheads, not the algorithm)."""
+    out = {}
+    for label, _, _ in FORMS:
+        measured = [(r["T"], r["ms"][label]) for r in rows[-points:] if r["ms"].get(label)]
+        if len(measured) >= 2:
+            logs = np.log(np.array(measured, dtype=float))
+            out[label] = float(np.polyfit(logs[:, 0], logs[:, 1], 1)[0])
+    return out
+
+
+# ---- the optional GPU part ------------------------------------------------------------------------
+
+def gpu_missing() -> str | None:
+    """Why the CUDA benchmark cannot run here, or None when everything it needs is present."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install -e \".[cuda]\")"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no GPU is visible"
+    except Exception as error:  # CUDA driver missing or broken: CuPy raises its own runtime errors
+        return f"no usable GPU ({type(error).__name__}: {error})"
+    try:
+        import minilin.cuda  # noqa: F401
+    except ImportError as error:
+        return f"the CUDA extension is not importable (minilin.cuda: {error})"
+    try:
+        import minilin.bench.gpu  # noqa: F401
+    except ImportError as error:
+        return f"the GPU benchmark is not there (minilin.bench.gpu: {error})"
+    return None
+
+
+def gpu_results(quick: bool) -> dict:
+    """{"rows": [...]} from `minilin bench --device gpu --json PATH`, or {"skipped": reason}."""
+    reason = gpu_missing()
+    if reason:
+        return {"skipped": reason}
+    from ..cli import main as cli_main
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "gpu.json")
+        argv = ["bench", "--device", "gpu", "--json", path] + (["--repeats", "5"] if quick else [])
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):  # an experiment returns data; the bench's own table is dropped
+            status = cli_main(argv)
+        if not os.path.exists(path):
+            return {"skipped": f"`minilin {' '.join(argv[:3])}` wrote no JSON (exit status {status})"}
+        with open(path) as f:
+            payload = json.load(f)
+    rows = payload.get("rows") if isinstance(payload, dict) else None
+    if not isinstance(rows, list):
+        return {"skipped": "the GPU benchmark's JSON has no list of rows"}
+    return {"rows": rows, "status": status, "machine": payload.get("machine") or payload.get("device")}
+
+
+def _gpu_table(gpu: dict) -> list[str]:
+    if "skipped" in gpu:
+        return [f"GPU: skipped, {gpu['skipped']}."]
+    lines = [f"GPU (from `minilin bench --device gpu`{', ' + str(gpu['machine']) if gpu.get('machine') else ''}):"]
+    for row in gpu["rows"]:
+        cells = [f"{key}={_cell(value)}" for key, value in row.items() if isinstance(value, (str, int, float)) or value is None]
+        lines.append("  " + ", ".join(cells))
+    return lines
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+# ---- presentation ---------------------------------------------------------------------------------
+
+def table(data: dict) -> str:
+    labels = [label for label, _, _ in FORMS]
+    lines = [f"{'T':>6s} | " + " ".join(f"{label:>26s}" for label in labels)]
+    for row in data["cpu"]:
+        cells = ("wrong, not timed" if row["ms"][label] is None else f"{row['ms'][label]:.1f} ms" for label in labels)
+        lines.append(f"{row['T']:6d} | " + " ".join(f"{c:>26s}" for c in cells))
+    growth = " ".join(f"{'T^' + format(data['exponents'][label], '.2f') if label in data['exponents'] else '-':>26s}"
+                      for label in labels)
+    lines.append(f"{'growth':>6s} | {growth}")
+    worst = max(max(r["chunked_vs_recurrent"].values(), default=0.0) for r in data["cpu"])
+    p = data["problem"]
+    lines.append(f"(this CPU, NumPy, float32, B={p['B']} H={p['H']} K={p['K']} V={p['V']}, best of {data['repeats']} runs; growth: "
+                 f"p in time ~ T^p, fitted over the three longest T; chunked vs recurrent agree to {worst:.0e})")
+    lines.extend(_gpu_table(data["gpu"]))
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: str) -> None:
+    fig, (ax,) = _plot.subplots(1, width=7)
+    T = [r["T"] for r in data["cpu"]]
+    for label, _, form in FORMS:
+        ms = [r["ms"][label] for r in data["cpu"]]
+        style = "o-" if form == "chunked" and "softmax" not in label else "s--" if form == "recurrent" else "^-"
+        ax.plot(T, [np.nan if m is None else m for m in ms], style, label=label)
+    ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="ms (best of runs, this CPU)",
+           title="Cost against sequence length (NumPy, float32)")
+    _plot.plain_ticks(ax, T)
+    ax.legend(fontsize=8)
+    _plot.save(fig, path)
