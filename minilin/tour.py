@@ -1,14 +1,21 @@
 """`minilin tour`: the chapters' claims, each reproduced with measured numbers.
 
-    minilin tour               every experiment, in order (a couple of minutes on a 2-core CPU)
+    minilin tour               every experiment, in order (under two minutes on a 2-core CPU)
     minilin tour --quick       smaller problems (seconds)
-    minilin tour NAME ...      only these experiments
+    minilin tour NAME ...      only these experiments (`minilin tour --list` names them)
     minilin tour --plots DIR   also a PNG per experiment (needs the `plot` extra: matplotlib)
+
+Each experiment (minilin/experiments/) returns its data; this command prints its title, the one sentence it
+demonstrates and its table, and, with --plots, asks it for a figure.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+
+PLOT_HINT = ('minilin tour --plots needs matplotlib: pip install matplotlib (or, in a checkout, '
+             'pip install -e ".[plot]"). Printing the tables only.')
 
 
 def register(subparsers) -> None:
@@ -25,8 +32,9 @@ def main(args) -> int:
     from .experiments import EXPERIMENTS
 
     if args.list:
+        width = max(len(e.name) for e in EXPERIMENTS)
         for e in EXPERIMENTS:
-            print(f"{e.name:16s} {e.title}")
+            print(f"{e.name:{width}s}  {e.title}")
         return 0
     known = {e.name: e for e in EXPERIMENTS}
     unknown = [n for n in args.names if n not in known]
@@ -35,30 +43,39 @@ def main(args) -> int:
         return 2
     selected = [known[n] for n in args.names] if args.names else EXPERIMENTS
     plotting = _plotting_ready(args.plots)
+    if plotting is None:
+        return 2
+    start_all = time.perf_counter()
     for i, e in enumerate(selected, 1):
+        print(f"\n== {i}. {e.title} ({e.name})", flush=True)
         start = time.perf_counter()
         data = e.run(args.quick)
-        print(f"\n== {i}. {e.title} ({e.name}, {time.perf_counter() - start:.1f} s)")
+        elapsed = time.perf_counter() - start
         print(e.claim)
         print(e.table(data))
         if plotting and e.plot is not None:
-            import os
-
             path = os.path.join(args.plots, f"{e.name}.png")
             e.plot(data, path)
             print(f"plot: {path}")
+        print(f"({elapsed:.1f} s)", flush=True)
+    mode = "quick" if args.quick else "default"
+    print(f"\nminilin tour: {len(selected)} experiment(s), {mode} sizes, {time.perf_counter() - start_all:.1f} s")
     return 0
 
 
-def _plotting_ready(directory) -> bool:
+def _plotting_ready(directory):
+    """True: plots go to `directory`; False: no plots (none asked for, or matplotlib missing, which is
+    said); None: the directory cannot be made (said on stderr)."""
     if not directory:
         return False
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print('minilin tour --plots needs matplotlib: pip install -e ".[plot]"  (tables are printed anyway)')
+        print(PLOT_HINT, flush=True)
         return False
-    import os
-
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        print(f"minilin tour: --plots {directory}: cannot create the directory ({error})", file=sys.stderr)
+        return None
     return True

@@ -1,0 +1,225 @@
+"""The tour's experiments: each claim that holds is asserted on the data the experiment returns (quick sizes,
+fixed seeds), so a regression in a mixer or an experiment fails here. Timing-based claims (the measured
+crossover of `bracket`, the growth exponents of `cost`) depend on the machine and its load and are reported,
+not asserted; their FLOP counts and correctness checks are asserted."""
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import numpy as np
+import pytest
+
+from minilin.experiments import EXPERIMENTS
+
+ISSUE_ORDER = ["forms", "memory", "bracket", "exactness", "capacity", "interference", "softmax_amplification",
+               "fixed_decay", "write_rules", "fact_update", "recall", "state_tracking", "cost"]
+BY_NAME = {e.name: e for e in EXPERIMENTS}
+
+
+@functools.lru_cache(maxsize=None)
+def quick(name: str):
+    """Each experiment's quick data, computed once per test session."""
+    return BY_NAME[name].run(True)
+
+
+def test_registry_follows_the_issue_order():
+    assert [e.name for e in EXPERIMENTS] == ISSUE_ORDER
+    for e in EXPERIMENTS:
+        assert e.claim.strip() and e.title.strip(), e.name
+
+
+@pytest.mark.parametrize("name", ISSUE_ORDER[2:])
+def test_table_renders(name):
+    text = BY_NAME[name].table(quick(name))
+    assert isinstance(text, str) and len(text.splitlines()) >= 3
+    assert not re.search(r"\bnan\b", text.lower()), text
+
+
+def test_bracket_flops_cross_at_n_equals_d():
+    data = quick("bracket")
+    d = data["d"]
+    for r in data["rows"]:
+        assert r["flops_left"] == 4 * r["n"] ** 2 * d and r["flops_right"] == 4 * r["n"] * d ** 2
+        assert r["flops_left"] / r["flops_right"] == pytest.approx(r["n"] / d)
+        assert r["relative_difference"] < 1e-12
+    at_d = next(r for r in data["rows"] if r["n"] == d)
+    assert at_d["flops_left"] == at_d["flops_right"]
+    assert all(r["ms_left"] > 0 and r["ms_right"] > 0 for r in data["rows"])
+
+
+def test_exactness_both_bracket_orders_agree_to_rounding():
+    for r in quick("exactness")["rows"]:
+        assert r["chunked_float64"] < 1e-12 and r["parallel_float64"] < 1e-12, r
+        if r["computed_in_float32"] == "float32":
+            assert r["chunked_float32"] < 1e-5 and r["parallel_float32"] < 1e-5, r
+
+
+def test_capacity():
+    data = quick("capacity")
+    d = data["d"]
+    for r in data["rows"]:
+        if r["n"] <= d:
+            assert r["orthogonal_error"] < 1e-10, r       # exact up to n = d
+        else:
+            assert r["orthogonal_error"] > 0.5, r         # and failing past it
+        # random unit keys: RMS error tracks sqrt((n - 1) / d)
+        assert 0.85 < r["random_error"] / r["predicted_random_error"] < 1.15, r
+        assert r["softmax_error"] < r["random_error"], r
+    gaps = [r["softmax_log_weight_gap"] for r in data["rows"]]
+    assert max(gaps) / min(gaps) < 1.05                    # softmax's weight gap is flat in n
+    assert np.mean(gaps) == pytest.approx(data["softmax_scale"], rel=0.05)  # = s (1 - mean cos) ~ s
+
+
+def test_interference_split():
+    data = quick("interference")
+    d = data["d"]
+    for r in data["rows"]:
+        assert r["own_error"] < 1e-12 and r["parts_sum_error"] < 1e-12 and r["terms_sum_error"] < 1e-12
+        assert r["own_norm"] == pytest.approx(1.0, abs=1e-12)
+        if r["n"] <= d:
+            assert r["orthogonal_cross"] < 1e-12, r
+        else:
+            assert r["orthogonal_cross"] > 0.3, r
+        if r["n"] >= d // 2:
+            assert 0.75 < r["random_cross"] / r["predicted_cross"] < 1.25, r
+        if r["n"] >= d:
+            assert r["largest_term"] < 0.5 * r["random_cross"], r   # many small terms, none dominant
+
+
+def test_softmax_amplification():
+    data = quick("softmax_amplification")
+    rows = {r["kernel"]: r for r in data["rows"]}
+    ns = data["ns"]
+    kernels = [r for r in data["rows"] if r["kind"] == "kernel"]
+    softmax = rows["softmax, scale 1/sqrt(d)"]
+    for r in kernels:
+        assert softmax["ratio"][ns[-1]] > 10 * r["ratio"][ns[-1]], r["kernel"]
+        assert softmax["right_share"][ns[-1]] > 3 * r["right_share"][ns[-1]], r["kernel"]
+    for name in ("identity", "elu+1", "relu"):               # a pairwise ratio: the same at every n
+        ratios = [rows[name]["ratio"][n] for n in ns]
+        assert max(ratios) / min(ratios) < 1.15, name
+    assert rows["elu+1"]["right_share"][ns[-1]] < 0.05      # the wrong pairs take almost all the weight
+    assert softmax["right_share"][ns[-1]] > 0.5
+    scales = [rows[f"softmax, scale {s}/sqrt(d)"]["ratio"][ns[-1]] for s in ("0.5", "1", "2")]
+    assert scales[0] < scales[1] < scales[2]                 # a sharper softmax amplifies more
+
+
+def test_fixed_decay():
+    data = quick("fixed_decay")
+    d = data["d"]
+    for h in data["heads"]:
+        assert h["largest_deviation_from_gamma_t"] < 1e-12
+        assert h["parts_sum_error"] < 1e-12
+        if h["predicted_half_life"] < data["T"]:
+            assert h["measured_half_life"] == math.ceil(h["predicted_half_life"])
+        else:
+            assert h["measured_half_life"] is None
+        assert 0.8 < h["cross_talk_ratio"] < 1.25, h["head"]
+        assert d // 4 <= h["signal_below_cross_talk_at"] <= 2 * d, h["head"]
+
+
+def test_write_rules_trade():
+    data = quick("write_rules")
+    d = data["d"]
+    rows = {(r["n"], r["rule"]): r for r in data["rows"]}
+    n_max = data["ns"][-1]
+    for n in data["ns"]:
+        additive, delta = rows[(n, "additive")], rows[(n, "delta, beta = 1")]
+        assert delta["newest_error"] < 1e-12                # beta = 1, unit key: the newest pair is exact
+        assert delta["error"] < additive["error"]           # and the reconstruction error is lower
+        assert additive["kept_oldest"] == pytest.approx(1.0, abs=0.1)  # own term at full strength
+    additive, delta = rows[(n_max, "additive")], rows[(n_max, "delta, beta = 1")]
+    half = rows[(n_max, "delta, beta = 0.5")]
+    # the trade: past d, delta writes erase older pairs and recall them far worse than additive writes
+    assert delta["kept_oldest"] < 0.2
+    assert delta["recall_oldest"] < 0.1 and additive["recall_oldest"] > 0.3
+    assert delta["recall"] < additive["recall"]
+    assert delta["recall_newest"] > delta["recall_oldest"] + 0.5
+    assert delta["recall_oldest"] < half["recall_oldest"] and delta["error"] > half["error"]
+    assert all(rows[(n, rule)]["recall"] == 1.0 for n in data["ns"] if n < d // 2 + 1
+               for rule in ("additive", "delta, beta = 0.5"))
+
+
+def test_fact_update():
+    data = quick("fact_update")
+    rows = {r["rule"]: r for r in data["rows"]}
+    for rule in ("delta, beta = 1", "gated delta, beta = 1"):
+        assert rows[rule]["worst_error_at_update"] < 1e-12, rule   # the new value, to rounding
+        assert abs(rows[rule]["old_part_at_update"]) < 0.2, rule
+    additive = rows["additive"]
+    assert additive["error_at_update"] == pytest.approx(data["predicted_additive_error"], rel=0.2)
+    assert additive["old_part_at_update"] == pytest.approx(1.0, abs=0.15)   # v_old still in the read
+    decayed = rows["additive + decay"]
+    assert decayed["old_part_at_update"] == pytest.approx(data["alpha"] ** data["update"], abs=0.15)
+
+
+def test_recall():
+    data = quick("recall")
+    for r in data["rows"]:
+        acc, far = r["accuracy"], r["far_accuracy"]
+        assert acc["softmax"] >= 0.99, r
+        if r["n"] >= r["d"]:                                # the finding: erasing writes recall less
+            assert acc["linear attention"] > acc["DeltaNet"] >= acc["Gated DeltaNet"] - 0.05, r
+        if r["n"] >= 2 * r["d"]:
+            assert far["DeltaNet"] < 0.25 and far["linear attention"] > 0.8, r
+        if r["n"] < r["d"]:
+            assert min(acc.values()) > 0.9, r
+
+
+def test_state_tracking_parity():
+    data = quick("state_tracking")
+    assert data["all_positions_exact"] and data["flip_values"] == [-1.0, 1.0]
+    assert data["chunked_difference"] < 1e-12
+    rows = data["rows"]
+    assert all(r["negative_eigenvalues"] == 1.0 for r in rows)
+    assert rows[0]["L"] == 1 and rows[0]["best_held_out"] == 1.0    # one bit: no swap needed
+    assert abs(rows[-1]["best_held_out"] - 0.5) < 0.1               # long strings: chance
+
+
+def test_cost_cpu_checks_and_gpu_skip_reason(monkeypatch):
+    data = quick("cost")
+    for row in data["cpu"]:
+        assert all(e < 1e-4 for e in row["chunked_vs_recurrent"].values())
+        assert all(ms is not None and ms > 0 for ms in row["ms"].values())
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert "CuPy" in data["gpu"]["skipped"]
+        assert "GPU: skipped" in BY_NAME["cost"].table(data)
+
+
+def test_cost_reads_the_gpu_benchmark_json(monkeypatch):
+    """The GPU part's only assumptions: `minilin bench --device gpu --json PATH` exists and writes {"rows": [...]}.
+    A stand-in benchmark checks that side of the interface without a GPU."""
+    import json
+    import sys
+    import types
+
+    from minilin.experiments import cost
+
+    fake = types.ModuleType("minilin.bench.gpu")
+
+    def main(args):
+        print("the benchmark's own table")
+        with open(args.json, "w") as f:
+            json.dump({"device": "gpu", "machine": "test GPU",
+                       "rows": [{"mixer": "gla", "T": 2048, "recurrent_ms": 2.5, "chunked_ms": 0.25}]}, f)
+        return 0
+
+    fake.main = main
+    monkeypatch.setitem(sys.modules, "minilin.bench.gpu", fake)
+    monkeypatch.setattr(cost, "gpu_missing", lambda: None)
+    gpu = cost.gpu_results(quick=True)
+    assert gpu["rows"] == [{"mixer": "gla", "T": 2048, "recurrent_ms": 2.5, "chunked_ms": 0.25}]
+    text = "\n".join(cost._gpu_table(gpu))
+    assert "test GPU" in text and "chunked_ms=0.25" in text
+
+
+@pytest.mark.parametrize("name", ISSUE_ORDER[2:])
+def test_plot_writes_a_png(name, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / f"{name}.png"
+    BY_NAME[name].plot(quick(name), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
