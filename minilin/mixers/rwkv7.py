@@ -44,8 +44,8 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, from_chunks, gated_gram, local_cumsum, state_or_zeros,
-                        to_chunks, unit_lower_inverse)
+from ..chunking import (decay_rows, decay_state, from_chunks, local_cumsum, state_or_zeros, to_chunks,
+                        unit_lower_inverse)
 from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
 from .rwkv6 import exclusive_cumsum, gram_before_decay
 
@@ -87,14 +87,26 @@ def chunked(r, w, k, v, a, b, *, scale=None, initial_state=None, chunk_size=64):
     xp = array_module(q)
     T = q.shape[1]
     qc, kc, vc, ac, bc = (to_chunks(x, chunk_size) for x in (q, k, v, a, b))   # [B, H, N, C, .]
-    G = local_cumsum(to_chunks(w, chunk_size))                                 # [B, H, N, C, K]
+    wc = to_chunks(w, chunk_size)
+    G = local_cumsum(wc)                                                       # [B, H, N, C, K]
     G_last = G[:, :, :, -1]
     to_end = G_last[:, :, :, None] - G                                         # G_C - G_j <= 0
 
+    # Four intra-chunk matrices in two calls. The output's R B^T and R K^T (decay exp(G_t - G_j), j <= t)
+    # are written as reads before token t's decay, like Mab and Mak: for j < t,
+    # exp(G_t - G_j) = exp(w_t) exp(G_{t-1} - G_j), and the diagonal j = t is added apart. So each call
+    # stacks a and r * exp(w_t) (w_t <= 0: no overflow) against one of b, k.
+    x = xp.stack([ac, qc * xp.exp(wc)])
+    M_ab, R_b = gram_before_decay(x, bc, G)                                    # [B, H, N, C, C] each
+    M_ak, R_k = gram_before_decay(x, kc, G)
+    diagonal = xp.arange(chunk_size)
+    R_b[..., diagonal, diagonal] = (qc * bc).sum(-1)
+    R_k[..., diagonal, diagonal] = (qc * kc).sum(-1)
+
     # The reads u: (I - Mab) U = (A * exp(G_prev)) S + Mak V, solved for all chunks at once.
-    T_inv = unit_lower_inverse(-gram_before_decay(ac, bc, G))
+    T_inv = unit_lower_inverse(-M_ab)
     W = T_inv @ decay_rows(ac, exclusive_cumsum(G))                            # [B, H, N, C, K]
-    U_v = T_inv @ (gram_before_decay(ac, kc, G) @ vc)                          # [B, H, N, C, V]
+    U_v = T_inv @ (M_ak @ vc)                                                  # [B, H, N, C, V]
 
     # What each chunk writes through b (depends on S) and through k (does not).
     b_to_end_T = xp.ascontiguousarray(decay_rows(bc, to_end).swapaxes(-1, -2))  # [B, H, N, K, C]
@@ -107,7 +119,7 @@ def chunked(r, w, k, v, a, b, *, scale=None, initial_state=None, chunk_size=64):
         U[:, :, n] = W[:, :, n] @ S + U_v[:, :, n]
         S = decay_state(S, G_last[:, :, n]) + b_to_end_T[:, :, n] @ U[:, :, n] + dS_kv[:, :, n]
 
-    o = decay_rows(qc, G) @ S_in + gated_gram(qc, bc, G) @ U + gated_gram(qc, kc, G) @ vc
+    o = decay_rows(qc, G) @ S_in + R_b @ U + R_k @ vc
     return from_chunks(o, T), S
 
 
