@@ -22,9 +22,15 @@ outputs and the same cache as prefilling [0, T) (tests/test_hybrid.py, float64, 
 Pattern letters: "A" softmax attention (MHA), "W" sliding-window attention (`window` tokens), "L" the
 linear `mixer`. `from_mixers` takes any list of mixer names from `INPUTS` instead.
 
+`INPUTS` says, per mixer, where each positional argument comes from: `Projected` (a per-token
+projection of h with an activation that puts it in the valid range: log-sigmoid gates <= 0, sigmoid
+beta, softplus dt, unit keys for the delta rule), `Parameter` (per-layer, e.g. Mamba's A) or `Derived`
+(from other inputs, e.g. RWKV-7's a and b from one key). A new causal mixer joins the stacks by adding
+its row there (tests/test_hybrid.py checks that every causal mixer has one).
+
 The weights are random (seeded), W ~ N(0, 1/fan_in): this is a harness to run and measure mixers in a
-stack, not a trained model. Shapes: heads H, head_dim K = V (the key and value size per head); vector-state
-mixers (HGRN, Mamba-1) get D = H * head_dim channels.
+stack, not a trained model. Shapes: heads H, head_dim K = V (the key and value size per head); per-channel
+mixers (HGRN, Mamba-1, S4) get D = H * head_dim channels.
 """
 from __future__ import annotations
 

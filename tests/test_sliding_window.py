@@ -55,14 +55,17 @@ def test_cache_grows_until_the_window_is_full():
         assert state.k.shape[1] == min(t + 1, 6) and state.position == t + 1
 
 
+# (W, chunk_size): W - 1 = 4 = C and C = 1 make the full ring reach further back than the tiles do
+# (its oldest entries are out of every new query's window and are dropped before tiling).
+@pytest.mark.parametrize("W, C", [(6, 4), (5, 4), (3, 1)])
 @pytest.mark.parametrize("t", [1, 5, 6, 13, 29])
-def test_continuation_across_the_wrap(t):
+def test_continuation_across_the_wrap(t, W, C):
     """[0, t) then [t, T) from the returned cache equals [0, T), in every form and mixing forms."""
-    T, W = 30, 6
+    T = 30
     args = inputs(T, seed=t)
     full, full_state = sliding_window.parallel(*args, window=W)
     head, head_state = sliding_window.recurrent(*sliced(args, slice(0, t)), window=W)
-    for form, extra in ((sliding_window.parallel, {}), (sliding_window.chunked, {"chunk_size": 4}),
+    for form, extra in ((sliding_window.parallel, {}), (sliding_window.chunked, {"chunk_size": C}),
                         (sliding_window.recurrent, {})):
         tail, tail_state = form(*sliced(args, slice(t, T)), window=W, initial_state=head_state, **extra)
         assert rel_err(np.concatenate([head, tail], axis=1), full) < TOL

@@ -23,9 +23,11 @@ weights meaningful, and which random matrix does that is not obvious:
   kernel and stride n/k" projection; the identity at r = T). Good when neighbouring tokens are alike.
 - "gaussian": E = F = R with R_it ~ N(0, 1/r), the Johnson-Lindenstrauss matrix of the paper's Theorem 1.
   That theorem bounds P R^T R V - P V with P = softmax(Q K^T) already formed; Linformer computes
-  softmax(Q (R K)^T) (R V) instead, a different function, and it does *not* approach softmax attention:
-  the projected scores (R s)_i have variance ||s||^2 / r -> 0, so the weights tend to 1/r and
-  o -> (1/r) 1^T R V, whose size is O(1/sqrt(r)) -> 0 (relative error -> 1). Kept to show exactly that.
+  softmax(Q (R K)^T) (R V) instead, a different function, and with E = F = R it does *not* approach
+  softmax attention: the projected scores (R s)_i have variance ||s||^2 / r -> 0, so the weights tend to
+  1/r and o -> (1/r) 1^T R V, whose size is O(1/sqrt(r)) -> 0 (relative error -> 1). (The paper's
+  Theorem 2 uses rescaled copies E = delta R, F = exp(-delta) R, and its models learn E and F.) Kept to
+  show exactly that (tests/test_approximations.py).
 - explicit `E` (and `F`, default `F = E`): any [r, T] arrays, e.g. trained ones or the identity.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; E, F [r, T]; o [B, T, H, V]. `exact` is the function it approximates.

@@ -24,10 +24,12 @@ The pseudo-inverse (`pinv=`):
   3.25x per iteration. Stopped after 6 iterations it leaves the smallest singular values uninverted,
   which acts as a regularizer.
 - "exact": the SVD pseudo-inverse (`linalg.pinv`).
-Measured here (tests/test_approximations.py): on inputs whose neighbouring tokens are alike the
-iterative form's error falls steadily as m grows, while the exact pseudo-inverse, inverting a nearly
-singular A~ whose rows are normalized differently from F~ and B~, can amplify the approximation's
-mismatch many times over for some heads. The exact one is there for the m = T identity.
+Measured (T = 64, B = 2, H = 4, tokens correlated over 16 positions, 100 seeds, m = 2 .. 32): with the
+iterative form the error fell with every doubling of m on every seed; with the exact pseudo-inverse it
+did so on only 16 seeds and reached 93 times the output's norm. A~ is nearly singular (neighbouring
+landmarks are alike) and its rows are normalized differently from F~'s and B~'s, so inverting it
+exactly amplifies their mismatch instead of cancelling it. The exact one is there for the m = T
+identity (tests/test_approximations.py asserts both behaviours).
 
 No recurrent, chunked or step form: every landmark is a mean over a whole segment and every output reads
 all of B~ V, so output i depends on tokens after i (non-causal, an encoder's attention) and nothing can

@@ -142,7 +142,7 @@ def chunked(q, k, v, *, window, scale=None, initial_state=None, chunk_size=64):
         k, v = k[:, -front:], v[:, -front:]
     qc = to_chunks(q, C)                                                # [B, H, N, C, K]
     widths = [(0, 0), (max(front, 0), N * C - T), (0, 0), (0, 0)]
-    kc = to_chunks(xp.pad(k, widths), C)                                # [B, H, N + D, C, K]
+    kc_T = xp.ascontiguousarray(to_chunks(xp.pad(k, widths), C).swapaxes(-1, -2))  # [B, H, N + D, K, C]
     vc = to_chunks(xp.pad(v, widths), C)
 
     B, H = qc.shape[:2]
@@ -159,7 +159,7 @@ def chunked(q, k, v, *, window, scale=None, initial_state=None, chunk_size=64):
         key_start = (xp.arange(N) + D - d) * C                          # grid position of each key block
         real_key = (key_start[:, None] + a[None, :]) >= front           # not front padding [N, C]
         visible = in_band[None] & real_key[:, None, :]                  # [N, C, C]
-        scores = xp.where(visible, qc @ kc[:, :, blocks].swapaxes(-1, -2), -xp.inf)
+        scores = xp.where(visible, qc @ kc_T[:, :, blocks], -xp.inf)
         m_new = xp.maximum(m, scores.max(-1))
         p = xp.exp(scores - m_new[..., None])
         rescale = xp.exp(m - m_new)
