@@ -100,14 +100,16 @@ def gpu_missing() -> str | None:
             return "no GPU is visible"
     except Exception as error:  # CUDA driver missing or broken: CuPy raises its own runtime errors
         return f"no usable GPU ({type(error).__name__}: {error})"
+    # Importing the extension can fail in more ways than ImportError (a missing CUDA library, a driver
+    # mismatch): any failure means no GPU part, said with its reason, never a crashed tour.
     try:
         import minilin.cuda  # noqa: F401
-    except ImportError as error:
-        return f"the CUDA extension is not importable (minilin.cuda: {error})"
+    except Exception as error:
+        return f"the CUDA extension is not importable (minilin.cuda: {type(error).__name__}: {error})"
     try:
         import minilin.bench.gpu  # noqa: F401
-    except ImportError as error:
-        return f"the GPU benchmark is not there (minilin.bench.gpu: {error})"
+    except Exception as error:
+        return f"the GPU benchmark is not there (minilin.bench.gpu: {type(error).__name__}: {error})"
     return None
 
 

@@ -6,12 +6,14 @@ With K = V = 1 and key k = 1 the delta rule is S_t = (1 - beta_t) S_{t-1} + beta
 - beta in [0, 2]: a start token writes S = 1 (beta = 1, v = 1); then bit x_t gets beta_t = 2 x_t, v_t = 0,
   so a 1 multiplies S by 1 - 2 = -1 and a 0 leaves it. The read o_t = S_t = (-1)^(x_1 + ... + x_t): its
   sign is the parity, exactly (multiplying by -1 is exact in floating point), at every length.
-- beta in [0, 1]: each bit's map S -> (1 - beta) S + beta v is non-decreasing, so no bit can swap two
-  states, which a parity tracker must; read through a threshold (sign) the parity of a long string is
-  out of reach. To show it rather than only argue it, every hand-set choice on a grid (beta and v for a
-  0 bit and for a 1 bit: 4 x 4 x 3 x 3 = 144 settings, one per head) is run, each gets the best threshold
-  and sign on training strings, and the best setting is scored on held-out strings. Short strings can
-  still be partly right (one bit: exact); the score falls to chance as strings grow.
+- beta in [0, 1]: each bit's map S -> (1 - beta) S + beta v is non-decreasing. Read through a threshold
+  theta, a parity tracker needs a 1 bit to send a state a < theta to f(a) > theta and f(a) back below
+  theta; but a < f(a) gives f(a) <= f(f(a)) for a non-decreasing f, so no setting gets every string right.
+  To show how far off it is, every hand-set choice on a grid (beta and v for a 0 bit and for a 1 bit:
+  4 x 4 x 3 x 3 = 144 settings, one per head) is run, each gets the best threshold and sign on training
+  strings, and the best setting is scored on held-out strings. Short strings can still be partly right
+  (one bit: exact); as strings grow the score falls to chance (a threshold on a count of ones, the best
+  such a state can offer, is right 0.5 + O(1/sqrt(L)) of the time).
 All settings run in one call of `deltanet.recurrent`, one head per setting; the [0, 2] construction also
 runs through `deltanet.chunked` (the WY form), which must agree.
 Shapes: q, k, v [strings, T = L + 1, heads, 1], beta [strings, T, heads].
