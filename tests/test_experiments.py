@@ -223,3 +223,29 @@ def test_plot_writes_a_png(name, tmp_path):
     path = tmp_path / f"{name}.png"
     BY_NAME[name].plot(quick(name), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memory_helpers_match_the_formulas():
+    """The experiments' write/read helpers (mixers continued from a state, query tokens that write nothing,
+    softmax's extra query slot divided out) against the formulas written directly, float64."""
+    from minilin.experiments import _associative as mem
+
+    rng = np.random.default_rng(0)
+    keys = mem.unit_vectors(rng, 2, 7, 5)
+    values, queries = rng.standard_normal((2, 7, 1, 3)), rng.standard_normal((2, 4, 1, 5))
+    k, v, q = keys[:, :, 0], values[:, :, 0], queries[:, :, 0]
+    S = np.einsum("bnk,bnv->bkv", k, v)
+    assert np.abs(mem.read(mem.write_additive(keys, values), queries)[:, :, 0] - q @ S).max() < 1e-12
+    scores = 1.7 * q @ k.swapaxes(1, 2)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    assert np.abs(mem.softmax_read(keys, values, queries, 1.7)[:, :, 0] - w @ v).max() < 1e-12
+    S = np.zeros((2, 5, 3))
+    for t in range(7):                                   # the delta rule, one write at a time, decayed first
+        S = 0.9 * S
+        S = S + 0.6 * k[:, t, :, None] * (v[:, t] - np.einsum("bk,bkv->bv", k[:, t], S))[:, None, :]
+    out = mem.read(mem.write_delta(keys, values, 0.6, log_decay=np.log(0.9)), queries)[:, :, 0]
+    assert np.abs(out - q @ S).max() < 1e-12
+    assert np.allclose(np.linalg.norm(keys, axis=-1), 1.0)
+    blocks = mem.orthogonal_keys(rng, 2, 12, 5)[:, :, 0]
+    assert np.abs(blocks[:, :5] @ blocks[:, :5].swapaxes(1, 2) - np.eye(5)).max() < 1e-12
