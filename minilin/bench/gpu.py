@@ -1,0 +1,383 @@
+"""`minilin bench` on a GPU: every CUDA kernel version against the reference, a softmax baseline and,
+when it is importable, flash-linear-attention (FLA).
+
+Problem: B=4, H=16, K=V=128, T in 2048, 8192, 32768, inputs in bfloat16 and float32 (CONVENTIONS.md layouts).
+Default mixers: simple_gla (the scalar-gated linear kernels) and gated_deltanet (the delta-rule kernels);
+--mixers also takes linear_attention, retnet, lightning, deltanet.
+
+Rows, per mixer, length and dtype:
+- reference (CuPy): minilin's NumPy chunked form running unchanged on CuPy arrays, in float32;
+- cuda vN: each kernel version that takes the dtype (1 recurrent, 2 chunked on CUDA cores, 3 tensor cores);
+- softmax SDPA: torch's scaled_dot_product_attention (causal; its own [B, H, T, D] layout) when torch is
+  importable, else minilin's flash-style attention on CuPy (T <= 8192); a different function, so no error;
+- fla: FLA's chunk kernel for the mixer, only if `fla` imports (optional, never a dependency).
+
+Each implementation is checked first against the float64 reference (minilin's chunked form on CuPy in
+float64, on the same inputs): output and final state within 1e-4 (float32) or 1e-2 (bfloat16) relative
+error; a wrong one is reported and not timed. Inputs are drawn once per length, rounded to the bfloat16 grid,
+so the float32 and bfloat16 rows read the same numbers. Timing: CUDA events, 3 warm-up runs, the median of
+--repeats runs (default 50; fewer for a row whose runs would exceed 10 s, and the table says how many).
+Columns: ms; tokens/s (B T / time); GB/s achieved on the I/O floor (q, k, v read and o written once), with
+its share of the measured device copy bandwidth; relative error of o; speed-up over cuda v1 (recurrent).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import catalog
+from .gpu_timing import copy_bandwidth_gbs, median_ms
+
+PROBLEM = dict(B=4, H=16, K=128, V=128)
+LENGTHS = (2048, 8192, 32768)
+DTYPES = ("bfloat16", "float32")
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
+DEFAULT_MIXERS = ("simple_gla", "gated_deltanet")
+# Mixers whose GPU wrapper takes q, k, v (+ g, beta) like the reference; the tensors each one reads.
+TENSORS = {"linear_attention": ("q", "k", "v"), "simple_gla": ("q", "k", "v", "g"), "retnet": ("q", "k", "v"),
+           "lightning": ("q", "k", "v"), "deltanet": ("q", "k", "v", "beta"),
+           "gated_deltanet": ("q", "k", "v", "g", "beta")}
+SEQUENCE = {"q", "k", "v"}
+
+
+@dataclass
+class Row:
+    mixer: str
+    T: int
+    dtype: str
+    implementation: str
+    ms: float | None = None
+    runs: int = 0
+    error: float | None = None
+    state_error: float | None = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# ---- inputs ------------------------------------------------------------------------------------------------
+def make_inputs(mixer: str, T: int, seed: int) -> dict:
+    """Fresh random float32 CuPy inputs on the bfloat16 grid, in each mixer's valid range (as minilin.examples)."""
+    import cupy
+
+    from ..cuda import from_bf16, to_bf16
+
+    B, H, K, V = (PROBLEM[d] for d in "BHKV")
+    rng = cupy.random.default_rng(seed)
+    on_grid = lambda x: from_bf16(to_bf16(x))  # noqa: E731
+    out = {"q": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
+           "k": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
+           "v": rng.standard_normal((B, T, H, V), dtype=cupy.float32)}
+    if mixer in ("deltanet", "gated_deltanet"):  # the delta rule wants unit keys
+        out["k"] /= cupy.linalg.norm(out["k"], axis=-1, keepdims=True)
+    if "g" in TENSORS[mixer]:
+        out["g"] = rng.uniform(-1.0, -0.01, (B, T, H), dtype=cupy.float32)
+    if "beta" in TENSORS[mixer]:
+        out["beta"] = rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32)
+    return {name: on_grid(x) if name in SEQUENCE else x for name, x in out.items()}
+
+
+def io_floor_bytes(T: int, dtype: str) -> int:
+    """q, k, v read once and o written once."""
+    B, H, K, V = (PROBLEM[d] for d in "BHKV")
+    return B * T * H * (2 * K + 2 * V) * (2 if dtype == "bfloat16" else 4)
+
+
+# ---- implementations ---------------------------------------------------------------------------------------
+def reference(mixer: str, inputs: dict, dtype):
+    """minilin's chunked form (the NumPy reference) on CuPy arrays cast to `dtype`."""
+    mod = catalog.module(mixer)
+    return mod.chunked(*(inputs[n].astype(dtype) for n in TENSORS[mixer]))
+
+
+def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
+    """A closure running one kernel version on inputs in `dtype` (gates and beta stay float32)."""
+    from .. import cuda
+
+    fn = getattr(cuda, mixer)
+    args = [cuda.to_bf16(inputs[n]) if dtype == "bfloat16" and n in SEQUENCE else inputs[n] for n in TENSORS[mixer]]
+    return lambda: fn(*args, version=version, check_values=False)
+
+
+def fla_call(mixer: str, inputs: dict, dtype: str):
+    """FLA's chunk kernel for the mixer on the same inputs (as torch tensors), or None where FLA has none."""
+    import cupy
+    import torch
+
+    def to_torch(x, name):
+        if dtype == "bfloat16" and name in SEQUENCE:
+            from ..cuda import to_bf16
+
+            return torch.as_tensor(to_bf16(x, bits=True), device="cuda").view(torch.bfloat16)
+        return torch.as_tensor(x, device="cuda")
+
+    t = {n: to_torch(inputs[n], n) for n in TENSORS[mixer]}
+    scale = PROBLEM["K"] ** -0.5
+    if mixer == "simple_gla":
+        from fla.ops.simple_gla import chunk_simple_gla
+        run = lambda: chunk_simple_gla(t["q"], t["k"], t["v"], g=t["g"], scale=scale, output_final_state=True)  # noqa: E731
+    elif mixer == "gated_deltanet":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        run = lambda: chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=scale,  # noqa: E731
+                                             output_final_state=True)
+    elif mixer == "deltanet":
+        from fla.ops.delta_rule import chunk_delta_rule
+        run = lambda: chunk_delta_rule(t["q"], t["k"], t["v"], t["beta"], scale=scale, output_final_state=True)  # noqa: E731
+    else:
+        return None
+
+    def as_cupy(result):
+        o, state = result
+        return cupy.asarray(o.float()), cupy.asarray(state.float())
+
+    return run, as_cupy
+
+
+def softmax_baseline(T: int, dtype: str):
+    """(name, run closure, timing events) for causal softmax attention at length T, or (name, None, note)."""
+    B, H, K, V = (PROBLEM[d] for d in "BHKV")
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        gen = torch.Generator(device="cuda").manual_seed(T)
+        q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=tdtype, generator=gen) for d in (K, K, V))
+        return "softmax SDPA (torch)", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), "torch"
+    if T > 8192:
+        return "softmax (minilin on CuPy)", None, "skipped: no torch, and the CuPy form is too slow past T = 8192"
+    import cupy
+
+    from ..cuda import from_bf16, to_bf16
+    from ..mixers import attention
+
+    rng = cupy.random.default_rng(T)
+    q, k, v = (rng.standard_normal((B, T, H, d), dtype=cupy.float32) for d in (K, K, V))
+    if dtype == "bfloat16":  # minilin's reference computes in float32 on bf16-grid values
+        q, k, v = (from_bf16(to_bf16(x)) for x in (q, k, v))
+    return "softmax (minilin on CuPy, float32)", lambda: attention.chunked(q, k, v), "cupy"
+
+
+def check_softmax_baseline() -> str:
+    """Check torch's SDPA (causal) against minilin's float64 attention at a small size; '' when correct."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return ""
+    if not torch.cuda.is_available():
+        return ""
+    from ..mixers import attention
+
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 256, 4, 64)) for _ in range(3))
+    ref, _ = attention.parallel(q, k, v)
+    t = [torch.as_tensor(x, device="cuda", dtype=torch.float32).transpose(1, 2) for x in (q, k, v)]
+    out = F.scaled_dot_product_attention(*t, is_causal=True).transpose(1, 2).double().cpu().numpy()
+    error = catalog.relative_error(out, ref)
+    return "" if error <= 1e-3 else f"torch SDPA differs from minilin's attention by {error:.1e}"
+
+
+# ---- measuring ---------------------------------------------------------------------------------------------
+def _errors(out, ref_o, ref_state):
+    o, state = out
+    return catalog.relative_error(o, ref_o), catalog.relative_error(state, ref_state)
+
+
+def _timed(row: Row, run, repeats: int, events: str = "cupy") -> Row:
+    t = median_ms(run, repeats=repeats, events=events)
+    row.ms, row.runs = t.median_ms, t.runs
+    return row
+
+
+def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, log) -> list[Row]:
+    import cupy
+
+    from .. import cuda
+
+    inputs = make_inputs(mixer, T, seed=T)
+    ref_o, ref_state = reference(mixer, inputs, cupy.float64)
+    rows = []
+    for dtype in DTYPES:
+        tol = TOLERANCE[dtype]
+
+        def checked(row, out):
+            row.error, row.state_error = _errors(out, ref_o, ref_state)
+            ok = row.error <= tol and row.state_error <= tol  # NaN fails
+            if not ok:
+                row.note = f"WRONG (tolerance {tol:g}): not timed"
+            return ok
+
+        if dtype == "float32":
+            row = Row(mixer, T, dtype, "reference (CuPy, chunked)")
+            run = lambda: reference(mixer, inputs, cupy.float32)  # noqa: E731
+            if checked(row, run()):
+                rows.append(_timed(row, run, repeats))
+            else:
+                rows.append(row)
+            log(row)
+        for info in cuda.versions(cuda.OPS[mixer]):
+            if not info[dtype]:
+                continue
+            row = Row(mixer, T, dtype, f"cuda v{info['version']} {info['name']}")
+            try:
+                run = cuda_call(mixer, inputs, dtype, info["version"])
+                if checked(row, cuda_out_as_float(run())):
+                    _timed(row, run, repeats)
+            except (ValueError, TypeError, RuntimeError) as error:
+                row.note = f"failed: {error}"
+            rows.append(row)
+            log(row)
+        key = (T, dtype)
+        if key not in softmax_cache:
+            name, run, events = softmax_baseline(T, dtype)
+            row = Row("softmax", T, dtype, name)
+            if run is None:
+                row.note = events
+            else:
+                _timed(row, run, repeats, events)
+                row.note = "different function: no error column"
+            softmax_cache[key] = row
+        rows.append(Row(mixer, T, dtype, softmax_cache[key].implementation, softmax_cache[key].ms,
+                        softmax_cache[key].runs, note=softmax_cache[key].note))
+        log(rows[-1])
+        try:
+            fla = fla_call(mixer, inputs, dtype)
+        except ImportError:
+            fla = None
+        if fla is not None:
+            run, as_cupy = fla
+            row = Row(mixer, T, dtype, "fla chunk")
+            try:
+                if checked(row, as_cupy(run())):
+                    _timed(row, run, repeats, "torch")
+            except Exception as error:  # noqa: BLE001 - an optional baseline may fail in its own ways
+                row.note = f"failed: {error}"
+            rows.append(row)
+            log(row)
+    del inputs, ref_o, ref_state
+    cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def cuda_out_as_float(out):
+    """(o, state) with o widened to float32 when it is bfloat16, for the error."""
+    from ..cuda import bf16
+
+    o, state = out
+    return (bf16.from_bf16(o) if bf16.is_bf16(o.dtype) else o), state
+
+
+def derive(rows: list[Row], copy_gbs: float) -> None:
+    """Fill tokens/s, GB/s on the I/O floor, its share of copy bandwidth, and the speed-up over v1."""
+    B = PROBLEM["B"]
+    recurrent = {(r.mixer, r.T, r.dtype): r.ms for r in rows if r.implementation.startswith("cuda v1 ") and r.ms}
+    for r in rows:
+        if not r.ms:
+            continue
+        floor_bytes = io_floor_bytes(r.T, r.dtype)
+        r.extra["tokens_per_s"] = B * r.T / (r.ms * 1e-3)
+        r.extra["io_floor_gbs"] = floor_bytes / (r.ms * 1e-3) / 1e9
+        r.extra["copy_share"] = r.extra["io_floor_gbs"] / copy_gbs
+        base = recurrent.get((r.mixer, r.T, r.dtype))
+        if base:
+            r.extra["speedup_vs_recurrent"] = base / r.ms
+
+
+def format_tables(rows: list[Row], copy_gbs: float) -> str:
+    out = []
+    for mixer in dict.fromkeys(r.mixer for r in rows):
+        for dtype in DTYPES:
+            sel = [r for r in rows if r.mixer == mixer and r.dtype == dtype]
+            if not sel:
+                continue
+            out.append(f"\n{mixer}, {dtype} (B={PROBLEM['B']} H={PROBLEM['H']} K={PROBLEM['K']} V={PROBLEM['V']})")
+            out.append("| T | implementation | ms | tokens/s | GB/s on I/O floor (of copy BW) | rel. error | vs recurrent |")
+            out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+            for r in sel:
+                floor_ms = io_floor_bytes(r.T, r.dtype) / (copy_gbs * 1e9) * 1e3
+                ms = f"{r.ms:.3f}" + (f" ({r.runs} runs)" if r.runs and r.runs < 50 else "") if r.ms else "-"
+                tok = f"{r.extra['tokens_per_s'] / 1e6:.1f} M" if "tokens_per_s" in r.extra else "-"
+                gbs = f"{r.extra['io_floor_gbs']:.0f} ({100 * r.extra['copy_share']:.0f}%)" if "io_floor_gbs" in r.extra else "-"
+                err = f"{r.error:.1e}" if r.error is not None else "-"
+                sp = f"{r.extra['speedup_vs_recurrent']:.1f}x" if "speedup_vs_recurrent" in r.extra else "-"
+                name = r.implementation + (f" [{r.note}]" if r.note else "")
+                out.append(f"| {r.T} | {name} | {ms} | {tok} | {gbs} | {err} | {sp} |")
+            floors = ", ".join(f"T={T}: {io_floor_bytes(T, dtype) / (copy_gbs * 1e9) * 1e3:.3f} ms" for T in
+                               sorted({r.T for r in sel}))
+            out.append(f"I/O floor at the copy bandwidth: {floors}")
+    return "\n".join(out)
+
+
+def machine() -> dict:
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    info = {"gpu": name, "compute_capability": f"{props['major']}.{props['minor']}", "cupy": cupy.__version__,
+            "date": datetime.date.today().isoformat()}
+    try:
+        from .. import _cuda
+        info["extension_arch"] = _cuda.cuda_arch
+    except ImportError:
+        pass
+    try:
+        import torch
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def main(args) -> int:
+    from ..cuda import OPS, available
+
+    ok, reason = available()
+    if not ok:
+        print(f"minilin bench --device gpu: {reason}. `minilin doctor` says what is missing; "
+              f"`minilin bench --device cpu` runs the NumPy reference.", file=sys.stderr)
+        return 2
+    mixers = args.mixers or list(DEFAULT_MIXERS)
+    unknown = [m for m in mixers if m not in TENSORS]
+    if unknown:
+        print(f"--mixers: {unknown} not benchmarked on the GPU; choose from {sorted(TENSORS)} "
+              f"(mamba2 runs as simple_gla under its mapping)", file=sys.stderr)
+        return 2
+    repeats = args.repeats or 50
+    lengths = getattr(args, "lengths", None) or LENGTHS
+    info = machine()
+    copy_gbs = copy_bandwidth_gbs()
+    problem = ", ".join(f"{k}={v}" for k, v in PROBLEM.items())
+    print(f"minilin bench --device gpu: {info['gpu']} (cc {info['compute_capability']}), {info['date']}, "
+          f"CuPy {info['cupy']}; {problem}; device copy {copy_gbs:.0f} GB/s (read + write)", flush=True)
+    sdpa_problem = check_softmax_baseline()
+    if sdpa_problem:
+        print(f"softmax baseline check failed: {sdpa_problem}", file=sys.stderr)
+
+    def log(row):
+        state = f"{row.ms:.3f} ms" if row.ms else row.note
+        print(f"  {row.mixer} T={row.T} {row.dtype} {row.implementation}: {state}", file=sys.stderr, flush=True)
+
+    rows: list[Row] = []
+    softmax_cache: dict = {}
+    for mixer in mixers:
+        assert mixer in OPS
+        for T in lengths:
+            rows += bench_mixer_length(mixer, T, repeats, softmax_cache, log)
+    derive(rows, copy_gbs)
+    print(format_tables(rows, copy_gbs))
+    if args.json:
+        payload = json.dumps({"device": "gpu", "machine": info, "copy_bandwidth_gbs": copy_gbs, "problem": PROBLEM,
+                              "tolerance": TOLERANCE, "rows": [r.__dict__ for r in rows]}, indent=2)
+        if args.json == "-":
+            print(payload)
+        else:
+            with open(args.json, "w") as f:
+                f.write(payload + "\n")
+    wrong = [r for r in rows if r.note.startswith(("WRONG", "failed"))]
+    return 1 if wrong else 0

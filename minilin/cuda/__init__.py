@@ -1,0 +1,49 @@
+"""minilin.cuda: the hand-written CUDA kernels (csrc/), called with CuPy arrays.
+
+    import cupy
+    from minilin import cuda
+    o, state = cuda.gated_deltanet(q, k, v, g, beta)          # q, k, v: CuPy [B, T, H, K/V], float32 or bf16
+    o, state = cuda.simple_gla(q, k, v, g, version=1)          # any rung of the ladder: versions('linear')
+
+Each op has numbered kernel versions side by side, every one callable (`version=`): 1 = recurrent (the
+definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores; the
+default is the highest that takes the input dtype. `versions()` lists them with what each one changed.
+
+Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
+float32 or bfloat16 (`to_bf16` / `from_bf16`: CuPy's bfloat16 dtype where it has one, else uint16 bit
+patterns; never a silent cast); g, beta and states are float32, and so is all accumulation. Outputs are
+CuPy arrays, computed on CuPy's current stream.
+
+Importing this package needs neither CuPy nor the extension; calling a kernel needs both, and the error
+says how to get what is missing (`minilin doctor` lists what was found).
+"""
+from .bf16 import from_bf16, native_dtype, to_bf16
+from .front import delta_rule, extension, gated_linear, versions
+from .mixers import deltanet, gated_deltanet, lightning, linear_attention, mamba2, retnet, simple_gla
+
+__all__ = ["available", "delta_rule", "deltanet", "extension", "from_bf16", "gated_deltanet", "gated_linear",
+           "lightning", "linear_attention", "mamba2", "native_dtype", "retnet", "simple_gla", "to_bf16", "versions"]
+
+# Which engine each GPU mixer runs on: "linear" (scalar-gated linear family) or "delta".
+OPS = {"linear_attention": "linear", "simple_gla": "linear", "retnet": "linear", "lightning": "linear",
+       "mamba2": "linear", "deltanet": "delta", "gated_deltanet": "delta"}
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") when CuPy sees a GPU and the extension is built; else (False, the reason)."""
+    try:
+        from .front import cupy_module
+
+        cupy = cupy_module()
+    except ImportError as error:
+        return False, str(error)
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return False, "CuPy sees no GPU"
+    except Exception as error:  # noqa: BLE001 - no driver, no device: CuPy raises its own types
+        return False, f"CuPy sees no GPU ({error})"
+    try:
+        extension()
+    except ImportError as error:
+        return False, str(error)
+    return True, ""

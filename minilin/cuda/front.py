@@ -1,0 +1,182 @@
+"""The two engines of minilin.cuda: check CuPy arrays, launch one kernel version, return (o, final_state).
+
+    gated_linear(q, k, v, g=None, ...)         S_t = exp(g_t) S_{t-1} + k_t v_t^T,          o_t = scale S_t^T q_t
+    delta_rule(q, k, v, beta, g=None, ...)     S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,   S' = exp(g_t) S_{t-1}
+
+Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; initial_state and the
+returned state [B, H, K, V]; o [B, T, H, V].
+Dtypes: q, k, v all float32 or all bfloat16 (native or uint16 bits, see `bf16`); g, beta and the state
+float32 (accumulation is float32 throughout); o comes back in the dtype of v.
+
+Every check runs before the launch, in the order dtype, shape, contiguity, device, and each error names the
+argument, what was expected and what was given. The kernel runs on CuPy's current stream; a failed launch
+raises RuntimeError naming the kernel (set MINILIN_CUDA_SYNC=1 to also catch errors inside kernels at the
+call that launched them).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import is_cupy_array
+from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
+from . import bf16
+
+OPS = ("linear", "delta")
+
+
+def _describe(x) -> str:
+    t = type(x)
+    return f"{t.__module__.split('.')[0]}.{t.__name__}" if t.__module__ != "builtins" else t.__name__
+
+
+def cupy_module():
+    """CuPy, or ImportError saying how to get it."""
+    try:
+        import cupy
+    except ImportError as error:
+        raise ImportError("minilin.cuda needs CuPy: pip install -e '.[cuda]' (cupy-cuda13x); "
+                          "`minilin doctor` says what was found") from error
+    return cupy
+
+
+def extension():
+    """The compiled module minilin._cuda, or ImportError saying how to build it."""
+    try:
+        from .. import _cuda
+    except ImportError as error:
+        raise ImportError("minilin._cuda is not built: install with nvcc on PATH, e.g. "
+                          "MINILIN_CUDA=1 pip install -e . ; `minilin doctor` says what was found") from error
+    return _cuda
+
+
+def versions(op: str | None = None) -> list[dict]:
+    """The kernel versions the extension was built with (dicts: op, version, name, summary, ...)."""
+    found = extension().versions()
+    return [v for v in found if op is None or v["op"] == op]
+
+
+def _version_info(op: str, version, dtype_is_bf16: bool) -> dict:
+    available = versions(op)
+    if version is None:  # the last rung of the ladder that takes this dtype
+        usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"])]
+        return usable[-1]
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
+        raise TypeError(f"version: expected an integer or None, got {_describe(version)} {version!r}")
+    for v in available:
+        if v["version"] == version:
+            if dtype_is_bf16 and not v["bfloat16"] or not dtype_is_bf16 and not v["float32"]:
+                takes = "bfloat16" if v["bfloat16"] else "float32"
+                given = "bfloat16" if dtype_is_bf16 else "float32"
+                raise TypeError(f"version: {op} version {version} ({v['name']}) takes {takes} inputs only, got {given}; "
+                                f"use another version or convert with minilin.cuda.to_bf16 / from_bf16")
+            return v
+    raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}")
+
+
+def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, like=None):
+    """One CuPy tensor argument: dtype, then shape, then contiguity, then device.
+
+    float32_only: gates, beta and states are float32; otherwise float32 or bfloat16 (native or bits), and
+    the same dtype as `like` (q's) when given.
+    """
+    if not is_cupy_array(x):  # decided without importing CuPy, so this check runs anywhere
+        raise TypeError(f"{name}: expected a CuPy array on the GPU, got {_describe(x)} "
+                        f"(move it with cupy.asarray)")
+    cupy = cupy_module()
+    if float32_only:
+        if x.dtype != np.float32:
+            raise TypeError(f"{name}: expected float32 (gates, beta and states are kept in float32), got {x.dtype}")
+    elif like is not None and x.dtype != like.dtype:
+        raise TypeError(f"{name}: expected the dtype of q ({like.dtype}), got {x.dtype}")
+    elif not (x.dtype == np.float32 or bf16.is_bf16(x.dtype)):
+        raise TypeError(f"{name}: expected float32 or bfloat16 (native, or uint16 bits from minilin.cuda.to_bf16), "
+                        f"got {x.dtype}")
+    shapes.bind(name, x.shape, dims)
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array (cupy.ascontiguousarray), got strides {x.strides}")
+    device = cupy.cuda.Device().id
+    if x.device.id != device:
+        raise ValueError(f"{name}: expected an array on the current device {device}, got one on device {x.device.id}")
+    return x
+
+
+def check_finite(name: str, x) -> None:
+    """Raise unless every element is finite (one device-to-host sync)."""
+    if x.size and not bool(cupy_module().isfinite(x).all()):
+        raise ValueError(f"{name}: expected finite values, got NaN or inf")
+
+
+def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Shapes):
+    cupy = cupy_module()
+    cuda = extension()
+    is_bf16 = bf16.is_bf16(q.dtype)
+    info = _version_info(op, version, is_bf16)
+    major, minor = (int(c) for c in cupy.cuda.Device().compute_capability)
+    if 10 * major + minor < info["min_compute_capability"]:
+        raise RuntimeError(f"version: {op} version {info['version']} needs compute capability "
+                           f"{info['min_compute_capability'] / 10:.1f}+, this GPU has {major}.{minor}")
+    B, T, H, K, V = (shapes[d] for d in "BTHKV")
+    o = cupy.empty(v.shape, v.dtype)
+    final_state = cupy.empty((B, H, K, V), cupy.float32)
+    workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
+    workspace = cupy.empty(workspace_size, cupy.uint8) if workspace_size else None
+
+    def address(x):
+        return 0 if x is None else x.data.ptr
+
+    cuda.forward(op, info["version"], address(q), address(k), address(v), address(g), address(beta),
+                 address(initial_state), address(o), address(final_state), address(workspace), workspace_size,
+                 B, T, H, K, V, float(scale), 1 if is_bf16 else 0, cupy.cuda.get_current_stream().ptr)
+    return o, final_state
+
+
+def _check_common(q, k, v, initial_state):
+    shapes = Shapes()
+    q = check_input("q", q, "B T H K", shapes, float32_only=False)
+    check_input("k", k, "B T H K", shapes, float32_only=False, like=q)
+    check_input("v", v, "B T H V", shapes, float32_only=False, like=q)
+    if initial_state is not None:
+        check_input("initial_state", initial_state, "B H K V", shapes, float32_only=True)
+    if shapes["T"] < 1:
+        raise ValueError(f"q: expected at least one token (T >= 1), got T = {shapes['T']}")
+    return shapes
+
+
+def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=None, check_values=True):
+    """Scalar-gated linear attention on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
+
+    g: None (no decay) or [B, T, H] float32 log-decays <= 0. scale: default K ** -0.5.
+    version: None (the fastest for the dtype) or 1, 2, 3, ... (`versions('linear')`).
+    check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
+    """
+    shapes = _check_common(q, k, v, initial_state)
+    if g is not None:
+        check_input("g", g, "B T H", shapes, float32_only=True)
+        if check_values:
+            check_finite("g", g)
+            check_log_gate("g", g)
+    scale = check_scale(scale, shapes["K"])
+    return _launch("linear", q, k, v, g, None, initial_state, scale, version, shapes)
+
+
+def delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None, allow_neg_eigval=False, version=None,
+               check_values=True):
+    """The (gated) delta rule on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
+
+    beta: [B, T, H] float32 in [0, 1] ([0, 2] with allow_neg_eigval). g: None (DeltaNet) or [B, T, H] float32
+    log-decays <= 0 (Gated DeltaNet). Keys should be L2-normalized. version: see `versions('delta')`.
+    check_values: check beta's range and g <= 0 (device-to-host syncs); False skips them, for timing.
+    """
+    shapes = _check_common(q, k, v, initial_state)
+    check_input("beta", beta, "B T H", shapes, float32_only=True)
+    if g is not None:
+        check_input("g", g, "B T H", shapes, float32_only=True)
+    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
+    if check_values:
+        check_finite("beta", beta)
+        check_beta(beta, allow_neg_eigval)
+        if g is not None:
+            check_finite("g", g)
+            check_log_gate("g", g)
+    scale = check_scale(scale, shapes["K"])
+    return _launch("delta", q, k, v, g, beta, initial_state, scale, version, shapes)

@@ -1,0 +1,189 @@
+"""The CUDA kernels against the float64 NumPy reference, every version, on the GPU.
+
+Skipped, with the reason, where CuPy, a GPU or the built extension is missing. Every CuPy allocation made
+during these tests is filled with NaN bytes first (0xFF..: NaN in float32 and bfloat16), so an output
+element a kernel forgets to write fails the comparison (NaN never passes).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minilin import catalog
+from minilin import cuda as mcuda
+from conftest import rel_err
+
+OK, REASON = mcuda.available()
+pytestmark = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
+if OK:
+    import cupy
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
+# (B, T, H, K, V): T % 64 != 0, T = 1 with B * H = 1, K != V both ways, many chunks and token tiles.
+SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130, 2, 64, 128), (1, 1000, 2, 128, 128)]
+CORE_MIXERS = ["linear_attention", "simple_gla", "deltanet", "gated_deltanet"]
+
+
+def version_cases(mixer):
+    """(version, dtype) for every kernel version of the mixer's op, in every dtype it takes."""
+    if not OK:
+        return []
+    return [(v["version"], dtype) for v in mcuda.versions(mcuda.OPS[mixer])
+            for dtype in ("float32", "bfloat16") if v[dtype]]
+
+
+@pytest.fixture(autouse=True)
+def poisoned_allocations():
+    """Every new CuPy allocation starts as NaN bytes, so unwritten outputs show."""
+    pool = cupy.cuda.MemoryPool()
+
+    def malloc(size):
+        memory = pool.malloc(size)
+        if size:
+            cupy.cuda.runtime.memsetAsync(memory.ptr, 0xFF, size, cupy.cuda.get_current_stream().ptr)
+        return memory
+
+    cupy.cuda.set_allocator(malloc)
+    yield
+    cupy.cuda.get_current_stream().synchronize()
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    pool.free_all_blocks()
+
+
+def to_device(args, dtype: str, sequence_names):
+    """Host float64 args -> (GPU args in `dtype` for the tensors in sequence_names, float32 otherwise;
+    the float64 values the reference must see, i.e. after rounding to bfloat16 where that applies)."""
+    gpu, host = [], []
+    for i, a in enumerate(args):
+        x = cupy.asarray(a, dtype=cupy.float32)
+        if dtype == "bfloat16" and i in sequence_names:
+            x = mcuda.to_bf16(x)
+            host.append(cupy.asnumpy(mcuda.from_bf16(x)).astype(np.float64))
+        else:
+            host.append(cupy.asnumpy(x).astype(np.float64))
+        gpu.append(x)
+    return gpu, host
+
+
+def as_float32(o):
+    return mcuda.from_bf16(o) if mcuda.bf16.is_bf16(o.dtype) else o
+
+
+def run_case(mixer, shape, version, dtype, with_state, seed=0):
+    B, T, H, K, V = shape
+    mod = catalog.module(mixer)
+    args, kwargs = mod.example_inputs(B, T, H, K, V, seed=seed)
+    sequence = {0, 1, 2} if mixer != "mamba2" else {0, 3, 4}  # the tensors that are bf16 when dtype is
+    gpu, host = to_device(args, dtype, sequence)
+    state_shape = (B, H, K, V)
+    state0 = np.random.default_rng(seed + 1).standard_normal(state_shape).astype(np.float32) * 0.5 if with_state else None
+    ref_o, ref_state = mod.recurrent(*host, **kwargs, initial_state=None if state0 is None else state0.astype(np.float64))
+    o, state = getattr(mcuda, mixer)(*gpu, **kwargs, version=version,
+                                     initial_state=None if state0 is None else cupy.asarray(state0))
+    assert isinstance(o, cupy.ndarray) and isinstance(state, cupy.ndarray)
+    assert o.shape == ref_o.shape and state.shape == ref_state.shape
+    assert o.dtype == gpu[0].dtype and state.dtype == cupy.float32
+    return rel_err(cupy.asnumpy(as_float32(o)), ref_o), rel_err(cupy.asnumpy(state), ref_state)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("mixer,version,dtype",
+                         [(m, v, d) for m in CORE_MIXERS for v, d in version_cases(m)])
+def test_matches_reference(mixer, version, dtype, shape):
+    with_state = shape[1] != 64  # initial state in for all but one shape; final state out always
+    err_o, err_state = run_case(mixer, shape, version, dtype, with_state)
+    tol = TOLERANCE[dtype]
+    assert err_o < tol, f"{mixer} v{version} {dtype} {shape}: output error {err_o:.2e} >= {tol}"
+    assert err_state < tol, f"{mixer} v{version} {dtype} {shape}: final state error {err_state:.2e} >= {tol}"
+
+
+@pytest.mark.parametrize("mixer,version,dtype",
+                         [(m, v, d) for m in ("retnet", "lightning", "mamba2") for v, d in version_cases(m)])
+def test_wrappers_match_reference(mixer, version, dtype):
+    err_o, err_state = run_case(mixer, (2, 150, 2, 64, 64), version, dtype, with_state=True, seed=3)
+    assert err_o < TOLERANCE[dtype] and err_state < TOLERANCE[dtype], (err_o, err_state)
+
+
+@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
+def test_repeated_runs_are_identical(mixer):
+    """A race shows as outputs that differ between runs on the same inputs."""
+    mod = catalog.module(mixer)
+    args, _ = mod.example_inputs(2, 300, 4, 128, 128, seed=9)
+    gpu, _ = to_device(args, "bfloat16", {0, 1, 2})
+    version = max(v for v, d in version_cases(mixer) if d == "bfloat16")
+    first = getattr(mcuda, mixer)(*gpu, version=version)
+    for _ in range(3):
+        again = getattr(mcuda, mixer)(*gpu, version=version)
+        assert bool((again[0] == first[0]).all()) and bool((again[1] == first[1]).all())
+
+
+def test_runs_on_the_current_stream():
+    mod = catalog.module("simple_gla")
+    args, _ = mod.example_inputs(1, 70, 2, 64, 64, seed=4)
+    gpu, host = to_device(args, "float32", {0, 1, 2})
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        o, _ = mcuda.simple_gla(*gpu, version=2)
+    stream.synchronize()
+    ref, _ = mod.recurrent(*host)
+    assert rel_err(cupy.asnumpy(o), ref) < 1e-4
+
+
+def test_bf16_helpers_round_to_nearest_even():
+    # 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1); 1 + 3 * 2^-8 lies
+    # halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+    x = cupy.asarray([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5, np.inf, np.nan], dtype=cupy.float32)
+    expected = [1.0, 1.0, 1.0 + 2**-6, -2.5, np.inf, np.nan]
+    for bits in (True, None):
+        y = mcuda.to_bf16(x, bits=bits)
+        assert y.dtype == (np.uint16 if bits else (mcuda.native_dtype() or np.uint16))
+        np.testing.assert_array_equal(cupy.asnumpy(mcuda.from_bf16(y)), expected)
+
+
+# ---- bad inputs raise before any launch, naming the argument ---------------------------------------------
+def good_inputs(dtype="float32", B=2, T=100, H=3, K=64, V=64):
+    rng = cupy.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, T, H, d), dtype=cupy.float32) for d in (K, K, V))
+    g = rng.uniform(-1, -0.01, (B, T, H), dtype=cupy.float32)
+    beta = rng.uniform(0, 1, (B, T, H), dtype=cupy.float32)
+    if dtype == "bfloat16":
+        q, k, v = (mcuda.to_bf16(x) for x in (q, k, v))
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("fn", ["simple_gla", "gated_deltanet"])
+def test_bad_inputs_raise(fn):
+    q, k, v, g, beta = good_inputs()
+    call = (lambda *a, **kw: mcuda.simple_gla(*a[:4], **kw)) if fn == "simple_gla" else mcuda.gated_deltanet
+
+    def args(**replace):
+        base = dict(q=q, k=k, v=v, g=g, beta=beta)
+        base.update(replace)
+        return [base[n] for n in ("q", "k", "v", "g", "beta")]
+
+    with pytest.raises(TypeError, match="q: expected float32 or bfloat16"):
+        call(*args(q=q.astype(cupy.float64)))
+    with pytest.raises(TypeError, match="q: expected a CuPy array"):
+        call(*args(q=cupy.asnumpy(q)))
+    with pytest.raises(TypeError, match="k: expected the dtype of q"):
+        call(*args(k=mcuda.to_bf16(k)))
+    with pytest.raises(ValueError, match="q: expected a C-contiguous"):
+        call(*args(q=cupy.concatenate([q, q], axis=1)[:, ::2]))
+    with pytest.raises(ValueError, match=r"v: expected shape \[B, T, H, V\] = \[2, 100, 3, V\]"):
+        call(*args(v=v[:, :50]))
+    with pytest.raises(TypeError, match="g: expected float32"):
+        call(*args(g=g.astype(cupy.float16)))
+    with pytest.raises(ValueError, match="g: expected log-space decay"):
+        call(*args(g=-g))
+    with pytest.raises(ValueError, match="initial_state: expected shape"):
+        call(*args(), initial_state=cupy.zeros((2, 3, 64, 32), cupy.float32))
+    with pytest.raises(TypeError, match="takes bfloat16 inputs only"):
+        call(*args(), version=3)
+    with pytest.raises(ValueError, match="version: expected one of"):
+        call(*args(), version=42)
+    if fn == "gated_deltanet":
+        with pytest.raises(ValueError, match="beta: expected values in"):
+            call(*args(beta=beta + 1.5))
+    q12, k12 = q[..., :12].copy(), k[..., :12].copy()
+    with pytest.raises(ValueError, match="K and V must be multiples of 8"):
+        call(*args(q=q12, k=k12))

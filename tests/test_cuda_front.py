@@ -1,0 +1,123 @@
+"""minilin.cuda's checks, run anywhere: they happen before any launch and need no GPU.
+
+A small stand-in for CuPy (arrays of NumPy data whose type lives in a module named `cupy`, on a chosen
+device) lets the dtype / shape / contiguity / device checks run on a machine without CuPy or a GPU.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from minilin import cuda as mcuda
+from minilin.cuda import bf16, front
+
+
+def test_import_needs_neither_cupy_nor_the_extension():
+    ok, reason = mcuda.available()
+    assert isinstance(ok, bool) and (ok or reason)
+
+
+def test_numpy_arrays_are_rejected_before_cupy_is_needed():
+    q = np.zeros((1, 4, 1, 8), np.float32)
+    with pytest.raises(TypeError, match=r"q: expected a CuPy array on the GPU, got numpy.ndarray"):
+        mcuda.simple_gla(q, q, q, np.zeros((1, 4, 1), np.float32))
+    with pytest.raises(TypeError, match=r"q: expected a CuPy array"):
+        mcuda.gated_deltanet([1.0], q, q, None, None)
+
+
+def test_uint16_is_taken_as_bf16_bits():
+    assert bf16.is_bf16(np.uint16) and not bf16.is_bf16(np.float16) and not bf16.is_bf16(np.float32)
+
+
+# ---- a stand-in for CuPy ---------------------------------------------------------------------------------
+class FakeArray:
+    """Just what the checks read: dtype, shape, strides, flags, device.id, size."""
+
+    def __init__(self, data, device=0):
+        self._data = data
+        self.dtype, self.shape, self.strides, self.flags, self.size = data.dtype, data.shape, data.strides, data.flags, data.size
+        self.device = types.SimpleNamespace(id=device)
+
+    def __getitem__(self, index):
+        return FakeArray(self._data[index], self.device.id)
+
+
+FakeArray.__module__ = "cupy"  # what minilin.backend.is_cupy_array looks at
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    module = types.ModuleType("cupy")
+    module.ndarray = FakeArray
+    module.float32 = np.float32
+    module.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    bf16.native_dtype.cache_clear()
+    launched = []
+    monkeypatch.setattr(front, "_launch", lambda op, *args: launched.append((op, args[-1].sizes)) or "launched")
+    yield launched
+    bf16.native_dtype.cache_clear()
+
+
+def arrays(B=2, T=10, H=3, K=16, V=8, dtype=np.float32):
+    rng = np.random.default_rng(0)
+    q, k = (FakeArray(rng.standard_normal((B, T, H, K)).astype(dtype)) for _ in range(2))
+    v = FakeArray(rng.standard_normal((B, T, H, V)).astype(dtype))
+    g = FakeArray(-rng.uniform(0.01, 1, (B, T, H)).astype(np.float32))
+    beta = FakeArray(rng.uniform(0, 1, (B, T, H)).astype(np.float32))
+    return q, k, v, g, beta
+
+
+def test_valid_inputs_reach_the_launch(fake_cupy):
+    q, k, v, g, beta = arrays()
+    assert front.gated_linear(q, k, v, g, check_values=False) == "launched"
+    assert front.delta_rule(q, k, v, beta, g, check_values=False) == "launched"
+    assert fake_cupy[0] == ("linear", {"B": 2, "T": 10, "H": 3, "K": 16, "V": 8})
+    bits = [FakeArray(x._data.view(np.uint16)[..., ::2].copy()) for x in (q, k, v)]  # any uint16: bf16 bits
+    assert front.gated_linear(*bits, g, check_values=False) == "launched"
+
+
+@pytest.mark.parametrize("case, error, message", [
+    ("q float64", TypeError, r"q: expected float32 or bfloat16 .*got float64"),
+    ("k other dtype", TypeError, r"k: expected the dtype of q \(float32\), got uint16"),
+    ("g bf16 bits", TypeError, r"g: expected float32 \(gates, beta and states are kept in float32\), got uint16"),
+    ("v short", ValueError, r"v: expected shape \[B, T, H, V\] = \[2, 10, 3, V\], got \[2, 9, 3, 8\]"),
+    ("beta rank", ValueError, r"beta: expected shape \[B, T, H\] = \[2, 10, 3\], got \[2, 10\]"),
+    ("q strided", ValueError, r"q: expected a C-contiguous array"),
+    ("k other device", ValueError, r"k: expected an array on the current device 0, got one on device 1"),
+    ("state shape", ValueError, r"initial_state: expected shape \[B, H, K, V\] = \[2, 3, 16, 8\], got \[2, 3, 8, 16\]"),
+    ("empty sequence", ValueError, r"q: expected at least one token"),
+    ("scale", TypeError, r"scale: expected a finite real number"),
+    ("allow_neg_eigval", TypeError, r"allow_neg_eigval: expected True or False"),
+])
+def test_bad_inputs_name_the_argument(fake_cupy, case, error, message):
+    q, k, v, g, beta = arrays()
+    kwargs = {}
+    if case == "q float64":
+        q = FakeArray(q._data.astype(np.float64))
+    elif case == "k other dtype":
+        k = FakeArray(k._data.view(np.uint16)[..., ::2].copy())
+    elif case == "g bf16 bits":
+        g = FakeArray(np.zeros(g.shape, np.uint16))
+    elif case == "v short":
+        v = v[:, :9]
+    elif case == "beta rank":
+        beta = beta[:, :, 0]
+    elif case == "q strided":
+        q = FakeArray(np.concatenate([q._data, q._data], axis=1))[:, ::2]
+    elif case == "k other device":
+        k = FakeArray(k._data, device=1)
+    elif case == "state shape":
+        kwargs["initial_state"] = FakeArray(np.zeros((2, 3, 8, 16), np.float32))
+    elif case == "empty sequence":
+        q, k, v, g, beta = arrays(T=0)
+    elif case == "scale":
+        kwargs["scale"] = "big"
+    elif case == "allow_neg_eigval":
+        kwargs["allow_neg_eigval"] = "yes"
+    with pytest.raises(error, match=message):
+        front.delta_rule(q, k, v, beta, g, check_values=False, **kwargs)
+    assert not fake_cupy, "nothing may launch after a failed check"
