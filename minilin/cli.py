@@ -14,7 +14,7 @@ import importlib
 import sys
 
 # The modules that provide commands, in the order `minilin --help` lists them.
-COMMAND_MODULES = ["minilin.course", "minilin.tour", "minilin.bench"]
+COMMAND_MODULES = ["minilin.course", "minilin.tour", "minilin.bench", "minilin.doctor"]
 
 
 def build_parser() -> argparse.ArgumentParser:
