@@ -28,8 +28,8 @@ beta, softplus dt, unit keys for the delta rule), `Parameter` (per-layer, e.g. M
 (from other inputs, e.g. RWKV-7's a and b from one key). A new causal mixer joins the stacks by adding
 its row there (tests/test_hybrid.py checks that every causal mixer has one).
 
-The weights are random (seeded), W ~ N(0, 1/fan_in): this is a harness to run and measure mixers in a
-stack, not a trained model. Shapes: heads H, head_dim K = V (the key and value size per head); per-channel
+The weights are random (seeded), W ~ N(0, 1/fan_in), NumPy arrays of `dtype` (so the stack runs on
+NumPy inputs): this is a harness to run and measure mixers in a stack, not a trained model. Shapes: heads H, head_dim K = V (the key and value size per head); per-channel
 mixers (HGRN, Mamba-1, S4) get D = H * head_dim channels.
 """
 from __future__ import annotations
