@@ -53,8 +53,10 @@ def segment_means(T: int, m: int, dtype, xp):
 
 
 def along_sequence(P, x):
-    """P [r, T] applied along the sequence axis of x [B, T, H, D] -> [B, r, H, D] (sum_t P_it x_t)."""
-    return array_module(x).einsum("rt,bthd->brhd", P, x)
+    """P [r, T] applied along the sequence axis of x [B, T, H, D] -> [B, r, H, D] (sum_t P_it x_t),
+    as one matrix product per batch element over the flattened heads and features."""
+    B, T, H, D = x.shape
+    return (P @ x.reshape(B, T, H * D)).reshape(B, P.shape[0], H, D)
 
 
 def check_count(name: str, value, *, high=None, what: str = "") -> int:

@@ -56,7 +56,9 @@ def make_projection(T: int, rank: int, kind: str = "sample", *, seed: int = 0, d
     rng = np.random.default_rng(seed)
     if kind == "sample":
         chosen = np.sort(rng.choice(T, size=rank, replace=False))   # sorted: at rank = T, E = identity
-        return xp.asarray(np.eye(T)[chosen], dtype=dtype)
+        E = np.zeros((rank, T))
+        E[np.arange(rank), chosen] = 1.0                             # row i picks position chosen[i]
+        return xp.asarray(E, dtype=dtype)
     if kind == "pool":
         return _noncausal.segment_means(T, rank, dtype, xp)
     return xp.asarray(rng.standard_normal((rank, T)) / np.sqrt(rank), dtype=dtype)
