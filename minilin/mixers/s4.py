@@ -214,15 +214,18 @@ def _prepare(u, dt, A, B, C, D, state, step=False):
     """Check every input; A, B, C and the state may be complex. Returns them cast: u, dt, D in the real
     working precision, A, B, C and the state in the complex one if any of them is complex."""
     xp = array_module(u, dt, A, B, C, D, state)
-    # A complex argument is checked through |x|: same shape, finite exactly where x is.
-    stand_in = {id(x): xp.abs(x) for x in (A, B, C, state) if _is_complex(x)}
-    real = lambda x: stand_in.get(id(x), x)  # noqa: E731
+    any_complex = any(_is_complex(x) for x in (A, B, C, state))
+
+    def real(x):
+        """A complex argument is checked through |x|: same shape, finite exactly where x is."""
+        return xp.abs(x) if _is_complex(x) else x
+
     _, _, (u, dt, _, _, _, D, _) = check_tensors(
         ("u", u, "B T H"), ("dt", dt, "H"), ("A", real(A), "H N"), ("B", real(B), "H N"),
         ("C", real(C), "H N"), ("D", D, "H"), (state_name(step), real(state), "B H N"), step=step)
     check_min("dt", dt, 0.0, "step sizes dt > 0", strict=True)
     check_max("A", A.real, 0.0, "Re(A) <= 0 (a stable state: |exp(dt A)| <= 1)")
-    work = xp.result_type(u.dtype, xp.complex64) if stand_in else u.dtype
+    work = xp.result_type(u.dtype, xp.complex64) if any_complex else u.dtype
     A, B, C, state = (None if x is None else x.astype(work, copy=False) for x in (A, B, C, state))
     return u, dt, A, B, C, D, state
 
