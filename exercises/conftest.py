@@ -16,7 +16,7 @@ import pytest
 
 from minilin.course import runner, tree
 from minilin.course.checks import gpu_status
-from minilin.course.commands import next_exercise, status_word, summary_line
+from minilin.course.commands import summary_line
 
 EXERCISES = tree.load(Path(__file__).resolve().parent.parent)
 _results: dict = {}   # exercise number -> list of outcomes, in the order the checks ran
@@ -26,6 +26,11 @@ _gpu = []             # gpu_status(), asked once
 def pytest_addoption(parser):
     parser.addoption("--solutions", action="store_true",
                      help="run the exercise checks against the worked solutions in solutions/ instead of exercises/")
+
+
+def pytest_configure(config):
+    if config.getoption("tbstyle", "auto") == "auto":
+        config.option.tbstyle = "short"  # the checks explain themselves; the line that failed is enough
 
 
 def _tree(config) -> str:
@@ -49,7 +54,7 @@ def learner(request):
             _gpu.append(gpu_status())
         ok, reason = _gpu[0]
         if not ok:
-            pytest.skip(f"{ex.label}: {reason}")
+            pytest.skip(f"exercise {ex.number:02d} {reason}")
     return runner.load_module(ex.path(_tree(request.config)))
 
 
@@ -92,7 +97,9 @@ def pytest_runtest_logreport(report):
         outcomes.append(runner.FAILED)
 
 
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    yield  # pytest's own summaries (failures, the short summary) first: the exercises' table comes last
     if not _results:
         return
     which = _tree(config)
@@ -113,7 +120,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         elif r.status == runner.FAILING:
             line += f"failing: see the failure above (minilin check {ex.number}; minilin hint {ex.number})"
         elif r.status == runner.SKIPPED:
-            line += "skipped: needs a GPU that CuPy can see"
+            line += f"skipped: {_gpu[0][1] if _gpu else 'needs a GPU'}"
         else:
             line += r.status
         markup = {runner.SOLVED: {"green": True}, runner.FAILING: {"red": True},

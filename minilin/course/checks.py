@@ -158,11 +158,11 @@ def gpu_status() -> tuple[bool, str]:
     try:
         import cupy
     except Exception as error:  # ImportError, or a CUDA library that fails to load
-        return False, f"needs a GPU: CuPy is not available ({type(error).__name__}: {error})"
+        return False, f"needs a GPU: CuPy is not available ({error})"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as error:
-        return False, f"needs a GPU: CuPy sees none ({type(error).__name__}: {error})"
+        return False, f"needs a GPU: CuPy sees none ({error})"
     if count < 1:
         return False, "needs a GPU: CuPy sees none"
     return True, f"GPU 0 of {count}"

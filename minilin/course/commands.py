@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -109,12 +110,22 @@ def summary_line(results, exercises) -> str:
     return line
 
 
-def status_word(result) -> str:
+def todo_functions(result) -> list:
+    """The learner's functions that still raise NotImplementedError, in the order the checks met them."""
+    return list(dict.fromkeys(c.todo for c in result.checks if c.todo))
+
+
+def status_word(result, width: int = 60) -> str:
     if result.status == IN_PROGRESS:
         done = sum(c.outcome == PASSED for c in result.checks)
-        return f"in progress ({done}/{len(result.checks)} checks pass)"
+        return f"in progress ({done}/{len(result.checks)} checks pass; to write: {', '.join(todo_functions(result))})"
     if result.status == SKIPPED:
         return f"skipped: {result.message}"
+    if result.status == FAILING:
+        problem = result.first_problem
+        why = (problem.message if problem is not None else result.message).splitlines()
+        first = re.sub(r" \[[^\]]*\]", "", why[0]) if why else ""   # the case in brackets is too long here
+        return f"failing: {first[:width - 3] + '...' if len(first) > width else first}"
     return result.status
 
 
@@ -170,7 +181,7 @@ def show(result, style, tree="exercises") -> None:
         print(f"  {style.paint(status_word(result), result.status)}" if result.status == SKIPPED
               else style.paint("  " + result.message.replace("\n", "\n  "), FAILED))
     for c in result.checks:
-        note = {TODO: "  not written yet"}.get(c.outcome, "")
+        note = f"  ({c.todo}() is still a TODO)" if c.outcome == TODO else ""
         print(f"  {style.paint(style.marks[c.outcome], c.outcome)} {c.name}{note}")
     problem = result.first_problem
     if problem is not None and problem.outcome == FAILED:
@@ -182,6 +193,8 @@ def show(result, style, tree="exercises") -> None:
         print(f"\n  not started: open {ex.relpath(tree)}, read the docstrings, and replace each "
               "`raise NotImplementedError`.")
     elif result.status != SKIPPED:
+        if result.status == IN_PROGRESS:
+            print(f"\n  still to write in {ex.relpath(tree)}: {', '.join(f + '()' for f in todo_functions(result))}")
         print(f"\n  hint (1 of {len(ex.hints)}): {ex.hints[0]}")
         if len(ex.hints) > 1:
             print(f"  more: minilin hint {ex.number} 2")
@@ -209,9 +222,11 @@ def check(args) -> int:
         result = runner.run(ex, tree=tree, gpu=gpu)
     show(result, style, tree)
     if result.status == SOLVED:
-        later = exercises[ex.number:]
-        if later:
-            print(f"  next: {later[0].label}, {later[0].relpath()}")
+        upcoming, _ = _first_open(exercises[ex.number:], tree, gpu)
+        if upcoming is not None:
+            print(f"  next: {upcoming.label}, {upcoming.relpath(tree)}  (minilin check {upcoming.number})")
+        else:
+            print("  that was the last one to solve here.")
     return 0 if result.status == SOLVED else 1
 
 
