@@ -59,8 +59,11 @@ def nbytes(state) -> int:
 
 
 def relative_error(out, ref) -> float:
-    """||out - ref|| / ||ref|| in float64 (CONVENTIONS.md); NaN anywhere gives NaN."""
+    """||out - ref|| / ||ref|| in double precision (CONVENTIONS.md); NaN anywhere gives NaN.
+    Complex states (S4D-Lin) are compared as complex numbers, never by their real parts alone."""
     from .backend import to_numpy
 
-    out, ref = to_numpy(out).astype(np.float64), to_numpy(ref).astype(np.float64)
+    out, ref = to_numpy(out), to_numpy(ref)
+    wide = np.complex128 if np.iscomplexobj(out) or np.iscomplexobj(ref) else np.float64
+    out, ref = out.astype(wide), ref.astype(wide)
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), np.finfo(float).tiny))
