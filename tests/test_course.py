@@ -123,6 +123,10 @@ def f(x):
 def test_make_stub_replaces_the_marked_block_and_counts_code_lines():
     stub = stubs.make_stub(SOLUTION)
     assert stub.endswith('    """teaches"""\n    raise NotImplementedError("TODO: double it (about 2 lines)")\n')
+    one = stubs.make_stub(SOLUTION.replace("    y = x + x\n", "").replace("return y", "return x + x"))
+    assert one.endswith('raise NotImplementedError("TODO: double it (about 1 line)")\n')
+    long = stubs.make_stub(SOLUTION.replace("double it", "double it " + "and more " * 10))
+    assert long.endswith('    raise NotImplementedError(\n        "TODO: double it and more ' + "and more " * 9 + '(about 2 lines)")\n')
     assert stub.startswith('"""doc"""\nimport numpy as np\n')
     assert stubs.about(7) == 7 and stubs.about(23) == 25
 

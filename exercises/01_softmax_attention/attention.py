@@ -37,7 +37,8 @@ def causal_attention(q, k, v, *, scale=None):
        softmax does not change when a row is shifted by a constant), then divide by the row sum;
     4. o_i = sum_j P_ij v_j, back in the layout [B, T, H, V].
     """
-    raise NotImplementedError("TODO: scores, causal mask, a stable softmax over j, then the weighted sum of the values (about 8 lines)")
+    raise NotImplementedError(
+        "TODO: scores, causal mask, a stable softmax over j, then the weighted sum of the values (about 8 lines)")
 
 
 def decode_step(q_t, k_t, v_t, cache_k, cache_v, *, scale=None):
@@ -52,4 +53,5 @@ def decode_step(q_t, k_t, v_t, cache_k, cache_v, *, scale=None):
     No mask: everything in the cache is in the past (or is the token itself). Run from an empty cache
     for t = 0..T-1, decode_step gives causal_attention's o one token at a time.
     """
-    raise NotImplementedError("TODO: append the new key and value, then softmax-read the whole cache with q_t (about 9 lines)")
+    raise NotImplementedError(
+        "TODO: append the new key and value, then softmax-read the whole cache with q_t (about 9 lines)")

@@ -33,7 +33,8 @@ def linear_attention_parallel(q, k, v, *, scale=None):
     q, k: [B, T, H, K]; v: [B, T, H, V]. Returns o: [B, T, H, V].
     The mask keeps j <= i (np.tril); without the softmax there is no -inf: masked scores are 0.
     """
-    raise NotImplementedError("TODO: scores Q K^T per batch and head, keep the lower triangle, multiply by V (about 5 lines)")
+    raise NotImplementedError(
+        "TODO: scores Q K^T per batch and head, keep the lower triangle, multiply by V (about 5 lines)")
 
 
 def linear_attention_recurrent(q, k, v, *, scale=None):
@@ -43,21 +44,22 @@ def linear_attention_recurrent(q, k, v, *, scale=None):
     Returns (o [B, T, H, V], S_T [B, H, K, V]): the outputs and the final state.
     Loop over t only; each step is one outer product per batch and head, vectorized over B and H.
     """
-    raise NotImplementedError("TODO: loop over t: add the outer product k_t v_t^T to S, read it with q_t (about 8 lines)")
+    raise NotImplementedError(
+        "TODO: loop over t: add the outer product k_t v_t^T to S, read it with q_t (about 8 lines)")
 
 
 def flops_quadratic(n, d_k, d_v):
     """FLOPs of (Q K^T) V for one head: Q, K [n, d_k], V [n, d_v]; an int (no mask, multiply-add = 2)."""
-    raise NotImplementedError("TODO: the two products, counted as in the module docstring (about 1 lines)")
+    raise NotImplementedError("TODO: the two products, counted as in the module docstring (about 1 line)")
 
 
 def flops_linear(n, d_k, d_v):
     """FLOPs of Q (K^T V) for one head, counted the same way; an int."""
-    raise NotImplementedError("TODO: the two products of the other order (about 1 lines)")
+    raise NotImplementedError("TODO: the two products of the other order (about 1 line)")
 
 
 def crossover(d_k, d_v):
     """The length n* > 0 at which both orders cost the same FLOPs (a float); longer sequences favour
     Q (K^T V). Solve flops_quadratic(n) = flops_linear(n) for n by hand: with d_k = d_v = d it is n* = d.
     """
-    raise NotImplementedError("TODO: the n that makes the two counts equal (about 1 lines)")
+    raise NotImplementedError("TODO: the n that makes the two counts equal (about 1 line)")

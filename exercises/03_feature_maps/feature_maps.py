@@ -27,7 +27,7 @@ def elu_plus_one(x):
     Careful: np.where evaluates both branches everywhere, and exp of a large positive x overflows (with
     a warning) even where the other branch is chosen; exp(min(x, 0)) avoids that.
     """
-    raise NotImplementedError("TODO: the two branches, joined with np.where (about 1 lines)")
+    raise NotImplementedError("TODO: the two branches, joined with np.where (about 1 line)")
 
 
 def favor_plus(x, W):
@@ -35,7 +35,8 @@ def favor_plus(x, W):
 
     x: [..., K]; W: [m, K] (the random projection, given). Returns phi(x): [..., m], all positive.
     """
-    raise NotImplementedError("TODO: scale x, project with W, subtract |x'|^2 / 2, exponentiate, divide by sqrt(m) (about 3 lines)")
+    raise NotImplementedError(
+        "TODO: scale x, project with W, subtract |x'|^2 / 2, exponentiate, divide by sqrt(m) (about 3 lines)")
 
 
 def normalized_linear_attention(q, k, v, phi):
@@ -45,4 +46,5 @@ def normalized_linear_attention(q, k, v, phi):
     Returns o: [B, T, H, V]. Either form works: the masked [T, T] matrix of weights, or prefix sums of
     phi(k_j) v_j^T and phi(k_j). (A scale on q would cancel between numerator and denominator.)
     """
-    raise NotImplementedError("TODO: features, causal weights phi(q_i) . phi(k_j), weighted sum over the sum of weights (about 6 lines)")
+    raise NotImplementedError(
+        "TODO: features, causal weights phi(q_i) . phi(k_j), weighted sum over the sum of weights (about 6 lines)")

@@ -27,12 +27,12 @@ import numpy as np
 
 def write(keys, values):
     """S = sum_i k_i v_i^T: keys [n, d], values [n, d_v] -> S [d, d_v]."""
-    raise NotImplementedError("TODO: the sum of outer products, as one matrix product (about 1 lines)")
+    raise NotImplementedError("TODO: the sum of outer products, as one matrix product (about 1 line)")
 
 
 def read(S, queries):
     """r_i = S^T q_i for each query: S [d, d_v], queries [m, d] -> reads [m, d_v]."""
-    raise NotImplementedError("TODO: one matrix product (about 1 lines)")
+    raise NotImplementedError("TODO: one matrix product (about 1 line)")
 
 
 def split_read(keys, values):
@@ -41,7 +41,8 @@ def split_read(keys, values):
     keys [n, d], values [n, d_v] -> self_term [n, d_v] with rows (k_i . k_i) v_i, and interference
     [n, d_v] with rows sum_{j != i} (k_i . k_j) v_j. Their sum is read(write(keys, values), keys).
     """
-    raise NotImplementedError("TODO: the Gram matrix k_i . k_j; its diagonal gives the self term, the rest the interference (about 5 lines)")
+    raise NotImplementedError(
+        "TODO: the Gram matrix k_i . k_j; its diagonal gives the self term, the rest the interference (about 5 lines)")
 
 
 def interference_ratio(keys, values):

@@ -25,4 +25,5 @@ def chunked_linear_attention(q, k, v, *, scale=None, chunk_size=64):
     q, k: [B, T, H, K]; v: [B, T, H, V]; chunk_size: C >= 1, any T (the last chunk may be short).
     Returns (o [B, T, H, V], S [B, H, K, V]): the outputs and the state after the last token.
     """
-    raise NotImplementedError("TODO: loop over chunks: intra-chunk masked product, plus the read of the state, then update the state (about 10 lines)")
+    raise NotImplementedError(
+        "TODO: loop over chunks: intra-chunk masked product, plus the read of the state, then update the state (about 10 lines)")

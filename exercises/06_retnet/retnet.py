@@ -26,7 +26,8 @@ def decay_mask(gamma, T):
     Raise gamma to the power i - j only where i >= j (a negative power of gamma < 1 is large, and for
     gamma -> 0 it is infinite): build the exponent i - j, and mask it before or after the power.
     """
-    raise NotImplementedError("TODO: exponents i - j, powers of each head's gamma, zero above the diagonal (about 5 lines)")
+    raise NotImplementedError(
+        "TODO: exponents i - j, powers of each head's gamma, zero above the diagonal (about 5 lines)")
 
 
 def retnet_parallel(q, k, v, gamma, *, scale=None):
@@ -38,10 +39,12 @@ def retnet_parallel(q, k, v, gamma, *, scale=None):
 def retnet_recurrent(q, k, v, gamma, *, scale=None):
     """The token loop S_t = gamma S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t, from S_0 = 0.
     Returns (o [B, T, H, V], S_T [B, H, K, V])."""
-    raise NotImplementedError("TODO: exercise 02's loop with the state decayed by gamma (one per head) before each write (about 8 lines)")
+    raise NotImplementedError(
+        "TODO: exercise 02's loop with the state decayed by gamma (one per head) before each write (about 8 lines)")
 
 
 def retnet_chunked(q, k, v, gamma, *, scale=None, chunk_size=64):
     """The chunkwise form of the module docstring: any T, chunk_size C >= 1.
     Returns (o [B, T, H, V], S [B, H, K, V]), equal to retnet_recurrent's."""
-    raise NotImplementedError("TODO: exercise 05's chunk loop, with D inside the chunk, xi on the read, zeta and gamma^C on the write (about 15 lines)")
+    raise NotImplementedError(
+        "TODO: exercise 05's chunk loop, with D inside the chunk, xi on the read, zeta and gamma^C on the write (about 15 lines)")

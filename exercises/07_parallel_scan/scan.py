@@ -49,4 +49,5 @@ def associative_scan(a, b):
     Call combine(...) once per round, on all positions at once (slices such as a[:, :-d] and a[:, d:]);
     do not inline it: the check counts the calls and allows at most 2 ceil(log2 T) + 2.
     """
-    raise NotImplementedError("TODO: rounds with offsets 1, 2, 4, ...: combine position t - d with position t, for all t >= d at once (about 8 lines)")
+    raise NotImplementedError(
+        "TODO: rounds with offsets 1, 2, 4, ...: combine position t - d with position t, for all t >= d at once (about 8 lines)")

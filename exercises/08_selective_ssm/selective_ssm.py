@@ -41,7 +41,8 @@ def zoh(dt, A, B):
     dt: [H] (one step per channel); A, B: [H, N] real, A <= 0. Returns A_bar, B_bar: [H, N].
     phi(z) = expm1(z) / z with phi(0) = 1 (np.where, dividing by 1 where z == 0).
     """
-    raise NotImplementedError("TODO: z = dt A; A_bar = exp(z); B_bar = dt * expm1(z) / z * B, with the z == 0 case (about 4 lines)")
+    raise NotImplementedError(
+        "TODO: z = dt A; A_bar = exp(z); B_bar = dt * expm1(z) / z * B, with the z == 0 case (about 4 lines)")
 
 
 def selective_scan(x, dt, A, B, C, D):
@@ -50,11 +51,13 @@ def selective_scan(x, dt, A, B, C, D):
     x, dt: [B, T, D]; A: [D, N]; B, C: [B, T, N]; D: [D].
     Returns (y [B, T, D], h_T [B, D, N]).
     """
-    raise NotImplementedError("TODO: per token: a = exp(dt A), b = dt x B (outer product over d, n), h = a h + b, y = h C + D x (about 9 lines)")
+    raise NotImplementedError(
+        "TODO: per token: a = exp(dt A), b = dt x B (outer product over d, n), h = a h + b, y = h C + D x (about 9 lines)")
 
 
 def selective_scan_parallel(x, dt, A, B, C, D):
     """The same (y, h_T), with every token's (a, b) built at once and the recurrence run by
     minilin.scan.associative_scan (exercise 07's scan, along axis 1) instead of a loop.
     Memory: all T states [B, T, D, N] at once (Mamba's fused kernel avoids that)."""
-    raise NotImplementedError("TODO: a and b for all tokens [B, T, D, N], one associative scan, then the read of every state (about 5 lines)")
+    raise NotImplementedError(
+        "TODO: a and b for all tokens [B, T, D, N], one associative scan, then the read of every state (about 5 lines)")

@@ -35,7 +35,8 @@ import numpy as np
 def segsum(g):
     """Segment sums of log-decays: g [..., T] -> [..., T, T], out[..., i, j] = g_{j+1} + ... + g_i for
     j <= i (0 on the diagonal), -inf above it. Use differences of one cumulative sum."""
-    raise NotImplementedError("TODO: cumulative sum, all differences G_i - G_j, -inf where j > i (about 5 lines)")
+    raise NotImplementedError(
+        "TODO: cumulative sum, all differences G_i - G_j, -inf where j > i (about 5 lines)")
 
 
 def ssd_chunked(x, dt, A, B, C, D=None, *, chunk_size=64):
@@ -44,4 +45,5 @@ def ssd_chunked(x, dt, A, B, C, D=None, *, chunk_size=64):
     x: [B, T, H, P]; dt: [B, T, H]; A: [H]; B, C: [B, T, H, N]; D: [H] or None.
     Returns (y [B, T, H, P], h [B, H, N, P]): the outputs and the state after the last token.
     """
-    raise NotImplementedError("TODO: per chunk: L from segsum, Y_diag, Y_off from the carried state, then the state update (about 15 lines)")
+    raise NotImplementedError(
+        "TODO: per chunk: L from segsum, Y_diag, Y_off from the carried state, then the state update (about 15 lines)")

@@ -27,10 +27,12 @@ import numpy as np
 def gla_recurrent(q, k, v, g, *, scale=None):
     """The token loop S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t, S_0 = 0.
     Returns (o [B, T, H, V], S_T [B, H, K, V])."""
-    raise NotImplementedError("TODO: exercise 06's loop with a decay per key channel: exp(g_t)[..., None] scales the rows of S (about 8 lines)")
+    raise NotImplementedError(
+        "TODO: exercise 06's loop with a decay per key channel: exp(g_t)[..., None] scales the rows of S (about 8 lines)")
 
 
 def gla_chunked(q, k, v, g, *, scale=None, chunk_size=64):
     """The chunked form of the module docstring, finite for any gate g <= 0; any T, chunk_size >= 1.
     Returns (o [B, T, H, V], S [B, H, K, V]), equal to gla_recurrent's."""
-    raise NotImplementedError("TODO: per chunk: G = cumsum(g), the [C, C, K] decays exp(G_i - G_j) masked in the exponent, intra + read + write (about 15 lines)")
+    raise NotImplementedError(
+        "TODO: per chunk: G = cumsum(g), the [C, C, K] decays exp(G_i - G_j) masked in the exponent, intra + read + write (about 15 lines)")

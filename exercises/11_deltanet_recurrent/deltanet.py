@@ -26,7 +26,8 @@ def delta_write(S, k_t, v_t, beta_t):
 
     S: [B, H, K, V]; k_t: [B, H, K]; v_t: [B, H, V]; beta_t: [B, H]. Returns the new S: [B, H, K, V].
     """
-    raise NotImplementedError("TODO: the prediction S^T k_t, the correction, the outer product with k_t scaled by beta_t (about 2 lines)")
+    raise NotImplementedError(
+        "TODO: the prediction S^T k_t, the correction, the outer product with k_t scaled by beta_t (about 2 lines)")
 
 
 def deltanet_recurrent(q, k, v, beta, *, scale=None, initial_state=None):
@@ -35,4 +36,5 @@ def deltanet_recurrent(q, k, v, beta, *, scale=None, initial_state=None):
     q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; initial_state: [B, H, K, V] or None (zeros).
     Returns (o [B, T, H, V], S_T [B, H, K, V]).
     """
-    raise NotImplementedError("TODO: start from initial_state (or zeros), write each token, then read it with q_t (about 8 lines)")
+    raise NotImplementedError(
+        "TODO: start from initial_state (or zeros), write each token, then read it with q_t (about 8 lines)")

@@ -39,7 +39,8 @@ def wy_representation(k, v, beta):
     k: [..., C, K]; v: [..., C, V]; beta: [..., C] (leading axes are independent chunks).
     Returns (W [..., C, K], U [..., C, V]).
     """
-    raise NotImplementedError("TODO: A from the keys' Gram matrix (strictly lower part, rows scaled by beta), then one solve for both (about 6 lines)")
+    raise NotImplementedError(
+        "TODO: A from the keys' Gram matrix (strictly lower part, rows scaled by beta), then one solve for both (about 6 lines)")
 
 
 def deltanet_chunked(q, k, v, beta, *, scale=None, chunk_size=64):
@@ -48,4 +49,5 @@ def deltanet_chunked(q, k, v, beta, *, scale=None, chunk_size=64):
     q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H].
     Returns (o [B, T, H, V], S [B, H, K, V]), equal to exercise 11's recurrence.
     """
-    raise NotImplementedError("TODO: per chunk ([B, H, C, .] layout): W, U; Delta = U - W S; O = Q S + tril(Q K^T) Delta; S += K^T Delta (about 15 lines)")
+    raise NotImplementedError(
+        "TODO: per chunk ([B, H, C, .] layout): W, U; Delta = U - W S; O = Q S + tril(Q K^T) Delta; S += K^T Delta (about 15 lines)")

@@ -30,10 +30,12 @@ import numpy as np
 def gated_deltanet_recurrent(q, k, v, g, beta, *, scale=None):
     """The token loop: decay S by exp(g_t), then the delta-rule write, then o_t = scale * S_t^T q_t.
     Returns (o [B, T, H, V], S_T [B, H, K, V]), from S_0 = 0."""
-    raise NotImplementedError("TODO: exercise 11's loop with S decayed by exp(g_t) before the prediction is read (about 10 lines)")
+    raise NotImplementedError(
+        "TODO: exercise 11's loop with S decayed by exp(g_t) before the prediction is read (about 10 lines)")
 
 
 def gated_deltanet_chunked(q, k, v, g, beta, *, scale=None, chunk_size=64):
     """The chunked form of the module docstring; any T, chunk_size >= 1, from S = 0.
     Returns (o [B, T, H, V], S [B, H, K, V]), equal to gated_deltanet_recurrent's."""
-    raise NotImplementedError("TODO: per chunk in [B, H, C, .]: G, L, A, the solve for W and U, Delta, O, and the decayed state update (about 20 lines)")
+    raise NotImplementedError(
+        "TODO: per chunk in [B, H, C, .]: G, L, A, the solve for W and U, Delta, O, and the decayed state update (about 20 lines)")

@@ -38,9 +38,11 @@ def memory_reads(keys, values, queries, *, beta=1.0, sharpness=8.0):
     sharpness: softmax attention's scale on q . k.
     Returns (additive, delta, softmax): three [m, d_v] arrays of reads.
     """
-    raise NotImplementedError("TODO: the additive state K^T V; the delta rule's loop over the pairs; one softmax over all n keys per query (about 9 lines)")
+    raise NotImplementedError(
+        "TODO: the additive state K^T V; the delta rule's loop over the pairs; one softmax over all n keys per query (about 9 lines)")
 
 
 def recall_errors(reads, targets):
     """e_i = ||r_i - target_i|| / ||target_i|| for each row: reads, targets [m, d_v] -> errors [m]."""
-    raise NotImplementedError("TODO: row norms of the difference over row norms of the targets (about 1 lines)")
+    raise NotImplementedError(
+        "TODO: row norms of the difference over row norms of the targets (about 1 line)")

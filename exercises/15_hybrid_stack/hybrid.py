@@ -40,7 +40,7 @@ EPS = 1e-6
 def hybrid_pattern(n_layers, r):
     """The layer kinds of an n_layers stack with one softmax layer every r: a str of "L" and "A", layer i
     (from 0) "A" when (i + 1) % r == 0. r = 1: all softmax; r > n_layers: no softmax layer."""
-    raise NotImplementedError("TODO: one letter per layer (about 1 lines)")
+    raise NotImplementedError("TODO: one letter per layer (about 1 line)")
 
 
 def layer_cache_bytes(kind, tokens, *, heads, head_dim, bytes_per_element=2):
@@ -51,7 +51,7 @@ def layer_cache_bytes(kind, tokens, *, heads, head_dim, bytes_per_element=2):
 
 def rms_norm(x, weight):
     """RMSNorm over the last axis: x / sqrt(mean(x^2) + 1e-6) * weight. x: [..., d]; weight: [d]."""
-    raise NotImplementedError("TODO: one line (about 1 lines)")
+    raise NotImplementedError("TODO: the mean of squares over the last axis, then scale (about 1 line)")
 
 
 def hybrid_prefill(x, layers, final_norm, *, heads, chunk_size=64):
@@ -62,4 +62,5 @@ def hybrid_prefill(x, layers, final_norm, *, heads, chunk_size=64):
     final_norm: [d]. heads: H. Returns (y [B, T, d], cache): cache holds one entry per layer, what its
     mixer's chunked form returned as state (the KV cache, or the state [B, H, K, V]).
     """
-    raise NotImplementedError("TODO: per layer: norm, projections, the mixer's chunked form, residual; then the final norm (about 15 lines)")
+    raise NotImplementedError(
+        "TODO: per layer: norm, projections, the mixer's chunked form, residual; then the final norm (about 15 lines)")

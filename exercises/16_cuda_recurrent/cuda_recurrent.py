@@ -55,7 +55,8 @@ def kernel_source():
             // zero s; for t in 0..T-1: load, sync, update and read, sync; write s to state
         }
     """
-    raise NotImplementedError("TODO: write the kernel: zero the column, loop over tokens (load to shared, sync, update + read, sync), store (about 30 lines)")
+    raise NotImplementedError(
+        "TODO: write the kernel: zero the column, loop over tokens (load to shared, sync, update + read, sync), store (about 30 lines)")
 
 
 def recurrent_forward(q, k, v, g, *, scale=None):
@@ -66,4 +67,5 @@ def recurrent_forward(q, k, v, g, *, scale=None):
     grid (B * H,), block (V,) and the arguments in the signature's order.
     Returns (o [B, T, H, V], state [B, H, K, V]): CuPy float32 arrays. scale defaults to K ** -0.5.
     """
-    raise NotImplementedError("TODO: checks on K and V, contiguous float32 inputs, outputs, the RawKernel launch (about 15 lines)")
+    raise NotImplementedError(
+        "TODO: checks on K and V, contiguous float32 inputs, outputs, the RawKernel launch (about 15 lines)")

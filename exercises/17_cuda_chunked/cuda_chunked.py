@@ -53,10 +53,12 @@ def kernel_source():
         }
     Loop over a step's entries with `for (int x = tid; x < rows * cols; x += n)`, x -> (x / cols, x % cols).
     """
-    raise NotImplementedError("TODO: write the kernel: zero S, then per chunk the four steps with a __syncthreads() after each, then store S (about 55 lines)")
+    raise NotImplementedError(
+        "TODO: write the kernel: zero S, then per chunk the four steps with a __syncthreads() after each, then store S (about 55 lines)")
 
 
 def chunked_forward(q, k, v, *, scale=None):
     """Run `chunked_fwd` on CuPy arrays q, k [B, T, H, K], v [B, T, H, V]: grid (B * H,), block (256,).
     Returns (o [B, T, H, V], state [B, H, K, V]), CuPy float32. scale defaults to K ** -0.5."""
-    raise NotImplementedError("TODO: checks on K and V, contiguous float32 inputs, outputs, the RawKernel launch (about 15 lines)")
+    raise NotImplementedError(
+        "TODO: checks on K and V, contiguous float32 inputs, outputs, the RawKernel launch (about 15 lines)")

@@ -10,7 +10,7 @@ In a solution, the part the learner writes sits between two marker comments insi
 
 and the stub is the same file with each marked block replaced by
 
-        raise NotImplementedError("TODO: build the decay mask D, then O = (Q K^T * D) V (about 9 lines)")
+        raise NotImplementedError("TODO: build the decay mask D, then O = (Q K^T * D) V (about 4 lines)")
 
 where the line count is measured from the block (code lines, not blank or comment lines). Everything else
 (module docstring, imports, signatures, docstrings) is the same in both files.
@@ -54,7 +54,12 @@ def make_stub(solution: str, name: str = "solution") -> str:
             code = [b for b in block if b.strip() and not b.strip().startswith("#")]
             if not code:
                 raise ValueError(f"{name}, line {number0}: the TODO block holds no code")
-            out.append(f'{indent}raise NotImplementedError("TODO: {text} (about {about(len(code))} lines)")\n')
+            n = about(len(code))
+            message = f'"TODO: {text} (about {n} line{"s" if n != 1 else ""})"'
+            line = f"{indent}raise NotImplementedError({message})\n"
+            if len(line) > 110:  # keep the stub readable: the message on a line of its own
+                line = f"{indent}raise NotImplementedError(\n{indent}    {message})\n"
+            out.append(line)
             block = None
         elif _BEGIN.match(line):
             raise ValueError(f"{name}, line {number}: a '# TODO:' inside another (line {begin[0]})")

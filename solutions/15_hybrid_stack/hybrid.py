@@ -57,7 +57,7 @@ def layer_cache_bytes(kind, tokens, *, heads, head_dim, bytes_per_element=2):
 
 def rms_norm(x, weight):
     """RMSNorm over the last axis: x / sqrt(mean(x^2) + 1e-6) * weight. x: [..., d]; weight: [d]."""
-    # TODO: one line
+    # TODO: the mean of squares over the last axis, then scale
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * weight
     # END TODO
 
