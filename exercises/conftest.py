@@ -130,5 +130,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if len(ran) == len(EXERCISES):
         write(summary_line(results, EXERCISES), bold=True)
     else:
-        write(summary_line(results, ran) + f"   (ran {len(ran)} of {len(EXERCISES)} exercises; "
+        write(summary_line(results, ran, whole_course=False) + f"   (ran {len(ran)} of {len(EXERCISES)} exercises; "
               "`minilin status` checks them all)", bold=True)

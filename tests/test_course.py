@@ -340,3 +340,11 @@ def test_the_list_loads_without_tomllib(monkeypatch):
     """Python 3.10 has no tomllib: the course then reads the list with its own small reader."""
     monkeypatch.setattr(_toml, "_tomllib", None)
     assert [ex.folder for ex in tree.load(ROOT)] == [p.name for p in sorted((ROOT / "exercises").glob("[0-9][0-9]_*"))]
+
+
+def test_exercises_and_tests_collect_together():
+    """exercises/ is a package only so that `pytest tests exercises` keeps tests/conftest.py importable
+    as `conftest`; the checks' file names (test_NN_slug.py) clash with none in tests/."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "tests", "exercises"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

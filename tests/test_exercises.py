@@ -46,6 +46,14 @@ def test_list_matches_the_folders():
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=ids)
+def test_folders_hold_the_file_and_its_check_only(ex):
+    names = {p.name for p in (ROOT / "exercises" / ex.folder).iterdir() if p.name != "__pycache__"}
+    assert names == {ex.file, f"test_{ex.folder}.py"}, names
+    names = {p.name for p in (ROOT / "solutions" / ex.folder).iterdir() if p.name != "__pycache__"}
+    assert names == {ex.file}, names
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=ids)
 def test_exercise_is_complete(ex):
     assert ex.title.strip() and ex.slug.strip()
     assert isinstance(ex.points, int) and ex.points > 0

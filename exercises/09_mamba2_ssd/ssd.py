@@ -5,8 +5,8 @@ Mamba-2 ties the decay to one scalar per head and token, a_t = exp(dt_t A) with 
     h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T        h: [N, P] per head
     y_t = h_t^T C_t + D x_t
 
-This is exactly the scalar-gated linear attention of exercise 06 with q = C, k = B, v = dt x, the gate
-g_t = dt_t A in log space, and scale 1. Unrolled, y = (L * C B^T)(dt x) + D x with the 1-semiseparable
+This is exercise 06's retention with the fixed gamma replaced by a decay per token, exp(g_t): linear
+attention with a scalar gate, under the mapping q = C, k = B, v = dt x, g_t = dt_t A (log space), scale 1. Unrolled, y = (L * C B^T)(dt x) + D x with the 1-semiseparable
 mask L_ij = exp(g_{j+1} + ... + g_i) for j <= i, else 0: an attention-like [T, T] matrix (the "dual").
 
 Building L needs segment sums of g. With the cumulative sum G_i = g_0 + ... + g_i,

@@ -25,7 +25,7 @@ What each layer keeps while decoding, at n tokens of context, with b bytes per n
     "L": the state [H, K, V]:                  H * K * V * b             the same at any n
 For 48 layers of 32 heads x 128, bf16: all softmax holds 3 GiB at 4K tokens, 96 GiB at 128K and
 768 GiB at 1M; with r = 8 (6 softmax layers) 0.42, 12.04 and 96.04 GiB: 7.2x, 7.97x, 8.0x less.
-The softmax layers dominate as soon as n exceeds V = 128 / 2 = 64 tokens per head.
+A softmax layer holds more than a linear one as soon as 2 n > V, past n = 64 tokens here.
 
 Shapes: x [B, T, d]; weights W_q, W_k, W_v [d, H * K], W_g, W_beta [d, H], W_o [H * V, d], norm [d].
 Check: `minilin check 15` (compares with minilin.hybrid.HybridStack and minilin.cache).

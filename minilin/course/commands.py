@@ -93,8 +93,9 @@ def next_exercise(results):
     return next((r.exercise for r in results if r.status not in (SOLVED, SKIPPED)), None)
 
 
-def summary_line(results, exercises) -> str:
-    """'5/17 solved, 40/150 points; next: 06 RetNet, exercises/06_retnet/retnet.py'."""
+def summary_line(results, exercises, *, whole_course: bool = True) -> str:
+    """'5/17 solved, 40/150 points; next: 06 RetNet, exercises/06_retnet/retnet.py'.
+    whole_course=False: `exercises` is only the part that was run (no "all done")."""
     solved = [r for r in results if r.status == SOLVED]
     points = sum(r.exercise.points for r in solved)
     total = sum(ex.points for ex in exercises)
@@ -105,7 +106,7 @@ def summary_line(results, exercises) -> str:
     upcoming = next_exercise(results)
     if upcoming is not None:
         line += f"; next: {upcoming.label}, {upcoming.relpath()}"
-    elif len(solved) == len(exercises):
+    elif len(solved) == len(exercises) and whole_course:
         line += "; all done!"
     return line
 

@@ -5,7 +5,7 @@ the first folder holding `exercises/exercises.toml` (or takes `--root` / $MINILI
 
     exercises/exercises.toml           the list: order, slug, title, file, points, hints, gpu
     exercises/NN_slug/<file>.py        the learner's file (a stub until written)
-    exercises/NN_slug/test_*.py        its check (the learner never edits it)
+    exercises/NN_slug/test_NN_slug.py  its check (the learner never edits it)
     solutions/NN_slug/<file>.py        the worked solution, same names and signatures
 
 NN is the exercise's position in the list, counted from 1.
@@ -56,12 +56,12 @@ class Exercise:
         return f"{tree}/{self.folder}/{self.file}"
 
     def test_path(self) -> Path:
-        """The exercise's check: the one test_*.py in its folder."""
-        found = sorted((self.root / "exercises" / self.folder).glob("test_*.py"))
-        if len(found) != 1:
-            raise CourseError(f"{self.root / 'exercises' / self.folder}: expected one test_*.py, found "
-                              f"{[p.name for p in found] or 'none'}")
-        return found[0]
+        """The exercise's check: exercises/NN_slug/test_NN_slug.py (a name no other test file has, so that
+        pytest can collect the exercises together with tests/)."""
+        path = self.root / "exercises" / self.folder / f"test_{self.folder}.py"
+        if not path.is_file():
+            raise CourseError(f"{path}: the check of exercise {self.number} is missing")
+        return path
 
 
 def find_root(start=None) -> Path:
