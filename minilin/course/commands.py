@@ -188,6 +188,9 @@ def show(result, style, tree="exercises") -> None:
     if problem is not None and problem.outcome == FAILED:
         print()
         print("  " + problem.message.replace("\n", "\n  "))
+    if result.status == SKIPPED:
+        print("  GPU exercises run where CuPy sees an NVIDIA GPU: pip install -e \".[cuda]\" there (CuPy compiles\n"
+              f"  the kernel itself; nvcc is not needed), then minilin check {ex.number}. The stub is ready to write anyway.")
     if result.status == SOLVED:
         print(style.paint(f"\n  solved: +{ex.points} points", SOLVED))
     elif result.status == NOT_STARTED:

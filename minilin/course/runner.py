@@ -63,11 +63,15 @@ def load_module(path: Path, prefix: str = "minilin_learner"):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    folder = str(Path(path).resolve().parent)
+    sys.path.insert(0, folder)  # as under pytest: a helper file next to the learner's file imports
     try:
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
         raise
+    finally:
+        sys.path.remove(folder)
     return module
 
 
