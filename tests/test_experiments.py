@@ -249,3 +249,12 @@ def test_memory_helpers_match_the_formulas():
     assert np.allclose(np.linalg.norm(keys, axis=-1), 1.0)
     blocks = mem.orthogonal_keys(rng, 2, 12, 5)[:, :, 0]
     assert np.abs(blocks[:, :5] @ blocks[:, :5].swapaxes(1, 2) - np.eye(5)).max() < 1e-12
+
+
+def test_timing_tables_say_when_the_machine_was_busy():
+    from minilin.experiments import _timing
+
+    assert "busy" in _timing.load_note({"cores": 2, "load": 7.5})
+    assert _timing.load_note({"cores": 2, "load": 1.5}) == "" and _timing.load_note({"cores": 2, "load": None}) == ""
+    assert _timing.busiest({"cores": 2, "load": 1.0}, {"cores": 2, "load": 3.0})["load"] == 3.0
+    assert _timing.best_ms(lambda: None, 3) >= 0

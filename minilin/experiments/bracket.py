@@ -17,8 +17,7 @@ import time
 
 import numpy as np
 
-from ..bench.timing import median_ms
-from . import _plot
+from . import _plot, _timing
 
 
 def flops_left(n: int, d: int) -> int:
@@ -42,13 +41,11 @@ def right_bracket(q, k, v):
 
 
 def timed_ms(fn, budget_s: float) -> float:
-    """Time of fn() in ms: the fastest of as many runs (3 to 50) as fit in about `budget_s`, each the
-    median of a few calls; the fastest is the one least disturbed by the machine's other load."""
+    """Time of fn() in ms: the fastest of as many calls (3 to 50) as fit in about `budget_s`."""
     start = time.perf_counter()
     fn()
     once = time.perf_counter() - start
-    runs = int(min(50, max(3, budget_s / max(once, 1e-7))))
-    return min(median_ms(fn, repeats=3, warmup=0) for _ in range(max(1, runs // 3)))
+    return _timing.best_ms(fn, int(min(50, max(3, budget_s / max(once, 1e-7)))))
 
 
 def sizes(quick: bool) -> dict:
@@ -61,6 +58,7 @@ def run(quick: bool = False) -> dict:
     p = sizes(quick)
     d = p["d"]
     rng = np.random.default_rng(2)
+    load_before = _timing.machine_load()
     rows = []
     for n in p["ns"]:
         q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
@@ -74,7 +72,8 @@ def run(quick: bool = False) -> dict:
             "ms_right": timed_ms(lambda: right_bracket(q, k, v), p["budget_s"]),
             "relative_difference": float(np.linalg.norm(left - right) / np.linalg.norm(left)),
         })
-    return {"d": d, "rows": rows, "measured_crossover": measured_crossover(rows)}
+    return {"d": d, "rows": rows, "measured_crossover": measured_crossover(rows),
+            "load": _timing.busiest(load_before, _timing.machine_load())}
 
 
 def measured_crossover(rows: list[dict]):
@@ -101,7 +100,8 @@ def table(data: dict) -> str:
     worst = max(r["relative_difference"] for r in data["rows"])
     lines.append(f"(d = {d}, float64, one head, no mask, best wall time on this CPU. FLOP crossover: n = d = {d}; "
                  f"measured time crossover: {measured}. Both orders agree to {worst:.0e}.)")
-    return "\n".join(lines)
+    note = _timing.load_note(data["load"])
+    return "\n".join(lines + ([note] if note else []))
 
 
 def plot(data: dict, path: str) -> None:

@@ -27,8 +27,7 @@ import tempfile
 import numpy as np
 
 from .. import catalog
-from ..bench.timing import median_ms
-from . import _plot
+from . import _plot, _timing
 
 CPU_PROBLEM = dict(B=1, H=4, K=64, V=64)
 # (label, mixer, form); each linear mixer's chunked form is checked against its recurrence before timing.
@@ -49,6 +48,7 @@ def sizes(quick: bool) -> dict:
 
 def run(quick: bool = False) -> dict:
     p = sizes(quick)
+    load_before = _timing.machine_load()
     cpu = []
     for T in p["Ts"]:
         row = {"T": T, "ms": {}, "chunked_vs_recurrent": {}}
@@ -64,15 +64,10 @@ def run(quick: bool = False) -> dict:
                 if not error <= FLOAT32_TOLERANCE:  # a wrong form is reported, not timed (NaN fails too)
                     row["ms"][label] = None
                     continue
-            row["ms"][label] = best_ms(lambda: fn(*args, **kwargs), p["repeats"])
+            row["ms"][label] = _timing.best_ms(lambda: fn(*args, **kwargs), p["repeats"])
         cpu.append(row)
-    return {"problem": CPU_PROBLEM, "repeats": p["repeats"], "cpu": cpu, "exponents": exponents(cpu), "gpu": gpu_results(quick)}
-
-
-def best_ms(fn, runs: int) -> float:
-    """The fastest of `runs` timed runs, in ms: the run least disturbed by whatever else the machine is
-    doing, so the closest to the algorithm's own cost."""
-    return min(median_ms(fn, repeats=1, warmup=0) for _ in range(runs))
+    load = _timing.busiest(load_before, _timing.machine_load())
+    return {"problem": CPU_PROBLEM, "repeats": p["repeats"], "load": load, "cpu": cpu, "exponents": exponents(cpu), "gpu": gpu_results(quick)}
 
 
 def exponents(rows: list[dict], points: int = 3) -> dict:
@@ -165,6 +160,8 @@ def table(data: dict) -> str:
     p = data["problem"]
     lines.append(f"(this CPU, NumPy, float32, B={p['B']} H={p['H']} K={p['K']} V={p['V']}, best of {data['repeats']} runs; growth: "
                  f"p in time ~ T^p, fitted over the three longest T; chunked vs recurrent agree to {worst:.0e})")
+    note = _timing.load_note(data["load"])
+    lines.extend([note] if note else [])
     lines.extend(_gpu_table(data["gpu"]))
     return "\n".join(lines)
 
