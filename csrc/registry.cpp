@@ -4,11 +4,12 @@
 
 namespace minilin {
 
-extern const Version linear_v1, linear_v2, linear_v3;
-extern const Version delta_v1, delta_v2, delta_v3;
+extern const Version linear_v1, linear_v2, linear_v3, linear_v4;
+extern const Version delta_v1, delta_v2, delta_v3, delta_v4;
 
 const std::vector<Version>& versions() {
-  static const std::vector<Version> all = {linear_v1, linear_v2, linear_v3, delta_v1, delta_v2, delta_v3};
+  static const std::vector<Version> all = {linear_v1, linear_v2, linear_v3, linear_v4,
+                                                delta_v1,  delta_v2,  delta_v3,  delta_v4};
   return all;
 }
 

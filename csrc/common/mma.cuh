@@ -38,6 +38,15 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same, without `volatile`: a pure register operation the compiler may schedule freely (later than
+// the fragment loads of the next step), which is what the unrolled loops below want.
+__device__ __forceinline__ void mma_bf16_schedulable(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // ---- fragment loads from shared memory; ld is the row stride in elements ------------------------
 // A(m, kk) = X[m][kk]: the 16 x 16 tile at (m0, k0) of a row-major matrix.
 __device__ __forceinline__ void load_a(unsigned (&a)[4], const __nv_bfloat16* X, int ld, int m0, int k0) {
@@ -88,6 +97,39 @@ __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const __nv_bfl
       for (int i = 0; i < MT; ++i) {
         mma_bf16(acc[i][j], a[i], b[0], b[1]);
         mma_bf16(acc[i][j + 1], a[i], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// warp_mma with the k loop unrolled at compile time: kSteps steps of 16 starting at k_begin, of which the
+// first `steps` run (steps == kSteps folds the guards away), so the compiler can load the fragments of step
+// s + 1 while the tensor cores work on step s.
+template <int MT, int NT, Stored kA, Stored kB, int kSteps>
+__device__ __forceinline__ void warp_mma_unrolled(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda,
+                                                  const __nv_bfloat16* B, int ldb, int m0, int n0, int k_begin,
+                                                  int steps = kSteps) {
+  static_assert(NT % 2 == 0, "B tiles are loaded in pairs");
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (s < steps) {
+      const int k0 = k_begin + 16 * s;
+      unsigned a[MT][4];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        if constexpr (kA == Stored::kRowMajor) load_a(a[i], A, lda, m0 + 16 * i, k0);
+        else load_a_transposed(a[i], A, lda, m0 + 16 * i, k0);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; j += 2) {
+        unsigned b[4];
+        if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(b, B, ldb, k0, n0 + 8 * j);
+        else load_b_pair(b, B, ldb, k0, n0 + 8 * j);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          mma_bf16_schedulable(acc[i][j], a[i], b[0], b[1]);
+          mma_bf16_schedulable(acc[i][j + 1], a[i], b[2], b[3]);
+        }
       }
     }
   }

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Build, check and time the CUDA extension on a GPU machine in one go (METHOD.md: one script per lease).
+#   bash csrc/gpu_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default ./gpu_out)
+# Steps: a capability probe (GPU, nvcc, CuPy + bfloat16, torch SDPA), the build (MINILIN_CUDA=1: a failed
+# build stops here), the GPU tests, then `minilin bench --json`. Each step is time-limited so that the
+# logs written so far always come back.
+set -uo pipefail
+OUT="${1:-gpu_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MINILIN_CUDA=1
+PY="${PYTHON:-python3}"
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -2
+  "$PY" - <<'PYEOF'
+import cupy, numpy as np
+print("cupy", cupy.__version__, "numpy", np.__version__, "cupy.bfloat16 attribute:", hasattr(cupy, "bfloat16"))
+try:
+    import ml_dtypes
+    x = cupy.arange(4, dtype=cupy.float32).astype(np.dtype(ml_dtypes.bfloat16))
+    print("cupy array of ml_dtypes.bfloat16:", x.dtype, float(x.astype(cupy.float32).sum()), "(expect 6.0)")
+except Exception as e:
+    print("cupy bfloat16 via ml_dtypes: not supported:", type(e).__name__, e)
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "SDPA",
+          hasattr(torch.nn.functional, "scaled_dot_product_attention"))
+except Exception as e:
+    print("torch: not importable:", e)
+try:
+    import fla
+    print("fla", getattr(fla, "__version__", "?"))
+except Exception as e:
+    print("fla: not importable (optional)")
+PYEOF
+} 2>&1 | tee "$OUT/probe.log"
+
+start=$(date +%s)
+timeout "${BUILD_TIMEOUT:-300}" "$PY" setup.py build_ext --inplace >"$OUT/build.log" 2>&1
+status=$?
+echo "build: exit $status in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
+[ $status -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+
+timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_front.py \
+  tests/test_doctor.py --tb=short -rfE 2>&1 | tee "$OUT/pytest.log" | tail -"${TEST_TAIL:-25}"
+
+"$PY" -m minilin doctor >"$OUT/doctor.log" 2>&1
+# BENCH_LENGTHS="8192" limits the lengths (a quick look); default: minilin bench's 2048 8192 32768.
+timeout "${BENCH_TIMEOUT:-300}" "$PY" -c "
+import argparse, sys
+from minilin.bench import gpu
+lengths = tuple(int(t) for t in '${BENCH_LENGTHS:-}'.split()) or None
+sys.exit(gpu.main(argparse.Namespace(mixers=None, repeats=None, json='$OUT/bench.json', lengths=lengths)))
+" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.md"
+echo "bench: exit ${PIPESTATUS[0]}"

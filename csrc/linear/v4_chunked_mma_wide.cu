@@ -1,0 +1,212 @@
+// linear v4 (chunked, tensor cores, wide): v3 with 16 warps per block instead of 8, two barriers per chunk
+// instead of four (each warp scans the gate itself, and Q S moves into the first phase beside P), and
+// tensor-core loops unrolled at compile time, because v3 measured ~9000 cycles per chunk for ~1000 cycles of
+// tensor-core issue: with one block of 8 warps per SM it waits on latencies and barriers, not on the units.
+//
+// One block of 16 warps per (batch, head, 64 value columns), sequential over 64-token chunks; the math is
+// v3's (and v2's):
+//   phase 1 (after the chunk lands):   P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;
+//                                      V decayed to the chunk's end
+//   phase 2:                           O = R + P V (stored);  S <- exp(G_last) S + K^T (V decayed)
+// Only phase 1 reads the bf16 copy of S, so each warp rewrites its slice of that copy right after its
+// update, and the next chunk's first barrier orders it before any read.
+#include "../common/launch.cuh"
+#include "../common/mma.cuh"
+#include "../common/simt.cuh"
+
+namespace minilin {
+namespace {
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;
+constexpr int kLdV = kBlockV + 8;
+constexpr int kLdC = kChunk + 8;
+using bf16 = __nv_bfloat16;
+
+template <int K>
+struct Layout {
+  static constexpr int kLdK = K + 8;
+  static constexpr size_t kStageBytes = (2 * kChunk * kLdK + kChunk * kLdV) * sizeof(bf16) + kChunk * sizeof(float);
+  static constexpr size_t kBytes = 2 * kStageBytes
+                                   + kChunk * kLdC * sizeof(bf16)          // P
+                                   + K * kLdV * sizeof(bf16)               // S (bf16 copy)
+                                   + kChunk * kLdV * sizeof(bf16)          // V decayed to the chunk's end
+                                   + kWarps * kChunk * sizeof(float);      // G, one copy per warp
+  unsigned char* base;
+  __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
+  __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
+  __device__ bf16* v(int s) const { return k(s) + kChunk * kLdK; }
+  __device__ float* g(int s) const { return reinterpret_cast<float*>(v(s) + kChunk * kLdV); }
+  __device__ bf16* P() const { return reinterpret_cast<bf16*>(base + 2 * kStageBytes); }
+  __device__ bf16* S() const { return P() + kChunk * kLdC; }
+  __device__ bf16* v_decayed() const { return S() + K * kLdV; }
+  __device__ float* G(int warp) const { return reinterpret_cast<float*>(v_decayed() + kChunk * kLdV) + warp * kChunk; }
+};
+
+template <int K>
+__device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, int b, int h, int t0, int v0) {
+  const int valid = min(kChunk, p.T - t0);
+  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
+  cp_async_rows(L.q(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K,
+                kChunk, K, valid);
+  cp_async_rows(L.k(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K,
+                kChunk, K, valid);
+  cp_async_rows(L.v(stage), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
+                kChunk, kBlockV, valid);
+  if (p.g && threadIdx.x < kChunk) {
+    const bool ok = threadIdx.x < valid;
+    cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * p.H : p.g, ok);
+  }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) linear_v4_chunked_mma_wide(const Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = Layout<K>::kLdK;
+  constexpr int kRowSharers = kWarps / (K / 16);            // warps sharing one 16-row tile of S
+  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;  // 8-column tiles of S per warp
+  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+
+  const Layout<K> L{smem};
+  const int T = p.T, H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int m0 = 16 * (warp >> 2), n0 = 16 * (warp & 3);  // this warp's 16 x 16 tile of P and of O
+  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
+  const float scale = p.scale;
+  float* G = L.G(warp);
+
+  load_chunk<K>(L, 0, p, b, h, 0, v0);
+  cp_async_commit();
+
+  float S[1][kStateTiles][4];
+  const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
+#pragma unroll
+  for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      float2 s2 = make_float2(0.0f, 0.0f);
+      if (p.h0) s2 = *reinterpret_cast<const float2*>(p.h0 + state_base + static_cast<long long>(row) * V + v0 + col);
+      S[0][j][e] = s2.x;
+      S[0][j][e + 1] = s2.y;
+      store_bf16x2(L.S() + row * kLdV + col, s2.x, s2.y);
+    }
+
+  bf16* o = static_cast<bf16*>(p.o);
+  for (int n = 0; n < chunks; ++n) {
+    const int stage = n & 1, t0 = n * kChunk;
+    cp_async_wait<0>();
+    __syncthreads();  // chunk n and the bf16 copy of S are on chip; chunk n - 1's stage is free
+    if (n + 1 < chunks) load_chunk<K>(L, stage ^ 1, p, b, h, t0 + kChunk, v0);
+    cp_async_commit();
+
+    const bf16* q_s = L.q(stage);
+    const bf16* k_s = L.k(stage);
+    const bf16* v_s = L.v(stage);
+    {  // every warp its own copy of G: no barrier
+      const float* g = L.g(stage);
+      const float2 G2 = chunk_cumsum_64(p.g ? g[2 * lane] : 0.0f, p.g ? g[2 * lane + 1] : 0.0f);
+      G[2 * lane] = G2.x;
+      G[2 * lane + 1] = G2.y;
+      __syncwarp();
+    }
+    const float G_last = G[kChunk - 1];
+
+    // ---- phase 1: P, R = diag(exp(G)) Q S, V decayed to the end
+    {
+      float acc[1][2][4];
+      zero(acc);
+      if (n0 < m0 + 16)
+        warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kTransposed, K / 16>(acc, q_s, kLdK, k_s, kLdK, m0, n0, 0);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+          const float x = c <= r ? acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
+          const float y = c + 1 <= r ? acc[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
+          store_bf16x2(L.P() + r * kLdC + c, x, y);
+        }
+    }
+    float R[1][2][4];
+    zero(R);
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(R, q_s, kLdK, L.S(), kLdV, m0, n0, 0);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) R[0][j][e] *= __expf(G[m0 + acc_row(0, e)]);
+    for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {
+      const int j = i / (kBlockV / 8), c = (i % (kBlockV / 8)) * 8;
+      float x[8];
+      load8(v_s + j * kLdV + c, x);
+      const float d = __expf(G_last - G[j]);
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) store_bf16x2(L.v_decayed() + j * kLdV + c + e, d * x[e], d * x[e + 1]);
+    }
+    __syncthreads();
+
+    // ---- phase 2: O = R + P V; S <- exp(G_last) S + K^T (V decayed); rewrite this warp's slice of the copy
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0, 0,
+                                                                               (m0 >> 4) + 1);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e), t = t0 + r;
+        if (t < T)
+          store_bf16x2(o + ((static_cast<long long>(b) * T + t) * H + h) * V + v0 + c, scale * R[0][j][e],
+                       scale * R[0][j][e + 1]);
+      }
+    const float decay = __expf(G_last);
+#pragma unroll
+    for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[0][j][e] *= decay;
+    warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+        S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0);
+#pragma unroll
+    for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        store_bf16x2(L.S() + (s_m0 + acc_row(0, e)) * kLdV + s_n0 + acc_col(j, e), S[0][j][e], S[0][j][e + 1]);
+  }
+
+#pragma unroll
+  for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      *reinterpret_cast<float2*>(p.ht + state_base + static_cast<long long>(row) * V + v0 + col) =
+          make_float2(S[0][j][e], S[0][j][e + 1]);
+    }
+}
+
+template <int K>
+void launch(const Problem& p) {
+  const size_t smem = Layout<K>::kBytes;
+  auto kernel = linear_v4_chunked_mma_wide<K>;
+  allow_shared_memory(kernel, smem, "linear_v4_chunked_mma_wide");
+  const dim3 grid(p.V / kBlockV, p.H, p.B);
+  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p);
+  check_launch("linear_v4_chunked_mma_wide", p);
+}
+
+void forward(const Problem& p) {
+  check_common(p, "linear_v4_chunked_mma_wide", false);
+  require(p.dtype == kBFloat16, "linear_v4_chunked_mma_wide: bfloat16 inputs only (tensor cores multiply bf16), got float32");
+  require(p.K == 64 || p.K == 128, "linear_v4_chunked_mma_wide: K must be 64 or 128, got K=" + std::to_string(p.K));
+  require(p.V % kBlockV == 0, "linear_v4_chunked_mma_wide: V must be a multiple of 64, got V=" + std::to_string(p.V));
+  if (p.K == 64) launch<64>(p);
+  else launch<128>(p);
+}
+
+}  // namespace
+
+extern const Version linear_v4 = {
+    "linear", 4, "chunked_mma_wide",
+    "v3 with 16 warps per block, two barriers per chunk instead of four and unrolled tensor-core loops: v3 waits on latency, not on the tensor cores.",
+    false, true, 80, nullptr, forward};
+
+}  // namespace minilin
