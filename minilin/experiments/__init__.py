@@ -90,7 +90,7 @@ EXPERIMENTS += [
                "through a threshold, falls to chance as the strings grow.",
                state_tracking.run, state_tracking.table, state_tracking.plot),
     Experiment("cost", "Cost against sequence length",
-               "Recurrent and chunked forms grow linearly with the sequence length and softmax attention "
+               "Recurrent and chunked forms grow about linearly with the sequence length and softmax attention "
                "quadratically; the chunked form is the faster linear one because it works in large matrix "
                "products (this CPU always; the CUDA benchmark when a GPU and the extension are present).",
                cost.run, cost.table, cost.plot),
