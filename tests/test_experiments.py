@@ -214,7 +214,14 @@ def test_cost_reads_the_gpu_benchmark_json(monkeypatch):
     gpu = cost.gpu_results(quick=True)
     assert gpu["rows"] == [{"mixer": "gla", "T": 2048, "recurrent_ms": 2.5, "chunked_ms": 0.25}]
     text = "\n".join(cost._gpu_table(gpu))
-    assert "test GPU" in text and "chunked_ms=0.25" in text
+    assert "test GPU" in text and "chunked_ms" in text and "0.25" in text and "2048" in text
+
+    def refuses(args):
+        print("minilin bench --device gpu: the CUDA extension is not built", file=sys.stderr)
+        return 2
+
+    fake.main = refuses
+    assert "the CUDA extension is not built" in cost.gpu_results(quick=True)["skipped"]
 
 
 @pytest.mark.parametrize("name", ISSUE_ORDER[2:])

@@ -118,30 +118,48 @@ def gpu_results(quick: bool) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "gpu.json")
         argv = ["bench", "--device", "gpu", "--json", path] + (["--repeats", "5"] if quick else [])
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):  # an experiment returns data; the bench's own table is dropped
+        printed, progress = io.StringIO(), io.StringIO()
+        # An experiment returns data: the benchmark's own table and progress lines are kept out of the tour.
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(progress):
             status = cli_main(argv)
         if not os.path.exists(path):
-            return {"skipped": f"`minilin {' '.join(argv[:3])}` wrote no JSON (exit status {status})"}
+            said = [line for line in progress.getvalue().splitlines() if line.strip()]
+            return {"skipped": f"`minilin {' '.join(argv[:3])}` wrote no JSON (exit status {status})"
+                               + (f": {said[-1].strip()}" if said else "")}
         with open(path) as f:
             payload = json.load(f)
     rows = payload.get("rows") if isinstance(payload, dict) else None
-    if not isinstance(rows, list):
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         return {"skipped": "the GPU benchmark's JSON has no list of rows"}
-    return {"rows": rows, "status": status, "machine": payload.get("machine") or payload.get("device")}
+    machine = payload.get("machine") or payload.get("device")
+    if isinstance(machine, dict):
+        machine = ", ".join(f"{key} {value}" for key, value in machine.items())
+    return {"rows": rows, "status": status, "machine": machine}
 
 
 def _gpu_table(gpu: dict) -> list[str]:
+    """The benchmark's rows as they come: one column per scalar field (nested fields are left out)."""
     if "skipped" in gpu:
         return [f"GPU: skipped, {gpu['skipped']}."]
-    lines = [f"GPU (from `minilin bench --device gpu`{', ' + str(gpu['machine']) if gpu.get('machine') else ''}):"]
-    for row in gpu["rows"]:
-        cells = [f"{key}={_cell(value)}" for key, value in row.items() if isinstance(value, (str, int, float)) or value is None]
-        lines.append("  " + ", ".join(cells))
+    lines = [f"GPU, from `minilin bench --device gpu`{' (' + str(gpu['machine']) + ')' if gpu.get('machine') else ''}"
+             f"{'' if gpu.get('status', 0) == 0 else ', which exited with status ' + str(gpu['status'])}:"]
+    columns = [key for key in dict.fromkeys(k for row in gpu["rows"] for k in row)
+               if all(_scalar(row.get(key)) for row in gpu["rows"])
+               and any(row.get(key) not in (None, "") for row in gpu["rows"])]
+    cells = [[_cell(row.get(key)) for key in columns] for row in gpu["rows"]]
+    widths = [max([len(key)] + [len(r[i]) for r in cells]) for i, key in enumerate(columns)]
+    lines.append("  " + "  ".join(f"{key:>{w}s}" for key, w in zip(columns, widths)))
+    lines.extend("  " + "  ".join(f"{c:>{w}s}" for c, w in zip(r, widths)) for r in cells)
     return lines
 
 
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
 def _cell(value) -> str:
+    if value is None or value == "":
+        return "-"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
