@@ -11,6 +11,8 @@ names, or any callable with that contract, can be passed as `feature_map=` to `l
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .backend import array_module
@@ -79,7 +81,8 @@ class FavorPlus:
         W = xp.asarray(self.projection(K), dtype=x.dtype)
         x = x / K ** 0.25
         log_features = x @ W.T - 0.5 * (x * x).sum(-1, keepdims=True)
-        return xp.exp(log_features) / np.sqrt(self.num_features)
+        # A Python float, not np.sqrt's float64 scalar, so float32 inputs stay float32 (NEP 50).
+        return xp.exp(log_features) / math.sqrt(self.num_features)
 
 
 NAMED = {"identity": identity, "elu+1": elu_plus_one, "relu": relu, "favor+": FavorPlus()}

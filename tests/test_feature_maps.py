@@ -87,3 +87,11 @@ def test_favor_plus_linear_attention_approaches_softmax_attention():
 def test_favor_plus_rejects_bad_feature_count(bad):
     with pytest.raises(ValueError, match="num_features: expected a positive integer"):
         feature_maps.FavorPlus(bad)
+
+
+@pytest.mark.parametrize("name", sorted(feature_maps.NAMED))
+def test_feature_maps_keep_float32(name, rng):
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    assert feature_maps.resolve(name)(x).dtype == np.float32
+    o, S = linear_attention.chunked(x[:, :, None], x[:, :, None], x[:, :, None], feature_map=name, normalize=True)
+    assert o.dtype == np.float32 and S.dtype == np.float32
