@@ -42,8 +42,7 @@ status=$?
 echo "build: exit $status in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
 [ $status -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 
-timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_front.py \
-  tests/test_doctor.py --tb=short -rfE 2>&1 | tee "$OUT/pytest.log" | tail -"${TEST_TAIL:-25}"
+timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda*.py tests/test_doctor.py --tb=short -rfE 2>&1 | tee "$OUT/pytest.log" | tail -"${TEST_TAIL:-25}"
 
 "$PY" -m minilin doctor >"$OUT/doctor.log" 2>&1
 # BENCH_LENGTHS="8192" limits the lengths (a quick look); default: minilin bench's 2048 8192 32768.

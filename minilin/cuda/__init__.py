@@ -6,8 +6,9 @@
     o, state = cuda.simple_gla(q, k, v, g, version=1)          # any rung of the ladder: versions('linear')
 
 Each op has numbered kernel versions side by side, every one callable (`version=`): 1 = recurrent (the
-definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores; the
-default is the highest that takes the input dtype. `versions()` lists them with what each one changed.
+definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, 4 = v3 with
+twice the warps and fewer barriers; the default is the highest that takes the input dtype (float32: 2,
+bfloat16: 4). `versions()` lists them with what each one changed; csrc/NOTES.md has their measured times.
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
 float32 or bfloat16 (`to_bf16` / `from_bf16`: CuPy's bfloat16 dtype where it has one, else uint16 bit
