@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build, check and time the CUDA extension on a GPU machine in one go (METHOD.md: one script per lease).
-#   bash csrc/gpu_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default ./gpu_out)
+#   bash csrc/gpu_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default /tmp/minilin_gpu)
 # Steps: a capability probe (GPU, nvcc, CuPy + bfloat16, torch SDPA), the build (MINILIN_CUDA=1: a failed
 # build stops here), the GPU tests, then `minilin bench --json`. Each step is time-limited so that the
 # logs written so far always come back.
 set -uo pipefail
-OUT="${1:-gpu_out}"
+OUT="${1:-/tmp/minilin_gpu}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MINILIN_CUDA=1
 PY="${PYTHON:-python3}"
