@@ -298,8 +298,17 @@ def test_watch_checks_again_on_save_and_moves_on(course, monkeypatch):
 # ---------------------------------------------------------------- pytest exercises
 
 def _pytest(course, *args):
+    """`pytest exercises` in the copied tree, as a learner runs it. The summaries asserted below are those of
+    a machine without a GPU, so the GPU is hidden from the child; minilin is importable from this checkout
+    even where it is not pip-installed."""
+    import minilin
+
+    package_root = str(Path(minilin.__file__).resolve().parents[1])
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}  # not an xdist worker
+    env.update(CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, "-m", "pytest", "exercises", "-p", "no:cacheprovider", *args],
-                          cwd=course, capture_output=True, text=True)
+                          cwd=course, capture_output=True, text=True, env=env)
     return done.returncode, done.stdout + done.stderr
 
 

@@ -14,6 +14,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (median reported)")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
+    p.add_argument("--lengths", nargs="+", type=int, metavar="T",
+                   help="GPU only: sequence lengths (default 2048 8192 32768)")
     p.set_defaults(func=_run)
 
 

@@ -12,7 +12,8 @@ softmax here; `attention.parallel` builds the whole T x T matrix and is slower s
 
 The GPU part is optional: when CuPy, a GPU, the compiled extension (`minilin.cuda`) and the GPU benchmark
 (`minilin.bench.gpu`) are all present, the CUDA benchmark is run through its own command line
-(`minilin bench --device gpu --json PATH`) and its JSON rows are shown as they come. Assumed of it, and
+(`minilin bench --device gpu --json PATH`; with --quick only T = 2048 and 5 runs) and its JSON rows are
+shown as they come. Assumed of it, and
 nothing more: that command exists and writes {"rows": [one flat dict per measurement, ...], ...}.
 Otherwise the GPU part is skipped and the reason is printed.
 """
@@ -117,7 +118,7 @@ def gpu_results(quick: bool) -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "gpu.json")
-        argv = ["bench", "--device", "gpu", "--json", path] + (["--repeats", "5"] if quick else [])
+        argv = ["bench", "--device", "gpu", "--json", path] + (["--repeats", "5", "--lengths", "2048"] if quick else [])
         printed, progress = io.StringIO(), io.StringIO()
         # An experiment returns data: the benchmark's own table and progress lines are kept out of the tour.
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(progress):
