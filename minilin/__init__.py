@@ -10,4 +10,6 @@ from . import feature_maps, mixers
 from .mixers import (attention, deltanet, gated_deltanet, gla, kda, lightning, linear_attention, mamba2,
                      retnet, simple_gla)
 
+__all__ = ["feature_maps", "mixers", "attention", "linear_attention", "retnet", "lightning", "mamba2",
+           "simple_gla", "gla", "deltanet", "gated_deltanet", "kda"]
 __version__ = "0.1.0"

@@ -28,12 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import catalog
-
-
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return int(value)
+from .validation import check_count
 
 
 def _tokens(tokens) -> int:
@@ -52,8 +47,8 @@ class LayerCache:
 
     def bytes(self, tokens: int, *, bytes_per_element: int = 2, batch: int = 1) -> int:
         """Bytes held after `tokens` tokens of context, for `batch` sequences (2 bytes: bf16)."""
-        return (self.elements(_tokens(tokens)) * _positive("bytes_per_element", bytes_per_element)
-                * _positive("batch", batch))
+        return (self.elements(_tokens(tokens)) * check_count("bytes_per_element", bytes_per_element)
+                * check_count("batch", batch))
 
     def grows(self) -> bool:
         """True when the memory keeps growing with the context (a KV cache)."""
@@ -68,7 +63,7 @@ class MHA(LayerCache):
     head_dim: int
 
     def __post_init__(self):
-        _positive("heads", self.heads), _positive("head_dim", self.head_dim)
+        check_count("heads", self.heads), check_count("head_dim", self.head_dim)
 
     @property
     def label(self) -> str:
@@ -86,7 +81,7 @@ class GQA(LayerCache):
     head_dim: int
 
     def __post_init__(self):
-        _positive("kv_heads", self.kv_heads), _positive("head_dim", self.head_dim)
+        check_count("kv_heads", self.kv_heads), check_count("head_dim", self.head_dim)
 
     @property
     def label(self) -> str:
@@ -105,7 +100,7 @@ class MLA(LayerCache):
     rope_dim: int = 64
 
     def __post_init__(self):
-        _positive("latent_dim", self.latent_dim), _positive("rope_dim", self.rope_dim)
+        check_count("latent_dim", self.latent_dim), check_count("rope_dim", self.rope_dim)
 
     @property
     def label(self) -> str:
@@ -124,7 +119,7 @@ class SlidingWindow(LayerCache):
     head_dim: int
 
     def __post_init__(self):
-        _positive("window", self.window), _positive("kv_heads", self.kv_heads), _positive("head_dim", self.head_dim)
+        check_count("window", self.window), check_count("kv_heads", self.kv_heads), check_count("head_dim", self.head_dim)
 
     @property
     def label(self) -> str:
@@ -146,7 +141,7 @@ class FixedState(LayerCache):
     def __post_init__(self):
         if self.mixer not in catalog.names():
             raise ValueError(f"mixer: expected one of {catalog.names()}, got {self.mixer!r}")
-        _positive("heads", self.heads), _positive("key_dim", self.key_dim), _positive("value_dim", self.value_dim)
+        check_count("heads", self.heads), check_count("key_dim", self.key_dim), check_count("value_dim", self.value_dim)
         _state_elements(self.mixer, self.heads, self.key_dim, self.value_dim)  # raises if not a fixed state
 
     @property

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from .backend import array_module
+from .validation import check_count
 
 
 def identity(x):
@@ -49,9 +50,7 @@ class FavorPlus:
     """
 
     def __init__(self, num_features: int = 256, seed: int = 0):
-        if isinstance(num_features, bool) or not isinstance(num_features, (int, np.integer)) or num_features <= 0:
-            raise ValueError(f"num_features: expected a positive integer, got {num_features!r}")
-        self.num_features = int(num_features)
+        self.num_features = check_count("num_features", num_features)
         self.seed = int(seed)
         self._projections: dict[int, np.ndarray] = {}
 

@@ -34,7 +34,6 @@ mixers (HGRN, Mamba-1, S4) get D = H * head_dim channels.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,7 +42,7 @@ import numpy as np
 from . import cache as cache_accounting
 from . import catalog
 from .backend import array_module
-from .validation import Shapes, check_array, check_chunk_size
+from .validation import Shapes, check_array, check_chunk_size, check_count
 
 
 # --- what a layer feeds its mixer ---------------------------------------------------------------------
@@ -236,12 +235,6 @@ class Layer:
         return cache_accounting.FixedState(self.mixer, self.heads, self.head_dim, self.head_dim)
 
 
-def _check_positive(name, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return int(value)
-
-
 class HybridStack:
     """A stack of pre-norm residual mixer layers with a final RMSNorm (module docstring)."""
 
@@ -265,15 +258,15 @@ class HybridStack:
                     window: int | None = None, seed: int = 0, dtype=np.float64):
         """One layer per mixer name (any of `supported_mixers()`), seeded random weights.
         head_dim defaults to d_model // heads."""
-        d_model, heads = _check_positive("d_model", d_model), _check_positive("heads", heads)
-        head_dim = _check_positive("head_dim", d_model // heads if head_dim is None else head_dim)
+        d_model, heads = check_count("d_model", d_model), check_count("heads", heads)
+        head_dim = check_count("head_dim", d_model // heads if head_dim is None else head_dim)
         known = supported_mixers()
         for name in mixers:
             if name not in known:
                 raise ValueError(f"mixer: expected one of {known} (causal mixers whose inputs hybrid.INPUTS "
                                  f"projects), got {name!r}")
         if "sliding_window" in mixers:
-            window = _check_positive("window", window)
+            window = check_count("window", window)
         rng = np.random.default_rng(seed)
 
         def draw(shape, fan_in):

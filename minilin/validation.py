@@ -92,12 +92,19 @@ def check_beta(beta, allow_neg_eigval: bool) -> None:
     check_max("beta", beta, top, what)
 
 
+def check_count(name: str, value, *, high=None, what: str = "") -> int:
+    """A positive integer (a size, a count, a chunk length), at most `high` when given; `what` says in words
+    what it counts. Not an integer (bools included): TypeError; out of range: ValueError."""
+    expected = f"an integer 1 <= {name} <= {high}{what}" if high is not None else f"a positive integer{what}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected {expected}, got {value!r}")
+    if value < 1 or (high is not None and value > high):
+        raise ValueError(f"{name}: expected {expected}, got {value}")
+    return int(value)
+
+
 def check_chunk_size(chunk_size) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
-        raise TypeError(f"chunk_size: expected a positive integer, got {_type_name(chunk_size)} {chunk_size!r}")
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
-    return int(chunk_size)
+    return check_count("chunk_size", chunk_size)
 
 
 def check_scale(scale, K: int) -> float:

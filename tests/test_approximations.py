@@ -268,7 +268,7 @@ def test_unknown_pinv():
 
 
 def test_iterations_zero():
-    with pytest.raises(ValueError, match=r"iterations: expected an integer 1 <= iterations, got 0"):
+    with pytest.raises(ValueError, match=r"iterations: expected a positive integer, got 0"):
         nystromformer.parallel(*iid_inputs(0), landmarks=4, iterations=0)
 
 

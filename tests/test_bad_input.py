@@ -126,7 +126,7 @@ def test_chunk_size_not_positive(inputs, chunk_size):
 
 
 def test_chunk_size_not_an_integer(inputs):
-    with pytest.raises(TypeError, match=r"chunk_size: expected a positive integer, got float 16\.0"):
+    with pytest.raises(TypeError, match=r"chunk_size: expected a positive integer, got 16\.0"):
         call(gated_deltanet, inputs, chunk_size=16.0)
 
 

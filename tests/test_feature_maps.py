@@ -83,9 +83,9 @@ def test_favor_plus_linear_attention_approaches_softmax_attention():
     assert errors[2] < errors[0] and errors[2] < 0.1, errors
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
-def test_favor_plus_rejects_bad_feature_count(bad):
-    with pytest.raises(ValueError, match="num_features: expected a positive integer"):
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_favor_plus_rejects_bad_feature_count(bad, error):
+    with pytest.raises(error, match="num_features: expected a positive integer"):
         feature_maps.FavorPlus(bad)
 
 

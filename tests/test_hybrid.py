@@ -114,7 +114,7 @@ def test_noncausal_mixer_refused():
 
 
 def test_window_missing_for_sliding_window_layer():
-    with pytest.raises(ValueError, match=r"window: expected a positive integer, got None"):
+    with pytest.raises(TypeError, match=r"window: expected a positive integer, got None"):
         HybridStack.from_pattern("WA", d_model=16, heads=2)
 
 

@@ -303,7 +303,6 @@ def format_tables(rows: list[Row], copy_gbs: float) -> str:
             out.append("| T | implementation | ms | tokens/s | GB/s on I/O floor (of copy BW) | rel. error | vs recurrent |")
             out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
             for r in sel:
-                floor_ms = io_floor_bytes(r.T, r.dtype) / (copy_gbs * 1e9) * 1e3
                 ms = f"{r.ms:.3f}" + (f" ({r.runs} runs)" if r.runs and r.runs < 50 else "") if r.ms else "-"
                 tok = f"{r.extra['tokens_per_s'] / 1e6:.1f} M" if "tokens_per_s" in r.extra else "-"
                 gbs = f"{r.extra['io_floor_gbs']:.0f} ({100 * r.extra['copy_share']:.0f}%)" if "io_floor_gbs" in r.extra else "-"

@@ -51,7 +51,7 @@ def chunked(q, k, v, beta, g, S0, chunk_size):
         O_n = (Q * exp(G)) S_n + (Q K^T, decayed and causally masked) Delta_n
     """
     xp = array_module(q)
-    T, K = q.shape[1], q.shape[-1]
+    T = q.shape[1]
     qc, kc, vc = (to_chunks(x, chunk_size) for x in (q, k, v))   # [B, H, N, C, .]
     beta_c = to_chunks(beta, chunk_size)[..., None]              # [B, H, N, C, 1]
     G = None if g is None else local_cumsum(to_chunks(g, chunk_size))

@@ -10,7 +10,6 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V].
 """
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 
@@ -57,17 +56,6 @@ def along_sequence(P, x):
     as one matrix product per batch element over the flattened heads and features."""
     B, T, H, D = x.shape
     return (P @ x.reshape(B, T, H * D)).reshape(B, P.shape[0], H, D)
-
-
-def check_count(name: str, value, *, high=None, what: str = "") -> int:
-    """A positive integer, at most `high` when given."""
-    bound = f" <= {high}" if high is not None else ""
-    expected = f"expected an integer 1 <= {name}{bound}{what}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: {expected}, got {value!r}")
-    if value < 1 or (high is not None and value > high):
-        raise ValueError(f"{name}: {expected}, got {value}")
-    return int(value)
 
 
 def check_no_state(initial_state, mixer: str) -> None:

@@ -39,7 +39,7 @@ import numbers
 import numpy as np
 
 from .. import examples
-from ..validation import Shapes, check_array, check_scale, check_tensors
+from ..validation import Shapes, check_array, check_count, check_scale, check_tensors
 from . import _noncausal
 
 PROJECTIONS = ("sample", "pool", "gaussian")
@@ -51,7 +51,7 @@ def make_projection(T: int, rank: int, kind: str = "sample", *, seed: int = 0, d
         raise ValueError(f"projection: expected one of {list(PROJECTIONS)}, got {kind!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed: expected an integer, got {seed!r}")
-    rank = _noncausal.check_count("rank", rank, high=None if kind == "gaussian" else T,
+    rank = check_count("rank", rank, high=None if kind == "gaussian" else T,
                                   what="" if kind == "gaussian" else f" = T ({kind} picks r of the T positions)")
     rng = np.random.default_rng(seed)
     if kind == "sample":
@@ -75,7 +75,7 @@ def _prepare(q, k, v, rank, kind, seed, E, F, scale, initial_state):
             raise TypeError("rank: expected a positive integer (the number of projected keys r), got None")
         E = F = make_projection(T, rank, kind, seed=seed, dtype=q.dtype, xp=xp)
     else:
-        dims = Shapes(T=T, **({} if rank is None else {"R": _noncausal.check_count("rank", rank)}))
+        dims = Shapes(T=T, **({} if rank is None else {"R": check_count("rank", rank)}))
         E = check_array("E", E, "R T", dims, xp).astype(q.dtype, copy=False)
         F = E if F is None else check_array("F", F, "R T", dims, xp).astype(q.dtype, copy=False)
     return q * check_scale(scale, shapes["K"]), k, v, E, F

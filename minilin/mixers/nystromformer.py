@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..validation import check_scale, check_tensors
+from ..validation import check_count, check_scale, check_tensors
 from . import _noncausal
 
 PSEUDO_INVERSES = ("iterative", "exact")
@@ -66,10 +66,10 @@ def iterative_pinv(A, iterations: int = 6):
 def _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state):
     _noncausal.check_no_state(initial_state, "nystromformer")
     _, shapes, (q, k, v) = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
-    landmarks = _noncausal.check_count("landmarks", landmarks, high=shapes["T"], what=" = T")
+    landmarks = check_count("landmarks", landmarks, high=shapes["T"], what=" = T")
     if pinv not in PSEUDO_INVERSES:
         raise ValueError(f"pinv: expected one of {list(PSEUDO_INVERSES)}, got {pinv!r}")
-    iterations = _noncausal.check_count("iterations", iterations)
+    iterations = check_count("iterations", iterations)
     return q * check_scale(scale, shapes["K"]), k, v, landmarks
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from .. import examples
 from ..backend import array_module
 from ..chunking import from_chunks, num_chunks, to_chunks
-from ..validation import check_chunk_size, check_scale, check_tensors, state_name
+from ..validation import check_chunk_size, check_count, check_scale, check_tensors, state_name
 
 
 class WindowCache(NamedTuple):
@@ -49,11 +49,7 @@ class WindowCache(NamedTuple):
 
 
 def _check_window(window) -> int:
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral):
-        raise TypeError(f"window: expected a positive integer (tokens each query sees), got {window!r}")
-    if window < 1:
-        raise ValueError(f"window: expected a positive integer (tokens each query sees), got {window}")
-    return int(window)
+    return check_count("window", window, what=" (tokens each query sees)")
 
 
 def _check_position(name, position, window, stored) -> int:
