@@ -229,7 +229,7 @@ def test_cost_reads_the_gpu_benchmark_json(monkeypatch):
     assert "the CUDA extension is not built" in cost.gpu_results(quick=True)["skipped"]
 
 
-@pytest.mark.parametrize("name", ISSUE_ORDER[2:])
+@pytest.mark.parametrize("name", ["forms"] + ISSUE_ORDER[2:])  # memory's plot: tests/test_memory_experiment.py
 def test_plot_writes_a_png(name, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / f"{name}.png"

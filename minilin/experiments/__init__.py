@@ -27,7 +27,7 @@ EXPERIMENTS: list[Experiment] = [
     Experiment("forms", "Every mixer, every form",
                "Each mixer's recurrent, chunked and parallel forms compute the same function, with a fixed-size "
                "state where softmax attention keeps a growing KV cache.",
-               forms.run, forms.table),
+               forms.run, forms.table, forms.plot),
     Experiment("memory", "Memory: KV cache vs fixed state, and a 1:7 hybrid",
                "A softmax layer's KV cache grows linearly with the context while a linear mixer's state stays one "
                "size, so a hybrid with one softmax layer in eight keeps about 1/8 of an all-softmax model's cache "

@@ -60,3 +60,27 @@ def _bytes(n: int) -> str:
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Left: each mixer's time per form (log scale). Right: its state against a softmax layer's KV cache."""
+    from . import _plot
+
+    fig, (times, memory) = _plot.subplots(2, width=8.0, height=4.6)
+    names = [r["mixer"] for r in rows]
+    forms = list(dict.fromkeys(form for r in rows for form in r["ms"]))
+    width = 0.8 / len(forms)
+    for i, form in enumerate(forms):
+        xs = [j + (i - (len(forms) - 1) / 2) * width for j, r in enumerate(rows) if form in r["ms"]]
+        times.bar(xs, [r["ms"][form] for r in rows if form in r["ms"]], width, label=form)
+    times.set(yscale="log", ylabel="time (ms)", title=f"Every form, T = {rows[0]['T']} (float64, this CPU)")
+    times.legend(fontsize=8)
+    memory.bar(range(len(rows)), [r["state_bytes"] / 1024 for r in rows], 0.6, label="state (or cache) held")
+    memory.axhline(rows[0]["kv_cache_bytes"] / 1024, color="C3", ls="--", lw=1,
+                   label="softmax KV cache at this T")
+    memory.set(yscale="log", ylabel="KiB per layer", title="Fixed state vs KV cache")
+    memory.legend(fontsize=8)
+    for ax in (times, memory):
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
+    _plot.save(fig, path)
