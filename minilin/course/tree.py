@@ -78,7 +78,9 @@ def find_root(start=None) -> Path:
     raise CourseError(
         f"no minilin exercises found in {here} or any folder above it.\n"
         "The exercises live in a clone of the minilin repository: cd into your clone (the folder with\n"
-        "exercises/ and solutions/) and run the command again, or pass --root PATH_TO_CLONE.")
+        "exercises/ and solutions/) and run the command again, or pass --root PATH_TO_CLONE.\n"
+        "Everything else works from anywhere: minilin tour, minilin bench --device cpu, minilin doctor "
+        "(minilin --help lists them).")
 
 
 def load(root=None) -> list[Exercise]:
