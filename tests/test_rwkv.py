@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from minilin.chunking import local_cumsum
+from minilin.chunking import gram_before_decay, local_cumsum
 from minilin.mixers import deltanet, kda, rwkv6, rwkv7
 from conftest import rel_err
 
@@ -93,7 +93,7 @@ def test_gram_before_decay_matches_its_definition(rng):
     C, K = 37, 5
     x, y = rng.standard_normal((2, C, K)), rng.standard_normal((2, C, K))
     G = local_cumsum(-rng.uniform(0, 40, (1, 1, 2, C, K)))[0, 0]
-    A = rwkv6.gram_before_decay(x, y, G)
+    A = gram_before_decay(x, y, G)
     G_before = np.concatenate([np.zeros((2, 1, K)), G[:, :-1]], axis=1)
     expected = np.zeros((2, C, C))
     for i in range(C):

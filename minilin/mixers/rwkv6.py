@@ -29,8 +29,8 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, from_chunks, gated_gram, local_cumsum, pass_states,
-                        state_or_zeros, to_chunks)
+from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gram_before_decay, local_cumsum,
+                        pass_states, state_or_zeros, to_chunks)
 from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
 
 
@@ -62,30 +62,6 @@ def recurrent(r, k, v, w, u, *, scale=None, initial_state=None):
     for t in range(q.shape[1]):
         o[:, t], S = _step(q[:, t], k[:, t], v[:, t], w[:, t], u, S)
     return o, S
-
-
-def gram_before_decay(x, y, G):
-    """A_ij = sum_k x_ik y_jk exp(G_{i-1,k} - G_{j,k}) for j < i, else 0 (G_{-1} = 0).
-
-    x, y: [..., C, K]; G: per-channel chunk-local cumulative gate [..., C, K] -> A: [..., C, C].
-    Row i reads the memory as it was *before* token i's own decay and write: RWKV-6's S_{t-1}^T q_t,
-    RWKV-7's a_t^T S_{t-1}. Built from `chunking.gated_gram` by shifting y one position later: with
-    y'_{j+1} = y_j and G'_i = G_{i-1} (the exclusive cumulative gate),
-        A_ij = sum_k x_ik y'_{j+1,k} exp(G'_ik - G'_{j+1,k}),   j + 1 <= i,
-    the causal gram of (x, y') under G', read one column to the right. G' is non-increasing like G,
-    so `gated_gram`'s stable sub-block evaluation applies unchanged.
-    """
-    xp = array_module(x)
-    y_later = xp.concatenate([xp.zeros_like(y[..., :1, :]), y[..., :-1, :]], axis=-2)
-    G_before = exclusive_cumsum(G)
-    shifted = gated_gram(x, y_later, G_before)
-    return xp.concatenate([shifted[..., 1:], xp.zeros_like(shifted[..., :1])], axis=-1)
-
-
-def exclusive_cumsum(G):
-    """G_{i-1} from the inclusive chunk-local G_i [..., C, K] (0 at the chunk's first position)."""
-    xp = array_module(G)
-    return xp.concatenate([xp.zeros_like(G[..., :1, :]), G[..., :-1, :]], axis=-2)
 
 
 def chunked(r, k, v, w, u, *, scale=None, initial_state=None, chunk_size=64):

@@ -44,10 +44,9 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, from_chunks, local_cumsum, state_or_zeros, to_chunks,
-                        unit_lower_inverse)
+from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gram_before_decay, local_cumsum,
+                        state_or_zeros, to_chunks, unit_lower_inverse)
 from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
-from .rwkv6 import exclusive_cumsum, gram_before_decay
 
 
 def _prepare(r, w, k, v, a, b, scale, state, step=False):
