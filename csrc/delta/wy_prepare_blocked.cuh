@@ -1,0 +1,163 @@
+// The WY step by blocks (delta v5 onwards): the same T = (I + A)^-1 as wy_prepare.cuh, for every chunk in
+// parallel over (batch, head, chunk), but solved in 16 x 16 blocks instead of one 64-long chain per column:
+//
+//     A_ij = beta_i (k_i . k_j) exp(G_i - G_j)  for j < i, else 0             [64 x 64, 4 x 4 blocks of 16]
+//     D_b  = (I + A_bb)^-1                                                     the 4 diagonal blocks
+//     T_bb = D_b,   T_ij = -D_i  sum_{k = j}^{i - 1} A_ik T_kj   (i > j)      the blocks below the diagonal
+//
+// (the block form of forward substitution: row block i of (I + A) T = I reads A_ii T_ij = -sum_k A_ik T_kj).
+// The diagonal inverses are 64 independent 16-long forward substitutions (one thread per column of a
+// block); the off-diagonal blocks follow in three waves by distance i - j = 1, 2, 3, one warp per block,
+// each a sum of 16 x 16 x 16 fp32 products. The dependent chain is 16 + 3 short steps instead of the
+// 2016 dependent multiply-adds per thread of wy_prepare.cuh, which ncu measured at 263 us, 29% of delta v4.
+// The solve stays fp32 (CUDA cores): T is rounded to bf16 once, when it is stored, as in v3 and v4.
+// Output layout as wy_prepare.cuh: T of chunk n of head (b, h) at out[((b * H + h) * N + n) * 64 * 64 + i * 64 + j].
+#pragma once
+
+#include "../common/launch.cuh"
+#include "../common/mma.cuh"
+#include "../common/simt.cuh"
+
+namespace minilin {
+
+namespace wy_blocked {
+
+constexpr int kThreads = 256;
+constexpr int kBlock = 16;                // the solve's block size
+constexpr int kBlocks = kChunk / kBlock;  // 4 x 4 blocks
+constexpr int kLd = kChunk + 4;           // fp32 rows of A and T: 16-byte aligned for the float4 reads
+constexpr int kLdM = kBlock + 4;          // one warp's 16 x 16 partial sum
+
+inline size_t shared_bytes(int K) {
+  return size_t(kChunk) * (K + 8) * sizeof(__nv_bfloat16)       // the chunk's keys, bf16
+         + 2 * size_t(kChunk) * kLd * sizeof(float)              // A and T
+         + size_t(kBlocks - 1) * kBlock * kLdM * sizeof(float)   // one partial sum per warp of a wave
+         + 2 * kChunk * sizeof(float);                           // G and beta
+}
+
+// acc (rows r0 and r0 + 8, columns c0 + 0..3 of the lane's micro-tile) += X[row][k_begin..k_end) Y[k_begin..k_end)[col]
+// for fp32 row-major X (stride ldx) and Y (stride ldy, 16-byte aligned rows). Rows 8 apart, so that the 8
+// rows a warp reads at once (r0 = lane / 4) fall into 8 different banks.
+__device__ __forceinline__ void micro_tile_2x4(float (&acc)[2][4], const float* X, int ldx, const float* Y, int ldy,
+                                               int r0, int c0, int k_begin, int k_end) {
+#pragma unroll 4
+  for (int kk = k_begin; kk < k_end; ++kk) {
+    const float x0 = X[r0 * ldx + kk], x1 = X[(r0 + 8) * ldx + kk];
+    const float4 y = *reinterpret_cast<const float4*>(Y + kk * ldy + c0);
+    acc[0][0] = fmaf(x0, y.x, acc[0][0]);
+    acc[0][1] = fmaf(x0, y.y, acc[0][1]);
+    acc[0][2] = fmaf(x0, y.z, acc[0][2]);
+    acc[0][3] = fmaf(x0, y.w, acc[0][3]);
+    acc[1][0] = fmaf(x1, y.x, acc[1][0]);
+    acc[1][1] = fmaf(x1, y.y, acc[1][1]);
+    acc[1][2] = fmaf(x1, y.z, acc[1][2]);
+    acc[1][3] = fmaf(x1, y.w, acc[1][3]);
+  }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads) delta_wy_prepare_blocked(const Problem p, __nv_bfloat16* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * kChunk;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int ld_k = K + 8;
+  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem);                          // [kChunk][K + 8]
+  float* A = reinterpret_cast<float*>(smem + size_t(kChunk) * ld_k * sizeof(__nv_bfloat16));  // [kChunk][kLd]
+  float* Tm = A + kChunk * kLd;                                                          // [kChunk][kLd]
+  float* partial = Tm + kChunk * kLd;                                                    // [3][kBlock][kLdM]
+  float* G = partial + (kBlocks - 1) * kBlock * kLdM;                                    // [kChunk]
+  float* beta = G + kChunk;                                                              // [kChunk]
+
+  const __nv_bfloat16* k = static_cast<const __nv_bfloat16*>(p.k) + ((static_cast<long long>(b) * p.T + t0) * p.H + h) * K;
+  cp_async_rows(k_s, ld_k, k, static_cast<long long>(p.H) * K, kChunk, K, min(kChunk, p.T - t0));
+  cp_async_commit();
+  load_chunk_scalars(beta, p.beta, p, b, h, t0);
+  if (warp == 0) load_chunk_cumsum(G, p.g, p, b, h, t0);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  {  // A = strictly lower part of diag(beta) (K K^T) decayed: warp w, rows 16 (w / 2).., columns 32 (w % 2)..
+    const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
+    float acc[1][4][4];
+    zero(acc);
+    if (n0 < m0 + 16)
+      warp_mma_unrolled<1, 4, Stored::kRowMajor, Stored::kTransposed, K / 16>(acc, k_s, ld_k, k_s, ld_k, m0, n0, 0);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+        A[r * kLd + c] = c < r ? beta[r] * acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
+      }
+  }
+  __syncthreads();
+
+  // D_b = (I + A_bb)^-1, thread (b, c) the column c of block b: x_i = [i == c] - sum_{j < i} A_ij x_j.
+  if (threadIdx.x < kBlocks * kBlock) {
+    const int base = kBlock * (threadIdx.x / kBlock), c = threadIdx.x % kBlock;
+    float x[kBlock];
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) {
+      float xi = i == c ? 1.0f : 0.0f;
+#pragma unroll
+      for (int j = 0; j < i; ++j) xi = fmaf(-A[(base + i) * kLd + base + j], x[j], xi);
+      x[i] = xi;
+      Tm[(base + i) * kLd + base + c] = xi;
+    }
+  }
+  __syncthreads();
+
+  // The blocks below the diagonal, by distance: warp w of wave d computes T_ij with i = w + d, j = w.
+  // Lane micro-tile: rows lane / 4 and lane / 4 + 8, columns 4 (lane % 4) + 0..3 of the 16 x 16 block.
+  const int r0 = lane >> 2, c0 = 4 * (lane & 3);
+  for (int d = 1; d < kBlocks; ++d) {
+    if (warp < kBlocks - d) {
+      const int i = warp + d, j = warp;
+      float* M = partial + warp * kBlock * kLdM;
+      float acc[2][4] = {};
+      // M = sum_{k = j}^{i - 1} A_ik T_kj: the rows of block row i of A against block column j of T
+      micro_tile_2x4(acc, A + kBlock * i * kLd, kLd, Tm + kBlock * j, kLd, r0, c0, kBlock * j, kBlock * i);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float4*>(M + (r0 + 8 * r) * kLdM + c0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      __syncwarp();
+      // T_ij = -D_i M
+      float t[2][4] = {};
+      micro_tile_2x4(t, Tm + kBlock * i * kLd + kBlock * i, kLd, M, kLdM, r0, c0, 0, kBlock);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float4*>(Tm + (kBlock * i + r0 + 8 * r) * kLd + kBlock * j + c0) =
+            make_float4(-t[r][0], -t[r][1], -t[r][2], -t[r][3]);
+    }
+    __syncthreads();
+  }
+
+  // Store T in bf16, zeros above the diagonal blocks: 8 elements (16 bytes) per thread and step.
+  __nv_bfloat16* T_out = out + ((static_cast<long long>(b) * p.H + h) * gridDim.x + n) * kChunk * kChunk;
+  for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
+    const int r = e / kChunk, c = e % kChunk;
+    const bool above = c / kBlock > r / kBlock;
+    unsigned packed[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const __nv_bfloat162 pair = above ? __floats2bfloat162_rn(0.0f, 0.0f)
+                                        : __floats2bfloat162_rn(Tm[r * kLd + c + 2 * q], Tm[r * kLd + c + 2 * q + 1]);
+      packed[q] = *reinterpret_cast<const unsigned*>(&pair);
+    }
+    *reinterpret_cast<uint4*>(T_out + e) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+}  // namespace wy_blocked
+
+// For K = 64 or 128 (the callers check).
+inline void launch_wy_prepare_blocked(const Problem& p, __nv_bfloat16* out, const char* name) {
+  const size_t smem = wy_blocked::shared_bytes(p.K);
+  auto kernel = p.K == 64 ? wy_blocked::delta_wy_prepare_blocked<64> : wy_blocked::delta_wy_prepare_blocked<128>;
+  allow_shared_memory(kernel, smem, name);
+  const dim3 grid(ceil_div(p.T, kChunk), p.H, p.B);
+  kernel<<<grid, wy_blocked::kThreads, smem, stream_of(p)>>>(p, out);
+  check_launch(name, p);
+}
+
+}  // namespace minilin
