@@ -135,6 +135,38 @@ __device__ __forceinline__ void warp_mma_unrolled(float (&acc)[MT][NT][4], const
   }
 }
 
+// The first phase of a chunk, one warp's 16 x 16 tiles of up to three products in one k loop over
+// kSteps steps of 16, so that each fragment leaves shared memory once instead of once per product:
+//   qk += Q K^T   (A = Q rows m0, B = K rows n0; only when with_qk: tiles above the diagonal are skipped)
+//   qs += Q S     (A = Q rows m0, the same fragments; B = S columns n0, S row-major [k][n])
+//   ks += K S     (only when kWithKS: A = K rows m0; B = the same S fragments)
+template <int kSteps, bool kWithKS>
+__device__ __forceinline__ void warp_phase1_fused(float (&qk)[1][2][4], float (&qs)[1][2][4], float (&ks)[1][2][4],
+                                                  const __nv_bfloat16* Q, const __nv_bfloat16* K, int ldk,
+                                                  const __nv_bfloat16* S, int lds, int m0, int n0, bool with_qk) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int k0 = 16 * s;
+    unsigned a_q[4], b_s[4];
+    load_a(a_q, Q, ldk, m0, k0);
+    load_b_pair_transposed(b_s, S, lds, k0, n0);
+    if (with_qk) {
+      unsigned b_k[4];
+      load_b_pair(b_k, K, ldk, k0, n0);
+      mma_bf16_schedulable(qk[0][0], a_q, b_k[0], b_k[1]);
+      mma_bf16_schedulable(qk[0][1], a_q, b_k[2], b_k[3]);
+    }
+    mma_bf16_schedulable(qs[0][0], a_q, b_s[0], b_s[1]);
+    mma_bf16_schedulable(qs[0][1], a_q, b_s[2], b_s[3]);
+    if constexpr (kWithKS) {
+      unsigned a_k[4];
+      load_a(a_k, K, ldk, m0, k0);
+      mma_bf16_schedulable(ks[0][0], a_k, b_s[0], b_s[1]);
+      mma_bf16_schedulable(ks[0][1], a_k, b_s[2], b_s[3]);
+    }
+  }
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll

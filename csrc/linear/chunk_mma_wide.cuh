@@ -1,0 +1,207 @@
+// The chunk kernel of linear v4 and v5 (v5 fuses phase 1's fragment loads). One block of 16 warps per
+// (batch, head, 64 value columns), sequential over 64-token chunks:
+//   phase 1 (after the chunk lands):   P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;
+//                                      V decayed to the chunk's end
+//   phase 2:                           O = R + P V (stored);  S <- exp(G_last) S + K^T (V decayed)
+// Only phase 1 reads the bf16 copy of S, so each warp rewrites its slice of that copy right after its
+// update, and the next chunk's first barrier orders it before any read.
+#pragma once
+
+#include "../common/launch.cuh"
+#include "../common/mma.cuh"
+#include "../common/simt.cuh"
+
+namespace minilin {
+namespace linear_wide {
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;
+constexpr int kLdV = kBlockV + 8;
+constexpr int kLdC = kChunk + 8;
+using bf16 = __nv_bfloat16;
+
+template <int K>
+struct Layout {
+  static constexpr int kLdK = K + 8;
+  static constexpr size_t kStageBytes = (2 * kChunk * kLdK + kChunk * kLdV) * sizeof(bf16) + kChunk * sizeof(float);
+  static constexpr size_t kBytes = 2 * kStageBytes
+                                   + kChunk * kLdC * sizeof(bf16)          // P
+                                   + K * kLdV * sizeof(bf16)               // S (bf16 copy)
+                                   + kChunk * kLdV * sizeof(bf16)          // V decayed to the chunk's end
+                                   + kWarps * kChunk * sizeof(float);      // G, one copy per warp
+  unsigned char* base;
+  __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
+  __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
+  __device__ bf16* v(int s) const { return k(s) + kChunk * kLdK; }
+  __device__ float* g(int s) const { return reinterpret_cast<float*>(v(s) + kChunk * kLdV); }
+  __device__ bf16* P() const { return reinterpret_cast<bf16*>(base + 2 * kStageBytes); }
+  __device__ bf16* S() const { return P() + kChunk * kLdC; }
+  __device__ bf16* v_decayed() const { return S() + K * kLdV; }
+  __device__ float* G(int warp) const { return reinterpret_cast<float*>(v_decayed() + kChunk * kLdV) + warp * kChunk; }
+};
+
+template <int K>
+__device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, int b, int h, int t0, int v0) {
+  const int valid = min(kChunk, p.T - t0);
+  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
+  cp_async_rows(L.q(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K,
+                kChunk, K, valid);
+  cp_async_rows(L.k(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K,
+                kChunk, K, valid);
+  cp_async_rows(L.v(stage), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
+                kChunk, kBlockV, valid);
+  if (p.g && threadIdx.x < kChunk) {
+    const bool ok = threadIdx.x < valid;
+    cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * p.H : p.g, ok);
+  }
+}
+
+// kFusedLoads: Q K^T and Q S in one k loop, Q's A fragments loaded once (linear v5), instead of two loops (v4).
+template <int K, bool kFusedLoads>
+__global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = Layout<K>::kLdK;
+  constexpr int kRowSharers = kWarps / (K / 16);            // warps sharing one 16-row tile of S
+  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;  // 8-column tiles of S per warp
+  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+
+  const Layout<K> L{smem};
+  const int T = p.T, H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int m0 = 16 * (warp >> 2), n0 = 16 * (warp & 3);  // this warp's 16 x 16 tile of P and of O
+  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
+  const float scale = p.scale;
+  float* G = L.G(warp);
+
+  load_chunk<K>(L, 0, p, b, h, 0, v0);
+  cp_async_commit();
+
+  float S[1][kStateTiles][4];
+  const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
+#pragma unroll
+  for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      float2 s2 = make_float2(0.0f, 0.0f);
+      if (p.h0) s2 = *reinterpret_cast<const float2*>(p.h0 + state_base + static_cast<long long>(row) * V + v0 + col);
+      S[0][j][e] = s2.x;
+      S[0][j][e + 1] = s2.y;
+      store_bf16x2(L.S() + row * kLdV + col, s2.x, s2.y);
+    }
+
+  bf16* o = static_cast<bf16*>(p.o);
+  for (int n = 0; n < chunks; ++n) {
+    const int stage = n & 1, t0 = n * kChunk;
+    cp_async_wait<0>();
+    __syncthreads();  // chunk n and the bf16 copy of S are on chip; chunk n - 1's stage is free
+    if (n + 1 < chunks) load_chunk<K>(L, stage ^ 1, p, b, h, t0 + kChunk, v0);
+    cp_async_commit();
+
+    const bf16* q_s = L.q(stage);
+    const bf16* k_s = L.k(stage);
+    const bf16* v_s = L.v(stage);
+    {  // every warp its own copy of G: no barrier
+      const float* g = L.g(stage);
+      const float2 G2 = chunk_cumsum_64(p.g ? g[2 * lane] : 0.0f, p.g ? g[2 * lane + 1] : 0.0f);
+      G[2 * lane] = G2.x;
+      G[2 * lane + 1] = G2.y;
+      __syncwarp();
+    }
+    const float G_last = G[kChunk - 1];
+
+    // ---- phase 1: P, R = diag(exp(G)) Q S, V decayed to the end
+    float QK[1][2][4], R[1][2][4];
+    zero(QK);
+    zero(R);
+    const bool below_diagonal = n0 < m0 + 16;
+    auto store_P = [&] {  // P = (Q K^T) * exp(G_i - G_j), causal
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+          const float x = c <= r ? QK[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
+          const float y = c + 1 <= r ? QK[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
+          store_bf16x2(L.P() + r * kLdC + c, x, y);
+        }
+    };
+    if constexpr (kFusedLoads) {
+      float unused[1][2][4];
+      warp_phase1_fused<K / 16, false>(QK, R, unused, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
+      store_P();
+    } else {
+      if (below_diagonal)
+        warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kTransposed, K / 16>(QK, q_s, kLdK, k_s, kLdK, m0, n0, 0);
+      store_P();
+      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(R, q_s, kLdK, L.S(), kLdV, m0, n0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) R[0][j][e] *= __expf(G[m0 + acc_row(0, e)]);
+    for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {
+      const int j = i / (kBlockV / 8), c = (i % (kBlockV / 8)) * 8;
+      float x[8];
+      load8(v_s + j * kLdV + c, x);
+      const float d = __expf(G_last - G[j]);
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) store_bf16x2(L.v_decayed() + j * kLdV + c + e, d * x[e], d * x[e + 1]);
+    }
+    __syncthreads();
+
+    // ---- phase 2: O = R + P V; S <- exp(G_last) S + K^T (V decayed); rewrite this warp's slice of the copy
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0, 0,
+                                                                               (m0 >> 4) + 1);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e), t = t0 + r;
+        if (t < T)
+          store_bf16x2(o + ((static_cast<long long>(b) * T + t) * H + h) * V + v0 + c, scale * R[0][j][e],
+                       scale * R[0][j][e + 1]);
+      }
+    const float decay = __expf(G_last);
+#pragma unroll
+    for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[0][j][e] *= decay;
+    warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+        S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0);
+#pragma unroll
+    for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        store_bf16x2(L.S() + (s_m0 + acc_row(0, e)) * kLdV + s_n0 + acc_col(j, e), S[0][j][e], S[0][j][e + 1]);
+  }
+
+#pragma unroll
+  for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      *reinterpret_cast<float2*>(p.ht + state_base + static_cast<long long>(row) * V + v0 + col) =
+          make_float2(S[0][j][e], S[0][j][e + 1]);
+    }
+}
+
+// Checks and launch for K = 64 or 128 on p's stream; `name` is the version's kernel name for the messages.
+template <bool kFusedLoads>
+void forward(const Problem& p, const std::string& name) {
+  check_common(p, name.c_str(), false);
+  require(p.dtype == kBFloat16, name + ": bfloat16 inputs only (tensor cores multiply bf16), got float32");
+  require(p.K == 64 || p.K == 128, name + ": K must be 64 or 128, got K=" + std::to_string(p.K));
+  require(p.V % kBlockV == 0, name + ": V must be a multiple of 64, got V=" + std::to_string(p.V));
+  auto kernel = p.K == 64 ? linear_chunked_mma_wide<64, kFusedLoads> : linear_chunked_mma_wide<128, kFusedLoads>;
+  const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
+  allow_shared_memory(kernel, smem, name.c_str());
+  const dim3 grid(p.V / kBlockV, p.H, p.B);
+  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p);
+  check_launch(name.c_str(), p);
+}
+
+}  // namespace linear_wide
+}  // namespace minilin
