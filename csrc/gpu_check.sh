@@ -2,13 +2,22 @@
 # Build, check and time the CUDA extension on a GPU machine in one go (METHOD.md: one script per lease).
 #   bash csrc/gpu_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default /tmp/minilin_gpu)
 # Steps: a capability probe (GPU, nvcc, CuPy + bfloat16, torch SDPA), the build (MINILIN_CUDA=1: a failed
-# build stops here), the GPU tests, then `minilin bench --json`. Each step is time-limited so that the
-# logs written so far always come back.
+# build stops here), the GPU tests, `minilin bench --json`, then `minilin bench --against fla` when FLA
+# imports. Each step is time-limited so that the logs written so far always come back.
+# On a machine without network, FLA travels as wheels: put fla-core and einops wheels in .whl/ (see the
+# README); they are installed into a temporary directory on PYTHONPATH, never into the environment.
+# Knobs: PYTEST_ARGS (e.g. "-n 8"), BENCH_LENGTHS ("8192"), BENCH_MIXERS ("gated_deltanet"), SKIP_BENCH=1,
+# SKIP_TESTS=1, FLA_LENGTHS, FLA_MIXERS.
 set -uo pipefail
 OUT="${1:-/tmp/minilin_gpu}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MINILIN_CUDA=1
 PY="${PYTHON:-python3}"
+if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
+  FLA_SITE=$(mktemp -d)
+  "$PY" -m pip install -q --no-deps --no-index --target "$FLA_SITE" .whl/fla_core-*.whl .whl/einops-*.whl \
+    && export PYTHONPATH="$FLA_SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
@@ -42,14 +51,21 @@ status=$?
 echo "build: exit $status in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
 [ $status -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 
-timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda*.py tests/test_doctor.py --tb=short -rfE 2>&1 | tee "$OUT/pytest.log" | tail -"${TEST_TAIL:-25}"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} tests/test_cuda*.py tests/test_doctor.py \
+    --tb=short -rfE 2>&1 | tee "$OUT/pytest.log" | tail -"${TEST_TAIL:-25}"
+fi
 
 "$PY" -m minilin doctor >"$OUT/doctor.log" 2>&1
 # BENCH_LENGTHS="8192" limits the lengths (a quick look); default: minilin bench's 2048 8192 32768.
-timeout "${BENCH_TIMEOUT:-300}" "$PY" -c "
-import argparse, sys
-from minilin.bench import gpu
-lengths = tuple(int(t) for t in '${BENCH_LENGTHS:-}'.split()) or None
-sys.exit(gpu.main(argparse.Namespace(mixers=None, repeats=None, json='$OUT/bench.json', lengths=lengths)))
-" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.md"
-echo "bench: exit ${PIPESTATUS[0]}"
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" -m minilin bench --json "$OUT/bench.json" ${BENCH_LENGTHS:+--lengths $BENCH_LENGTHS} \
+    ${BENCH_MIXERS:+--mixers $BENCH_MIXERS} 2>"$OUT/bench_progress.log" | tee "$OUT/bench.md"
+  echo "bench: exit ${PIPESTATUS[0]}"
+fi
+if "$PY" -c "import fla" 2>/dev/null; then
+  timeout "${FLA_TIMEOUT:-300}" "$PY" -m minilin bench --against fla --json "$OUT/against_fla.json" \
+    ${FLA_LENGTHS:+--lengths $FLA_LENGTHS} ${FLA_MIXERS:+--mixers $FLA_MIXERS} 2>"$OUT/against_fla_progress.log" \
+    | tee "$OUT/against_fla.md"
+  echo "against fla: exit ${PIPESTATUS[0]}"
+fi

@@ -2,6 +2,7 @@
 
     minilin bench --device cpu      NumPy on this CPU (bench/cpu.py)
     minilin bench [--device gpu]    the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
+    minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
 """
 from __future__ import annotations
 
@@ -16,10 +17,15 @@ def register(subparsers) -> None:
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
     p.add_argument("--lengths", nargs="+", type=int, metavar="T",
                    help="GPU only: sequence lengths (default 2048 8192 32768)")
+    p.add_argument("--against", choices=["fla"], default=None,
+                   help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
+    if args.against and args.device == "cpu":
+        print("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
+        return 2
     if args.device == "cpu":
         from . import cpu
 
@@ -29,4 +35,8 @@ def _run(args) -> int:
     except ImportError as error:  # the GPU benchmark lands with the CUDA extension
         print(f"minilin bench --device gpu is not available: {error}. Try --device cpu.")
         return 2
+    if args.against == "fla":
+        from . import against_fla
+
+        return against_fla.main(args)
     return gpu.main(args)

@@ -15,6 +15,8 @@ call that launched them).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..backend import is_cupy_array
@@ -49,14 +51,25 @@ def extension():
     return _cuda
 
 
+@functools.lru_cache(maxsize=None)
+def _built_versions() -> tuple[dict, ...]:
+    """The extension's list, read once: every call pays for its checks in the time it measures."""
+    return tuple(extension().versions())
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_capability(device: int) -> int:
+    major, minor = (int(c) for c in cupy_module().cuda.Device(device).compute_capability)
+    return 10 * major + minor
+
+
 def versions(op: str | None = None) -> list[dict]:
     """The kernel versions the extension was built with (dicts: op, version, name, summary, ...)."""
-    found = extension().versions()
-    return [v for v in found if op is None or v["op"] == op]
+    return [dict(v) for v in _built_versions() if op is None or v["op"] == op]
 
 
 def _version_info(op: str, version, dtype_is_bf16: bool) -> dict:
-    available = versions(op)
+    available = [v for v in _built_versions() if v["op"] == op]
     if version is None:  # the last rung of the ladder that takes this dtype
         usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"])]
         return usable[-1]
@@ -111,10 +124,10 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
     info = _version_info(op, version, is_bf16)
-    major, minor = (int(c) for c in cupy.cuda.Device().compute_capability)
-    if 10 * major + minor < info["min_compute_capability"]:
+    capability = _compute_capability(cupy.cuda.Device().id)
+    if capability < info["min_compute_capability"]:
         raise RuntimeError(f"version: {op} version {info['version']} needs compute capability "
-                           f"{info['min_compute_capability'] / 10:.1f}+, this GPU has {major}.{minor}")
+                           f"{info['min_compute_capability'] / 10:.1f}+, this GPU has {capability // 10}.{capability % 10}")
     B, T, H, K, V = (shapes[d] for d in "BTHKV")
     o = cupy.empty(v.shape, v.dtype)
     final_state = cupy.empty((B, H, K, V), cupy.float32)

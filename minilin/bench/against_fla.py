@@ -1,0 +1,141 @@
+"""`minilin bench --against fla`: minilin's fastest CUDA kernel beside flash-linear-attention's, in one run.
+
+FLA (Triton) is what a user would pick instead of minilin's kernels; this is the side-by-side issue 7 asks
+for. It needs FLA importable (`pip install fla-core`, pure Python: einops, torch and triton underneath);
+FLA is never a dependency of minilin.
+
+Problem: bench/gpu.py's (B=4, H=16, K=V=128), bfloat16 inputs, the same numbers for both (one draw per
+length, on the bfloat16 grid), T in --lengths (default 2048 8192 32768); mixers simple_gla, deltanet and
+gated_deltanet (--mixers picks among them), against FLA's chunk_simple_gla, chunk_delta_rule and
+chunk_gated_delta_rule.
+
+Both are checked before they are timed: output and final state against the float64 reference (minilin's
+chunked form on CuPy in float64) within 1e-2, and minilin's output against FLA's within 1e-2. Timing: both
+go through the same timer (CUDA events around the Python call, so each side pays its own launch overhead:
+one kernel pair for minilin, several Triton launches for FLA), warm-up first, the median of --repeats runs,
+and the two alternate over ROUNDS rounds so that drift on a shared machine hits both alike; the table gives
+the median over rounds and the ratio minilin / FLA (the goal: 0.9 or less).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+from . import gpu
+from .gpu_timing import copy_bandwidth_gbs, median_ms
+
+MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
+DTYPE = "bfloat16"
+ROUNDS = 3
+GOAL = 0.9  # minilin's time over FLA's
+
+
+def fla_version() -> str | None:
+    try:
+        import fla
+    except ImportError:
+        return None
+    return getattr(fla, "__version__", "unknown version")
+
+
+def compare(mixer: str, T: int, repeats: int) -> dict:
+    """One (mixer, T): errors of both, then alternating timings. Returns a flat dict (JSON row)."""
+    import cupy
+
+    from .. import catalog
+    from .. import cuda
+
+    inputs = gpu.make_inputs(mixer, T, seed=T)
+    ref_o, ref_state = gpu.reference(mixer, inputs, cupy.float64)
+    version = max(v["version"] for v in cuda.versions(cuda.OPS[mixer]) if v[DTYPE])
+    ours = gpu.cuda_call(mixer, inputs, DTYPE, version)
+    theirs, fla_as_cupy = gpu.fla_call(mixer, inputs, DTYPE)
+    our_o, our_state = gpu.cuda_out_as_float(ours())
+    fla_o, fla_state = fla_as_cupy(theirs())
+    row = {"mixer": mixer, "T": T, "dtype": DTYPE, "minilin_version": version,
+           "minilin_error": catalog.relative_error(our_o, ref_o),
+           "minilin_state_error": catalog.relative_error(our_state, ref_state),
+           "fla_error": catalog.relative_error(fla_o, ref_o),
+           "fla_state_error": catalog.relative_error(fla_state, ref_state),
+           "minilin_vs_fla_error": catalog.relative_error(our_o, fla_o)}
+    del our_o, our_state, fla_o, fla_state
+    tol = gpu.TOLERANCE[DTYPE]
+    errors = [row[k] for k in ("minilin_error", "minilin_state_error", "fla_error", "fla_state_error",
+                               "minilin_vs_fla_error")]
+    if not all(e <= tol for e in errors):  # NaN fails too
+        row["note"] = f"WRONG (tolerance {tol:g}): not timed"
+        return row
+    ours_ms, fla_ms = [], []
+    for _ in range(ROUNDS):
+        ours_ms.append(median_ms(ours, repeats=repeats, events="cupy").median_ms)
+        fla_ms.append(median_ms(theirs, repeats=repeats, events="torch").median_ms)
+    row.update(minilin_ms=statistics.median(ours_ms), fla_ms=statistics.median(fla_ms),
+               minilin_rounds_ms=ours_ms, fla_rounds_ms=fla_ms)
+    row["ratio"] = row["minilin_ms"] / row["fla_ms"]
+    del inputs, ref_o, ref_state
+    cupy.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def format_table(rows: list[dict], copy_gbs: float) -> str:
+    lines = [f"| mixer | T | minilin ms | FLA ms | minilin / FLA | goal <= {GOAL} | I/O floor ms | "
+             f"error minilin / FLA (vs float64) | minilin vs FLA |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for r in rows:
+        floor = gpu.io_floor_bytes(r["T"], DTYPE) / (copy_gbs * 1e9) * 1e3
+        errors = f"{r['minilin_error']:.1e} / {r['fla_error']:.1e}"
+        if "ratio" not in r:
+            lines.append(f"| {r['mixer']} | {r['T']} | - | - | - | {r.get('note', '')} | {floor:.3f} | {errors} | "
+                         f"{r['minilin_vs_fla_error']:.1e} |")
+            continue
+        met = "met" if r["ratio"] <= GOAL else "not met"
+        lines.append(f"| {r['mixer']} | {r['T']} | {r['minilin_ms']:.3f} (v{r['minilin_version']}) | "
+                     f"{r['fla_ms']:.3f} | {r['ratio']:.2f} | {met} | {floor:.3f} | {errors} | "
+                     f"{r['minilin_vs_fla_error']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from ..cuda import available
+
+    ok, reason = available()
+    if not ok:
+        print(f"minilin bench --against fla: {reason}. `minilin doctor` says what is missing.", file=sys.stderr)
+        return 2
+    version = fla_version()
+    if version is None:
+        print("minilin bench --against fla: flash-linear-attention is not importable; install it with "
+              "`pip install fla-core` (offline: carry the fla-core and einops wheels).", file=sys.stderr)
+        return 2
+    mixers = args.mixers or list(MIXERS)
+    unknown = [m for m in mixers if m not in MIXERS]
+    if unknown:
+        print(f"--mixers: FLA is compared for {list(MIXERS)}, got {unknown}", file=sys.stderr)
+        return 2
+    repeats = args.repeats or 50
+    lengths = args.lengths or gpu.LENGTHS
+    info = gpu.machine()
+    info["fla"] = version
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"minilin bench --against fla: {info['gpu']}, {info['date']}, FLA {version}, torch {info.get('torch')}, "
+          f"CuPy {info['cupy']}; B={gpu.PROBLEM['B']} H={gpu.PROBLEM['H']} K={gpu.PROBLEM['K']} "
+          f"V={gpu.PROBLEM['V']}, {DTYPE}; per round the median of {repeats} runs, reported the median over "
+          f"{ROUNDS} alternating rounds", flush=True)
+    rows = []
+    for mixer in mixers:
+        for T in lengths:
+            row = compare(mixer, T, repeats)
+            state = f"{row['minilin_ms']:.3f} vs {row['fla_ms']:.3f} ms" if "ratio" in row else row["note"]
+            print(f"  {mixer} T={T}: {state}", file=sys.stderr, flush=True)
+            rows.append(row)
+    print(format_table(rows, copy_gbs))
+    if args.json:
+        payload = json.dumps({"against": "fla", "machine": info, "copy_bandwidth_gbs": copy_gbs,
+                              "problem": gpu.PROBLEM, "rows": rows}, indent=2)
+        if args.json == "-":
+            print(payload)
+        else:
+            with open(args.json, "w") as f:
+                f.write(payload + "\n")
+    return 1 if any("ratio" not in r for r in rows) else 0
