@@ -36,3 +36,30 @@ def test_without_a_gpu_the_benchmark_says_why():
         pytest.skip("a GPU is available: the benchmark runs instead of refusing (csrc/gpu_check.sh runs it)")
     args = argparse.Namespace(mixers=None, repeats=None, json=None)
     assert gpu.main(args) == 2
+
+
+# ---- minilin bench --against fla --------------------------------------------------------------------------
+def test_against_fla_table_marks_the_goal_and_untimed_rows():
+    from minilin.bench import against_fla
+
+    timed = {"mixer": "gated_deltanet", "T": 8192, "minilin_version": 6, "minilin_ms": 0.78, "fla_ms": 1.04,
+             "ratio": 0.75, "minilin_error": 3.3e-3, "fla_error": 3.4e-3, "minilin_vs_fla_error": 1.3e-3}
+    slow = dict(timed, T=32768, minilin_ms=1.8, fla_ms=1.8, ratio=1.0)
+    wrong = {"mixer": "simple_gla", "T": 2048, "minilin_error": 0.5, "fla_error": 2e-3, "minilin_vs_fla_error": 0.5,
+             "note": "WRONG (tolerance 0.01): not timed"}
+    table = against_fla.format_table([timed, slow, wrong], copy_gbs=4200.0)
+    lines = table.splitlines()
+    assert "| gated_deltanet | 8192 | 0.780 (v6) | 1.040 | 0.75 | met |" in lines[2]
+    assert "| 1.00 | not met |" in lines[3]
+    assert "WRONG" in lines[4] and "| - | - | - |" in lines[4]
+
+
+@pytest.mark.parametrize("argv", [["bench", "--against", "fla", "--device", "cpu"], ["bench", "--against", "fla"]])
+def test_against_fla_refuses_with_a_reason_where_it_cannot_run(argv, capsys):
+    from minilin import cli
+
+    if argv[-1] == "fla" and mcuda.available()[0]:
+        pytest.skip("a GPU is available: the comparison runs instead of refusing")
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "fla" in (captured.out + captured.err)

@@ -10,7 +10,9 @@ Rows, per mixer, length and dtype:
 - cuda vN: each kernel version that takes the dtype (1 recurrent, 2 chunked on CUDA cores, 3 tensor cores);
 - softmax SDPA: torch's scaled_dot_product_attention (causal; its own [B, H, T, D] layout) when torch is
   importable, else minilin's flash-style attention on CuPy (T <= 8192); a different function, so no error;
-- fla: FLA's chunk kernel for the mixer, only if `fla` imports (optional, never a dependency).
+- fla: FLA's chunk kernel for the mixer, only if `fla` imports (optional, never a dependency). Its float32
+  path misses the float32 tolerance (4e-4 to 8e-4 measured on an H200, FLA 0.6.0), so that row says so and
+  is not timed; it never fails the run. `minilin bench --against fla` is the side-by-side (bench/against_fla.py).
 
 Each implementation is checked first against the float64 reference (minilin's chunked form on CuPy in
 float64, on the same inputs): output and final state within 1e-4 (float32) or 1e-2 (bfloat16) relative
@@ -259,6 +261,8 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
             try:
                 if checked(row, as_cupy(run())):
                     _timed(row, run, repeats, "torch")
+                else:  # FLA's own precision (float32 inputs are not computed in float32 throughout)
+                    row.note = f"outside the {dtype} tolerance {tol:g}: not timed"
             except Exception as error:  # noqa: BLE001 - an optional baseline may fail in its own ways
                 row.note = f"failed: {error}"
             rows.append(row)
@@ -388,5 +392,6 @@ def main(args) -> int:
         else:
             with open(args.json, "w") as f:
                 f.write(payload + "\n")
-    wrong = [r for r in rows if r.note.startswith(("WRONG", "failed"))]
+    # minilin's own rows decide the exit status; an optional baseline outside tolerance is reported only
+    wrong = [r for r in rows if r.note.startswith(("WRONG", "failed")) and not r.implementation.startswith("fla")]
     return 1 if wrong else 0
