@@ -1,6 +1,5 @@
-// The chunk kernel of delta v4 to v7 (v4 and v5 differ in how the WY step T = (I + A)^-1 is prepared:
-// wy_prepare.cuh for v4, wy_prepare_blocked.cuh from v5 on; v6 fuses phase 1's fragment loads, v7 hoists
-// the address math). One block of 16 warps per (batch, head, 64 value
+// The chunk kernel of delta v4, v5 and v6 (v4 and v5 differ in how the WY step T = (I + A)^-1 is prepared:
+// wy_prepare.cuh for v4, wy_prepare_blocked.cuh for v5 and v6; v6 fuses phase 1's fragment loads). One block of 16 warps per (batch, head, 64 value
 // columns), sequential over 64-token chunks, reading each chunk's T (bf16, 64 x 64) from `wy`:
 //   phase 1:  P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;  X = diag(beta) (V - diag(exp(G)) K S)
 //   phase 2:  Delta = T X  (and Delta decayed to the chunk's end)
@@ -8,7 +7,6 @@
 // Only phase 1 reads the bf16 copy of S, so each warp rewrites its slice of that copy right after its update.
 #pragma once
 
-#include "../common/lane_addressing.cuh"
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
@@ -69,9 +67,8 @@ __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, cons
 }
 
 // kFusedLoads: phase 1's three products in one k loop (warp_phase1_fused: Q's and S's fragments loaded once,
-// delta v6, v7) instead of three loops (v4, v5). kHoisted: every shared-memory address and copy offset worked
-// out once, outside the chunk loop (lane_addressing.cuh; delta v7).
-template <int K, bool kFusedLoads, bool kHoisted>
+// delta v6) instead of three loops (v4, v5).
+template <int K, bool kFusedLoads>
 __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const Problem p, const bf16* wy) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = Layout<K>::kLdK;
@@ -88,43 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
   const float scale = p.scale;
   float* G = L.G(warp);
 
-  // kHoisted: this lane's shared-memory addresses (bytes) of the first fragment of every product, stage 0
-  // for the double-buffered chunk tiles (stage 1 is kStageBytes further), and the copy plans.
-  constexpr uint32_t kStageBytes = Layout<K>::kStageBytes;
-  const uint32_t q_a = smem_address(L.q(0)) + a_lane_bytes<kLdK>() + m0 * kLdK * 2;       // Q rows m0 (A)
-  const uint32_t k_a = smem_address(L.k(0)) + a_lane_bytes<kLdK>() + m0 * kLdK * 2;       // K rows m0 (A of K S)
-  const uint32_t k_b = smem_address(L.k(0)) + yk_lane_bytes<kLdK>() + n0 * kLdK * 2;      // K rows n0 (B of Q K^T)
-  const uint32_t k_t = smem_address(L.k(0)) + yk_lane_bytes<kLdK>() + s_m0 * 2;           // K^T columns s_m0 (A)
-  const uint32_t wy_a = smem_address(L.wy(0)) + a_lane_bytes<kLdC>() + m0 * kLdC * 2;     // T rows m0 (A of T X)
-  const uint32_t s_b = smem_address(L.S()) + zk_lane_bytes<kLdV>() + n0 * 2;              // S columns n0 (B)
-  const uint32_t x_b = smem_address(L.X()) + zk_lane_bytes<kLdV>() + n0 * 2;              // X columns n0 (B of T X)
-  const uint32_t p_a = smem_address(L.P()) + a_lane_bytes<kLdC>() + m0 * kLdC * 2;        // P rows m0 (A of P Delta)
-  const uint32_t d_b = smem_address(L.delta()) + zk_lane_bytes<kLdV>() + n0 * 2;          // Delta columns n0 (B)
-  const uint32_t dd_b = smem_address(L.delta_decayed()) + zk_lane_bytes<kLdV>() + s_n0 * 2;  // B of K^T Delta
-  const CopyPlan<kChunk, K, kThreads> qk_plan(kLdK, H * K);
-  const CopyPlan<kChunk, kBlockV, kThreads> v_plan(kLdV, H * V);
-  const CopyPlan<kChunk, kChunk, kThreads> wy_plan(kLdC, kChunk);
-  auto issue_loads = [&](int stage, int n) {
-    if constexpr (kHoisted) {
-      const int t0 = n * kChunk, valid = min(kChunk, T - t0);
-      const long long first = (static_cast<long long>(b) * T + t0) * H + h;
-      qk_plan.issue(smem_address(L.q(stage)), static_cast<const bf16*>(p.q) + first * K, valid);
-      qk_plan.issue(smem_address(L.k(stage)), static_cast<const bf16*>(p.k) + first * K, valid);
-      v_plan.issue(smem_address(L.v(stage)), static_cast<const bf16*>(p.v) + first * V + v0, valid);
-      wy_plan.issue(smem_address(L.wy(stage)), wy + ((static_cast<long long>(b) * H + h) * chunks + n) * kChunk * kChunk,
-                    kChunk);
-      if (threadIdx.x < kChunk) {
-        const bool ok = static_cast<int>(threadIdx.x) < valid;
-        const long long at = first + static_cast<long long>(threadIdx.x) * H;
-        if (p.g) cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + at : p.g, ok);
-        cp_async_4(L.beta(stage) + threadIdx.x, ok ? p.beta + at : p.beta, ok);
-      }
-    } else {
-      load_chunk<K>(L, stage, p, wy, b, h, n, v0);
-    }
-  };
-
-  issue_loads(0, 0);
+  load_chunk<K>(L, 0, p, wy, b, h, 0, v0);
   cp_async_commit();
 
   float S[1][kStateTiles][4];
@@ -146,9 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     const int stage = n & 1, t0 = n * kChunk;
     cp_async_wait<0>();
     __syncthreads();  // chunk n and the bf16 copy of S are on chip; chunk n - 1's stage is free
-    if (n + 1 < chunks) issue_loads(stage ^ 1, n + 1);
+    if (n + 1 < chunks) load_chunk<K>(L, stage ^ 1, p, wy, b, h, n + 1, v0);
     cp_async_commit();
-    const uint32_t stage_bytes = stage * kStageBytes;
 
     const bf16* q_s = L.q(stage);
     const bf16* k_s = L.k(stage);
@@ -180,12 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
           store_bf16x2(L.P() + r * kLdC + c, x, y);
         }
     };
-    if constexpr (kHoisted) {
-      static_assert(kFusedLoads, "the hoisted kernel is the fused one");
-      warp_phase1_at<K / 16, true, 16 * kLdV * 2>(QK, R, KS, q_a + stage_bytes, k_a + stage_bytes, k_b + stage_bytes,
-                                                   s_b, below_diagonal);
-      store_P();
-    } else if constexpr (kFusedLoads) {
+    if constexpr (kFusedLoads) {
       warp_phase1_fused<K / 16, true>(QK, R, KS, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
       store_P();
     } else {
@@ -213,11 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     {
       float acc[1][2][4];
       zero(acc);
-      if constexpr (kHoisted)
-        warp_mma_at<2, kChunk / 16, false, true, 32, 16 * kLdV * 2, 0>(acc, wy_a + stage_bytes, x_b, (m0 >> 4) + 1);
-      else
-        warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, L.wy(stage), kLdC, L.X(), kLdV,
-                                                                                   m0, n0, 0, (m0 >> 4) + 1);
+      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, L.wy(stage), kLdC, L.X(), kLdV,
+                                                                                 m0, n0, 0, (m0 >> 4) + 1);
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -231,11 +183,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     __syncthreads();
 
     // ---- phase 3: O = R + P Delta; S <- exp(G_last) S + K^T (Delta decayed); rewrite this warp's slice
-    if constexpr (kHoisted)
-      warp_mma_at<2, kChunk / 16, false, true, 32, 16 * kLdV * 2, 0>(R, p_a, d_b, (m0 >> 4) + 1);
-    else
-      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, L.delta(), kLdV, m0,
-                                                                                 n0, 0, (m0 >> 4) + 1);
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, L.delta(), kLdV, m0, n0,
+                                                                               0, (m0 >> 4) + 1);
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -250,11 +199,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     for (int j = 0; j < kStateTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) S[0][j][e] *= decay;
-    if constexpr (kHoisted)
-      warp_mma_at<kStateTiles, kChunk / 16, true, true, 16 * kLdK * 2, 16 * kLdV * 2, 32>(S, k_t + stage_bytes, dd_b);
-    else
-      warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
-          S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0, 0);
+    warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+        S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0, 0);
 #pragma unroll
     for (int j = 0; j < kStateTiles; ++j)
 #pragma unroll
@@ -273,10 +219,9 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
 }
 
 // Launch the chunk kernel for K = 64 or 128 on p's stream, reading T from `wy`.
-template <bool kFusedLoads, bool kHoisted = false>
+template <bool kFusedLoads>
 void launch_chunks(const Problem& p, const bf16* wy, const char* name) {
-  auto kernel = p.K == 64 ? delta_chunked_wy_mma_wide<64, kFusedLoads, kHoisted>
-                          : delta_chunked_wy_mma_wide<128, kFusedLoads, kHoisted>;
+  auto kernel = p.K == 64 ? delta_chunked_wy_mma_wide<64, kFusedLoads> : delta_chunked_wy_mma_wide<128, kFusedLoads>;
   const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
   allow_shared_memory(kernel, smem, name);
   const dim3 grid(p.V / kBlockV, p.H, p.B);

@@ -1,4 +1,4 @@
-// The chunk kernel of linear v4, v5 and v6 (v5 fuses phase 1's fragment loads, v6 hoists the address math). One block of 16 warps per
+// The chunk kernel of linear v4 and v5 (v5 fuses phase 1's fragment loads). One block of 16 warps per
 // (batch, head, 64 value columns), sequential over 64-token chunks:
 //   phase 1 (after the chunk lands):   P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;
 //                                      V decayed to the chunk's end
@@ -7,7 +7,6 @@
 // update, and the next chunk's first barrier orders it before any read.
 #pragma once
 
-#include "../common/lane_addressing.cuh"
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
@@ -58,10 +57,8 @@ __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, int 
   }
 }
 
-// kFusedLoads: Q K^T and Q S in one k loop, Q's A fragments loaded once (linear v5, v6), instead of two loops
-// (v4). kHoisted: every shared-memory address and copy offset worked out once, outside the chunk loop
-// (lane_addressing.cuh; linear v6), instead of in front of every fragment and every copy (v4, v5).
-template <int K, bool kFusedLoads, bool kHoisted>
+// kFusedLoads: Q K^T and Q S in one k loop, Q's A fragments loaded once (linear v5), instead of two loops (v4).
+template <int K, bool kFusedLoads>
 __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = Layout<K>::kLdK;
@@ -78,35 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
   const float scale = p.scale;
   float* G = L.G(warp);
 
-  // kHoisted: this lane's shared-memory addresses (bytes) of the first fragment of every product, stage 0
-  // for the double-buffered chunk tiles (stage 1 is kStageBytes further), and the copy plans.
-  constexpr uint32_t kStageBytes = Layout<K>::kStageBytes;
-  const uint32_t q_a = smem_address(L.q(0)) + a_lane_bytes<kLdK>() + m0 * kLdK * 2;     // Q rows m0 (A)
-  const uint32_t k_b = smem_address(L.k(0)) + yk_lane_bytes<kLdK>() + n0 * kLdK * 2;    // K rows n0 (B of Q K^T)
-  const uint32_t k_t = smem_address(L.k(0)) + yk_lane_bytes<kLdK>() + s_m0 * 2;         // K^T columns s_m0 (A)
-  const uint32_t v_b = smem_address(L.v(0)) + zk_lane_bytes<kLdV>() + n0 * 2;           // V columns n0 (B of P V)
-  const uint32_t s_b = smem_address(L.S()) + zk_lane_bytes<kLdV>() + n0 * 2;            // S columns n0 (B of Q S)
-  const uint32_t p_a = smem_address(L.P()) + a_lane_bytes<kLdC>() + m0 * kLdC * 2;      // P rows m0 (A of P V)
-  const uint32_t vd_b = smem_address(L.v_decayed()) + zk_lane_bytes<kLdV>() + s_n0 * 2; // V decayed (B of K^T V)
-  const CopyPlan<kChunk, K, kThreads> qk_plan(kLdK, H * K);
-  const CopyPlan<kChunk, kBlockV, kThreads> v_plan(kLdV, H * V);
-  auto issue_loads = [&](int stage, int t0) {
-    if constexpr (kHoisted) {
-      const int valid = min(kChunk, T - t0);
-      const long long first = (static_cast<long long>(b) * T + t0) * H + h;
-      qk_plan.issue(smem_address(L.q(stage)), static_cast<const bf16*>(p.q) + first * K, valid);
-      qk_plan.issue(smem_address(L.k(stage)), static_cast<const bf16*>(p.k) + first * K, valid);
-      v_plan.issue(smem_address(L.v(stage)), static_cast<const bf16*>(p.v) + first * V + v0, valid);
-      if (p.g && threadIdx.x < kChunk) {
-        const bool ok = static_cast<int>(threadIdx.x) < valid;
-        cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * H : p.g, ok);
-      }
-    } else {
-      load_chunk<K>(L, stage, p, b, h, t0, v0);
-    }
-  };
-
-  issue_loads(0, 0);
+  load_chunk<K>(L, 0, p, b, h, 0, v0);
   cp_async_commit();
 
   float S[1][kStateTiles][4];
@@ -128,9 +97,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
     const int stage = n & 1, t0 = n * kChunk;
     cp_async_wait<0>();
     __syncthreads();  // chunk n and the bf16 copy of S are on chip; chunk n - 1's stage is free
-    if (n + 1 < chunks) issue_loads(stage ^ 1, t0 + kChunk);
+    if (n + 1 < chunks) load_chunk<K>(L, stage ^ 1, p, b, h, t0 + kChunk, v0);
     cp_async_commit();
-    const uint32_t stage_bytes = stage * kStageBytes;
 
     const bf16* q_s = L.q(stage);
     const bf16* k_s = L.k(stage);
@@ -160,13 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
           store_bf16x2(L.P() + r * kLdC + c, x, y);
         }
     };
-    if constexpr (kHoisted) {
-      static_assert(kFusedLoads, "the hoisted kernel is the fused one");
-      float unused[1][2][4];
-      warp_phase1_at<K / 16, false, 16 * kLdV * 2>(QK, R, unused, q_a + stage_bytes, 0, k_b + stage_bytes, s_b,
-                                                    below_diagonal);
-      store_P();
-    } else if constexpr (kFusedLoads) {
+    if constexpr (kFusedLoads) {
       float unused[1][2][4];
       warp_phase1_fused<K / 16, false>(QK, R, unused, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
       store_P();
@@ -191,11 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
     __syncthreads();
 
     // ---- phase 2: O = R + P V; S <- exp(G_last) S + K^T (V decayed); rewrite this warp's slice of the copy
-    if constexpr (kHoisted)
-      warp_mma_at<2, kChunk / 16, false, true, 32, 16 * kLdV * 2, 0>(R, p_a, v_b + stage_bytes, (m0 >> 4) + 1);
-    else
-      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0, 0,
-                                                                                 (m0 >> 4) + 1);
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0, 0,
+                                                                               (m0 >> 4) + 1);
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -210,11 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
     for (int j = 0; j < kStateTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) S[0][j][e] *= decay;
-    if constexpr (kHoisted)
-      warp_mma_at<kStateTiles, kChunk / 16, true, true, 16 * kLdK * 2, 16 * kLdV * 2, 32>(S, k_t + stage_bytes, vd_b);
-    else
-      warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
-          S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0);
+    warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+        S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0);
 #pragma unroll
     for (int j = 0; j < kStateTiles; ++j)
 #pragma unroll
@@ -233,14 +189,13 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
 }
 
 // Checks and launch for K = 64 or 128 on p's stream; `name` is the version's kernel name for the messages.
-template <bool kFusedLoads, bool kHoisted>
+template <bool kFusedLoads>
 void forward(const Problem& p, const std::string& name) {
   check_common(p, name.c_str(), false);
   require(p.dtype == kBFloat16, name + ": bfloat16 inputs only (tensor cores multiply bf16), got float32");
   require(p.K == 64 || p.K == 128, name + ": K must be 64 or 128, got K=" + std::to_string(p.K));
   require(p.V % kBlockV == 0, name + ": V must be a multiple of 64, got V=" + std::to_string(p.V));
-  auto kernel = p.K == 64 ? linear_chunked_mma_wide<64, kFusedLoads, kHoisted>
-                          : linear_chunked_mma_wide<128, kFusedLoads, kHoisted>;
+  auto kernel = p.K == 64 ? linear_chunked_mma_wide<64, kFusedLoads> : linear_chunked_mma_wide<128, kFusedLoads>;
   const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
   allow_shared_memory(kernel, smem, name.c_str());
   const dim3 grid(p.V / kBlockV, p.H, p.B);
