@@ -10,6 +10,8 @@
 // block); the off-diagonal blocks follow in three waves by distance i - j = 1, 2, 3, one warp per block,
 // each a sum of 16 x 16 x 16 fp32 products. The dependent chain is 16 + 3 short steps instead of the
 // 2016 dependent multiply-adds per thread of wy_prepare.cuh, which ncu measured at 263 us, 29% of delta v4.
+// Measured: 162 us at T = 8192 (ncu, H200), now waiting mostly on its own barriers: in the waves only 1 to 3
+// of the 8 warps work (csrc/NOTES.md says what could come next).
 // The solve stays fp32 (CUDA cores): T is rounded to bf16 once, when it is stored, as in v3 and v4.
 // Output layout as wy_prepare.cuh: T of chunk n of head (b, h) at out[((b * H + h) * N + n) * 64 * 64 + i * 64 + j].
 #pragma once
