@@ -47,11 +47,14 @@ def test_against_fla_table_marks_the_goal_and_untimed_rows():
     slow = dict(timed, T=32768, minilin_ms=1.8, fla_ms=1.8, ratio=1.0)
     wrong = {"mixer": "simple_gla", "T": 2048, "minilin_error": 0.5, "fla_error": 2e-3, "minilin_vs_fla_error": 0.5,
              "note": "WRONG (tolerance 0.01): not timed"}
-    table = against_fla.format_table([timed, slow, wrong], copy_gbs=4200.0)
+    fla_failed = {"mixer": "deltanet", "T": 2048, "minilin_version": 6, "minilin_error": 4e-3,
+                  "minilin_state_error": 4e-3, "note": "FLA failed: RuntimeError: triton"}
+    table = against_fla.format_table([timed, slow, wrong, fla_failed], copy_gbs=4200.0)
     lines = table.splitlines()
     assert "| gated_deltanet | 8192 | 0.780 (v6) | 1.040 | 0.75 | met |" in lines[2]
     assert "| 1.00 | not met |" in lines[3]
     assert "WRONG" in lines[4] and "| - | - | - |" in lines[4]
+    assert "FLA failed" in lines[5] and "| 4.0e-03 / - |" in lines[5]
 
 
 @pytest.mark.parametrize("argv", [["bench", "--against", "fla", "--device", "cpu"], ["bench", "--against", "fla"]])
