@@ -66,3 +66,51 @@ def test_against_fla_refuses_with_a_reason_where_it_cannot_run(argv, capsys):
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert "fla" in (captured.out + captured.err)
+
+
+def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=None):
+    """against_fla._compare with every GPU piece replaced by NumPy stand-ins: its control flow, on a CPU."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from minilin.bench import against_fla, gpu_timing
+
+    freed = []
+    fake_cupy = types.SimpleNamespace(float64=np.float64, get_default_memory_pool=lambda: types.SimpleNamespace(
+        free_all_blocks=lambda: freed.append(True)))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    rng = np.random.default_rng(0)
+    ref = (rng.standard_normal((1, 8, 1, 4)), rng.standard_normal((1, 1, 4, 4)))
+    ours = (ref[0] * (1 + our_error), ref[1])
+    theirs = (ref[0] * (1 + fla_error), ref[1])
+    monkeypatch.setattr(gpu, "make_inputs", lambda mixer, T, seed: {})
+    monkeypatch.setattr(gpu, "reference", lambda mixer, inputs, dtype: ref)
+    monkeypatch.setattr(mcuda, "versions", lambda op=None: [{"version": 6, "bfloat16": True}])
+    monkeypatch.setattr(gpu, "cuda_call", lambda mixer, inputs, dtype, version: lambda: ours)
+
+    def fla_call(mixer, inputs, dtype):
+        if fla_raises:
+            raise fla_raises
+        return (lambda: theirs), (lambda result: result)
+
+    monkeypatch.setattr(gpu, "fla_call", fla_call)
+    timings = iter([1.0, 2.0] * against_fla.ROUNDS)
+    monkeypatch.setattr(against_fla, "median_ms",
+                        lambda fn, **kw: gpu_timing.Timing(next(timings), 50))
+    return against_fla.compare("gated_deltanet", 64, repeats=50), freed
+
+
+def test_against_fla_times_both_sides_alternately_when_both_are_right(monkeypatch):
+    row, freed = _fake_comparison(monkeypatch)
+    assert row["minilin_ms"] == 1.0 and row["fla_ms"] == 2.0 and row["ratio"] == 0.5 and freed
+
+
+@pytest.mark.parametrize("case", ["ours wrong", "fla wrong", "fla raises"])
+def test_against_fla_times_nothing_when_a_side_is_wrong_or_fails(monkeypatch, case):
+    kwargs = {"ours wrong": dict(our_error=0.05), "fla wrong": dict(fla_error=0.05),
+              "fla raises": dict(fla_raises=RuntimeError("triton compilation failed"))}[case]
+    row, freed = _fake_comparison(monkeypatch, **kwargs)
+    assert "ratio" not in row and freed
+    assert ("FLA failed: RuntimeError" in row["note"]) if case == "fla raises" else row["note"].startswith("WRONG")
