@@ -73,33 +73,45 @@ __device__ __forceinline__ void load_b_pair_transposed(unsigned (&b)[4], const _
   ldmatrix_x4_trans(b, Z + (k0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ld + n0 + (lane >> 4) * 8);
 }
 
-// ---- one warp's tile of C = A B: MT x NT tiles of 16 x 8, over kk in [k_begin, k_end) ------------------
+// ---- one warp's tile of C = A B: MT x NT tiles of 16 x 8 ------------------------------------------------
 // kA / kB say how A and B are stored (see the loaders above). NT must be even (B tiles load in pairs).
 enum class Stored { kRowMajor, kTransposed };
 
-template <int MT, int NT, Stored kA, Stored kB>
-__device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda, const __nv_bfloat16* B,
-                                         int ldb, int m0, int n0, int k_begin, int k_end) {
+// One k-step of 16 of a warp's tile of C = A B: MT x NT tiles of 16 x 8 at k0. kSchedulable: the mma without
+// `volatile`, for the unrolled loops below.
+template <int MT, int NT, Stored kA, Stored kB, bool kSchedulable>
+__device__ __forceinline__ void warp_mma_step(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda,
+                                              const __nv_bfloat16* B, int ldb, int m0, int n0, int k0) {
   static_assert(NT % 2 == 0, "B tiles are loaded in pairs");
-  for (int k0 = k_begin; k0 < k_end; k0 += 16) {
-    unsigned a[MT][4];
+  unsigned a[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    if constexpr (kA == Stored::kRowMajor) load_a(a[i], A, lda, m0 + 16 * i, k0);
+    else load_a_transposed(a[i], A, lda, m0 + 16 * i, k0);
+  }
+#pragma unroll
+  for (int j = 0; j < NT; j += 2) {
+    unsigned b[4];
+    if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(b, B, ldb, k0, n0 + 8 * j);
+    else load_b_pair(b, B, ldb, k0, n0 + 8 * j);
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
-      if constexpr (kA == Stored::kRowMajor) load_a(a[i], A, lda, m0 + 16 * i, k0);
-      else load_a_transposed(a[i], A, lda, m0 + 16 * i, k0);
-    }
-#pragma unroll
-    for (int j = 0; j < NT; j += 2) {
-      unsigned b[4];
-      if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(b, B, ldb, k0, n0 + 8 * j);
-      else load_b_pair(b, B, ldb, k0, n0 + 8 * j);
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
+      if constexpr (kSchedulable) {
+        mma_bf16_schedulable(acc[i][j], a[i], b[0], b[1]);
+        mma_bf16_schedulable(acc[i][j + 1], a[i], b[2], b[3]);
+      } else {
         mma_bf16(acc[i][j], a[i], b[0], b[1]);
         mma_bf16(acc[i][j + 1], a[i], b[2], b[3]);
       }
     }
   }
+}
+
+// Over kk in [k_begin, k_end).
+template <int MT, int NT, Stored kA, Stored kB>
+__device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda, const __nv_bfloat16* B,
+                                         int ldb, int m0, int n0, int k_begin, int k_end) {
+  for (int k0 = k_begin; k0 < k_end; k0 += 16) warp_mma_step<MT, NT, kA, kB, false>(acc, A, lda, B, ldb, m0, n0, k0);
 }
 
 // warp_mma with the k loop unrolled at compile time: kSteps steps of 16 starting at k_begin, of which the
@@ -109,30 +121,9 @@ template <int MT, int NT, Stored kA, Stored kB, int kSteps>
 __device__ __forceinline__ void warp_mma_unrolled(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda,
                                                   const __nv_bfloat16* B, int ldb, int m0, int n0, int k_begin,
                                                   int steps = kSteps) {
-  static_assert(NT % 2 == 0, "B tiles are loaded in pairs");
 #pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    if (s < steps) {
-      const int k0 = k_begin + 16 * s;
-      unsigned a[MT][4];
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        if constexpr (kA == Stored::kRowMajor) load_a(a[i], A, lda, m0 + 16 * i, k0);
-        else load_a_transposed(a[i], A, lda, m0 + 16 * i, k0);
-      }
-#pragma unroll
-      for (int j = 0; j < NT; j += 2) {
-        unsigned b[4];
-        if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(b, B, ldb, k0, n0 + 8 * j);
-        else load_b_pair(b, B, ldb, k0, n0 + 8 * j);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          mma_bf16_schedulable(acc[i][j], a[i], b[0], b[1]);
-          mma_bf16_schedulable(acc[i][j + 1], a[i], b[2], b[3]);
-        }
-      }
-    }
-  }
+  for (int s = 0; s < kSteps; ++s)
+    if (s < steps) warp_mma_step<MT, NT, kA, kB, true>(acc, A, lda, B, ldb, m0, n0, k_begin + 16 * s);
 }
 
 // The first phase of a chunk, one warp's 16 x 16 tiles of up to three products in one k loop over

@@ -12,6 +12,7 @@
 //     O     = diag(exp(G)) Q S + P Delta
 //     S    <- exp(G_last) S + K^T diag(exp(G_last - G)) Delta      each warp owns 16 rows of S (fp32 registers)
 // S is read by the products through a bf16 copy in shared memory, rewritten after each chunk.
+#include "../common/state_tile.cuh"
 #include "wy_prepare.cuh"
 
 namespace minilin {
@@ -93,17 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_v3_chunked_wy_mma(const Pro
 
   float S[1][kStateTiles][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
-#pragma unroll
-  for (int j = 0; j < kStateTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
-      float2 s2 = make_float2(0.0f, 0.0f);
-      if (p.h0) s2 = *reinterpret_cast<const float2*>(p.h0 + state_base + static_cast<long long>(row) * V + v0 + col);
-      S[0][j][e] = s2.x;
-      S[0][j][e + 1] = s2.y;
-      store_bf16x2(L.S() + row * kLdV + col, s2.x, s2.y);
-    }
+  load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
 
   bf16* o = static_cast<bf16*>(p.o);
   for (int n = 0; n < chunks; ++n) {
@@ -187,42 +178,20 @@ __global__ void __launch_bounds__(kThreads, 1) delta_v3_chunked_wy_mma(const Pro
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][j][e] *= __expf(G[m0 + acc_row(0, e)]);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(), kLdC, L.delta(), kLdV, m0, n0, 0, m0 + 16);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e), t = t0 + r;
-          if (t < T)
-            store_bf16x2(o + ((static_cast<long long>(b) * T + t) * H + h) * V + v0 + c, scale * acc[0][j][e],
-                         scale * acc[0][j][e + 1]);
-        }
+store_output_tile(acc, o, T, H, V, b, h, t0, v0, m0, n0, scale);
     }
     // S <- exp(G_last) S + K^T (Delta decayed to the end), in registers
     {
       const float decay = __expf(G_last);
-#pragma unroll
-      for (int j = 0; j < kStateTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S[0][j][e] *= decay;
+scale_tiles(S, decay);
       warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0,
                                                                        0, kChunk);
     }
     __syncthreads();  // every read of the bf16 copy of S is done
-#pragma unroll
-    for (int j = 0; j < kStateTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        store_bf16x2(L.S() + (s_m0 + acc_row(0, e)) * kLdV + s_n0 + acc_col(j, e), S[0][j][e], S[0][j][e + 1]);
+store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }
 
-#pragma unroll
-  for (int j = 0; j < kStateTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
-      *reinterpret_cast<float2*>(p.ht + state_base + static_cast<long long>(row) * V + v0 + col) =
-          make_float2(S[0][j][e], S[0][j][e + 1]);
-    }
+  store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
 }
 
 template <int K>
