@@ -10,7 +10,7 @@
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
-#include "../common/state_tile.cuh"
+#include "../common/chunk_tiles.cuh"
 
 namespace minilin {
 namespace delta_wide {
@@ -51,12 +51,8 @@ template <int K>
 __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, const bf16* wy, int b, int h, int n, int v0) {
   const int t0 = n * kChunk, valid = min(kChunk, p.T - t0), chunks = ceil_div(p.T, kChunk);
   const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-  cp_async_rows(L.q(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K,
-                kChunk, K, valid);
-  cp_async_rows(L.k(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K,
-                kChunk, K, valid);
-  cp_async_rows(L.v(stage), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
-                kChunk, kBlockV, valid);
+  // g travels below, beside beta, in one pass of the first 64 threads
+  cp_async_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, nullptr, p, b, h, t0, v0);
   const bf16* wy_chunk = wy + ((static_cast<long long>(b) * p.H + h) * chunks + n) * kChunk * kChunk;
   cp_async_rows(L.wy(stage), kLdC, wy_chunk, kChunk, kChunk, kChunk, kChunk);
   if (threadIdx.x < kChunk) {
@@ -120,24 +116,13 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     zero(R);
     zero(KS);
     const bool below_diagonal = n0 < m0 + 16;
-    auto store_P = [&] {  // P = (Q K^T) * exp(G_i - G_j), causal
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-          const float x = c <= r ? QK[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
-          const float y = c + 1 <= r ? QK[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
-          store_bf16x2(L.P() + r * kLdC + c, x, y);
-        }
-    };
     if constexpr (kFusedLoads) {
       warp_phase1_fused<K / 16, true>(QK, R, KS, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
-      store_P();
+      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
     } else {
       if (below_diagonal)
         warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kTransposed, K / 16>(QK, q_s, kLdK, k_s, kLdK, m0, n0, 0);
-      store_P();
+      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
       warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(R, q_s, kLdK, L.S(), kLdV, m0, n0, 0);
       warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(KS, k_s, kLdK, L.S(), kLdV, m0, n0, 0);
     }

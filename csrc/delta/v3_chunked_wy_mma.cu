@@ -12,7 +12,7 @@
 //     O     = diag(exp(G)) Q S + P Delta
 //     S    <- exp(G_last) S + K^T diag(exp(G_last - G)) Delta      each warp owns 16 rows of S (fp32 registers)
 // S is read by the products through a bf16 copy in shared memory, rewritten after each chunk.
-#include "../common/state_tile.cuh"
+#include "../common/chunk_tiles.cuh"
 #include "wy_prepare.cuh"
 
 namespace minilin {
@@ -57,12 +57,8 @@ template <int K>
 __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, const bf16* wy, int b, int h, int n, int v0) {
   const int t0 = n * kChunk, valid = min(kChunk, p.T - t0), chunks = ceil_div(p.T, kChunk);
   const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-  cp_async_rows(L.q(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K,
-                kChunk, K, valid);
-  cp_async_rows(L.k(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K,
-                kChunk, K, valid);
-  cp_async_rows(L.v(stage), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
-                kChunk, kBlockV, valid);
+  // g travels below, beside beta, in one pass of the first 64 threads
+  cp_async_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, nullptr, p, b, h, t0, v0);
   const bf16* wy_chunk = wy + ((static_cast<long long>(b) * p.H + h) * chunks + n) * kChunk * kChunk;
   cp_async_rows(L.wy(stage), kLdC, wy_chunk, kChunk, kChunk, kChunk, kChunk);
   if (threadIdx.x < kChunk) {
@@ -123,15 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_v3_chunked_wy_mma(const Pro
       float acc[1][4][4];
       zero(acc);
       if (n0 < m0 + 16) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(acc, q_s, kLdK, k_s, kLdK, m0, n0, 0, K);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-          const float x = c <= r ? acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
-          const float y = c + 1 <= r ? acc[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
-          store_bf16x2(L.P() + r * kLdC + c, x, y);
-        }
+      store_decayed_scores(acc, G, L.P(), kLdC, m0, n0);
     }
     // X = diag(beta) (V - diag(exp(G)) K S)
     {

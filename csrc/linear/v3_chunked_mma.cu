@@ -13,7 +13,7 @@
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
-#include "../common/state_tile.cuh"
+#include "../common/chunk_tiles.cuh"
 
 namespace minilin {
 namespace {
@@ -48,18 +48,7 @@ struct Layout {
 
 template <int K>
 __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, int b, int h, int t0, int v0) {
-  const int valid = min(kChunk, p.T - t0);
-  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-  cp_async_rows(L.q(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K,
-                kChunk, K, valid);
-  cp_async_rows(L.k(stage), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K,
-                kChunk, K, valid);
-  cp_async_rows(L.v(stage), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
-                kChunk, kBlockV, valid);
-  if (p.g && threadIdx.x < kChunk) {
-    const bool ok = threadIdx.x < valid;
-    cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * p.H : p.g, ok);
-  }
+  cp_async_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, L.g(stage), p, b, h, t0, v0);
 }
 
 template <int K>
@@ -113,15 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_v3_chunked_mma(const Probl
       float acc[1][4][4];
       zero(acc);
       if (n0 < m0 + 16) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(acc, q_s, kLdK, k_s, kLdK, m0, n0, 0, K);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-          const float x = c <= r ? acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
-          const float y = c + 1 <= r ? acc[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
-          store_bf16x2(L.P() + r * kLdC + c, x, y);
-        }
+      store_decayed_scores(acc, G, L.P(), kLdC, m0, n0);
     }
     // V decayed to the chunk's end: exp(G_last - G_j) v_j (8 columns per thread)
     for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {

@@ -1,13 +1,52 @@
-// One warp's slice of the recurrent state S [K, V] and its tile of the chunk's output, moved between the
-// mma accumulators (mma.cuh's C layout), shared memory and global memory. The state slice covers rows
-// s_m0 .. s_m0 + 15 and columns s_n0 .. s_n0 + 8 NT - 1 of the block's value columns (from v0); shared by
-// the tensor-core chunk kernels of both families (linear v3-v5, delta v3-v6).
+// The moves the tensor-core chunk kernels of both families share (linear v3-v5, delta v3-v6): one chunk's
+// q, k, v and g copied on chip, and a warp's tiles moved between the mma accumulators (mma.cuh's C layout),
+// shared memory and global memory: the decayed scores P, the output tile, and the warp's slice of the
+// recurrent state S [K, V] (rows s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 NT - 1 of the block's value
+// columns, which start at v0).
 #pragma once
 
 #include "../minilin_cuda.h"
+#include "device.cuh"
 #include "mma.cuh"
 
 namespace minilin {
+
+// Tokens [t0, t0 + 64) of head (b, h): q and k rows (K wide, shared row stride ldk), value columns
+// [v0, v0 + kBlockV) (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past T are
+// zero-filled.
+template <int K, int kBlockV>
+__device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat16* k_dst, int ldk, __nv_bfloat16* v_dst,
+                                               int ldv, float* g_dst, const Problem& p, int b, int h, int t0, int v0) {
+  constexpr int kRows = 64;
+  const int valid = min(kRows, p.T - t0);
+  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
+  cp_async_rows(q_dst, ldk, static_cast<const __nv_bfloat16*>(p.q) + first * K, static_cast<long long>(p.H) * K, kRows,
+                K, valid);
+  cp_async_rows(k_dst, ldk, static_cast<const __nv_bfloat16*>(p.k) + first * K, static_cast<long long>(p.H) * K, kRows,
+                K, valid);
+  cp_async_rows(v_dst, ldv, static_cast<const __nv_bfloat16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
+                kRows, kBlockV, valid);
+  if (g_dst && p.g && threadIdx.x < kRows) {
+    const bool ok = threadIdx.x < valid;
+    cp_async_4(g_dst + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * p.H : p.g, ok);
+  }
+}
+
+// P = (Q K^T) * exp(G_i - G_j) for j <= i, else 0, from this warp's accumulator tile at (m0, n0) of the
+// 64 x 64 scores into bf16 shared rows (stride ld); G is the chunk-local cumulative gate.
+template <int NT>
+__device__ __forceinline__ void store_decayed_scores(const float (&acc)[1][NT][4], const float* G, __nv_bfloat16* P,
+                                                     int ld, int m0, int n0) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+      const float x = c <= r ? acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
+      const float y = c + 1 <= r ? acc[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
+      store_bf16x2(P + r * ld + c, x, y);
+    }
+}
 
 // S <- h0's slice (zeros when h0 is null), and its bf16 copy into the shared rows S_copy (row stride ld).
 template <int NT>
