@@ -62,4 +62,41 @@ struct TokenTiles {
   }
 };
 
+// The recurrent kernels' state: S[r][c] = row (lane + 32 r), column (v_first + c) of head (b, h)'s [K, V]
+// state at state_base, read from p.h0 (zeros when it is null) and written to p.ht; outside [K, V] nothing.
+template <int ROWS, int kColumns>
+__device__ __forceinline__ void load_state_rows(float (&S)[ROWS][kColumns], const Problem& p, long long state_base,
+                                                int lane, int v_first) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int c = 0; c < kColumns; ++c) {
+      const int row = lane + 32 * r, col = v_first + c;
+      S[r][c] = (p.h0 && row < p.K && col < p.V) ? p.h0[state_base + static_cast<long long>(row) * p.V + col] : 0.0f;
+    }
+}
+
+template <int ROWS, int kColumns>
+__device__ __forceinline__ void store_state_rows(const float (&S)[ROWS][kColumns], const Problem& p, long long state_base,
+                                                 int lane, int v_first) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int c = 0; c < kColumns; ++c) {
+      const int row = lane + 32 * r, col = v_first + c;
+      if (row < p.K && col < p.V) p.ht[state_base + static_cast<long long>(row) * p.V + col] = S[r][c];
+    }
+}
+
+// The block's outputs for tokens t0 .. t0 + 31, value columns v0 .. v0 + 31, from the fp32 tile o_tile
+// [kTileTokens][kTileColumns] to o [B, T, H, V] in the input dtype; past T and past V nothing.
+template <typename T>
+__device__ __forceinline__ void write_output_tile(const float* o_tile, const Problem& p, int b, int h, int t0, int v0) {
+  T* o = static_cast<T*>(p.o);
+  for (int i = threadIdx.x; i < kTileTokens * kTileColumns; i += blockDim.x) {
+    const int r = i / kTileColumns, c = i % kTileColumns, t = t0 + r, col = v0 + c;
+    if (t < p.T && col < p.V) o[((static_cast<long long>(b) * p.T + t) * p.H + h) * p.V + col] = from_float<T>(o_tile[i]);
+  }
+}
+
 }  // namespace minilin

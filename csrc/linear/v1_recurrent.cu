@@ -34,13 +34,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_v1_recurrent(const Problem
   // S[r][c] = state row (lane + 32 r), column (v0 + col0 + c).
   float S[ROWS][kColumnsPerWarp];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int c = 0; c < kColumnsPerWarp; ++c) {
-      const int row = lane + 32 * r, col = v0 + col0 + c;
-      S[r][c] = (p.h0 && row < K && col < V) ? p.h0[state_base + static_cast<long long>(row) * V + col] : 0.0f;
-    }
+  load_state_rows(S, p, state_base, lane, v0 + col0);
 
   const int tiles_count = ceil_div(T, kTileTokens);
   tiles.load(p, 0, b, h, 0, v0);
@@ -96,20 +90,10 @@ __global__ void __launch_bounds__(kWarps * 32) linear_v1_recurrent(const Problem
     }
     __syncthreads();
 
-    Elem* o = static_cast<Elem*>(p.o);
-    for (int i = threadIdx.x; i < kTileTokens * kTileColumns; i += blockDim.x) {
-      const int r = i / kTileColumns, c = i % kTileColumns, t = t0 + r, col = v0 + c;
-      if (t < T && col < V) o[((static_cast<long long>(b) * T + t) * H + h) * V + col] = from_float<Elem>(o_tile[i]);
-    }
+    write_output_tile<Elem>(o_tile, p, b, h, t0, v0);
   }
 
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int c = 0; c < kColumnsPerWarp; ++c) {
-      const int row = lane + 32 * r, col = v0 + col0 + c;
-      if (row < K && col < V) p.ht[state_base + static_cast<long long>(row) * V + col] = S[r][c];
-    }
+  store_state_rows(S, p, state_base, lane, v0 + col0);
 }
 
 template <typename Elem, int ROWS>
