@@ -74,4 +74,26 @@ __device__ __forceinline__ void load_chunk_cumsum(float* G, const float* g, cons
   G[2 * lane + 1] = G2.y;
 }
 
+// S <- exp(G_last) S + K^T X for the block's [K, kCols] fp32 state in shared rows S (stride ld), with K the
+// chunk's keys (k[t * ldk + r]) and X [kChunk, kCols] (stride ld) already decayed to the chunk's end: the
+// chunked state update of the v2 kernels, K/4 x kCols/4 tiles of 4 x 4 spread over the block's kThreads.
+template <int kCols, int kThreads>
+__device__ __forceinline__ void update_state_simt(float* S, int ld, const float* k, int ldk, const float* X, int K,
+                                                  float G_last) {
+  for (int tile = threadIdx.x; tile < (K / 4) * (kCols / 4); tile += kThreads) {
+    const int m0 = (tile / (kCols / 4)) * 4, n0 = (tile % (kCols / 4)) * 4;
+    float acc[4][4];
+    zero(acc);
+    micro_gemm<4, 4>(acc, k, 1, ldk, X, ld, 1, m0, n0, 0, kChunk);
+    const float decay = expf(G_last);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float& s = S[(m0 + i) * ld + n0 + j];
+        s = decay * s + acc[i][j];
+      }
+  }
+}
+
 }  // namespace minilin

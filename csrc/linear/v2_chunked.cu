@@ -101,20 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_v2_chunked(const Problem p
     __syncthreads();  // every read of S is done before it changes
 
     // 4. S <- exp(G_last) S + K^T (values decayed to the end): K/4 x 8 tiles of 4 x 4
-    for (int tile = threadIdx.x; tile < (K / 4) * (kBlockV / 4); tile += kThreads) {
-      const int m0 = (tile / (kBlockV / 4)) * 4, n0 = (tile % (kBlockV / 4)) * 4;
-      float acc[4][4];
-      zero(acc);
-      micro_gemm<4, 4>(acc, k_s, 1, ldk, vd_s, kLdV, 1, m0, n0, 0, kChunk);
-      const float decay = expf(G_last);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float& s = S_s[(m0 + i) * kLdV + n0 + j];
-          s = decay * s + acc[i][j];
-        }
-    }
+    update_state_simt<kBlockV, kThreads>(S_s, kLdV, k_s, ldk, vd_s, K, G_last);
     __syncthreads();  // the next chunk overwrites q, k, v and reads S
   }
 
