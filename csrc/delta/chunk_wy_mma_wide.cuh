@@ -161,12 +161,12 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     // ---- phase 3: O = R + P Delta; S <- exp(G_last) S + K^T (Delta decayed); rewrite this warp's slice
     warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, L.delta(), kLdV, m0, n0,
                                                                                0, (m0 >> 4) + 1);
-store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
+    store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
     const float decay = __expf(G_last);
-scale_tiles(S, decay);
+    scale_tiles(S, decay);
     warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
         S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0, 0);
-store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }
 
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);

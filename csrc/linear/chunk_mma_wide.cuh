@@ -124,12 +124,12 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
     // ---- phase 2: O = R + P V; S <- exp(G_last) S + K^T (V decayed); rewrite this warp's slice of the copy
     warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0, 0,
                                                                                (m0 >> 4) + 1);
-store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
+    store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
     const float decay = __expf(G_last);
-scale_tiles(S, decay);
+    scale_tiles(S, decay);
     warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
         S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0);
-store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }
 
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);

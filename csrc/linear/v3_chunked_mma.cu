@@ -125,17 +125,17 @@ __global__ void __launch_bounds__(kThreads, 1) linear_v3_chunked_mma(const Probl
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][j][e] *= __expf(G[m0 + acc_row(0, e)]);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(), kLdC, v_s, kLdV, m0, n0, 0, m0 + 16);
-store_output_tile(acc, o, T, H, V, b, h, t0, v0, m0, n0, scale);
+      store_output_tile(acc, o, T, H, V, b, h, t0, v0, m0, n0, scale);
     }
     // S <- exp(G_last) S + K^T (V decayed to the end), in registers
     {
       const float decay = __expf(G_last);
-scale_tiles(S, decay);
+      scale_tiles(S, decay);
       warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0,
                                                                        kChunk);
     }
     __syncthreads();  // every read of the bf16 copy of S is done
-store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }
 
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
