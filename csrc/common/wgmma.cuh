@@ -3,13 +3,15 @@
 // B (and optionally A) is read by the tensor cores straight from shared memory through a 64-bit matrix
 // descriptor, without passing through registers; the instruction is asynchronous (issue, commit, wait).
 //
-// Shared operands use the "core matrix" layout without swizzling (PTX ISA, "Shared Memory Matrix Layout"):
-// a matrix X with `rows` x `cols` bf16 is cut into 8 x 8 core matrices of 128 contiguous bytes (8 rows of
-// 16 bytes), ordered row-block by row-block:
-//     X[r][c] at element ((r / 8) * (cols / 8) + c / 8) * 64 + (r % 8) * 8 + c % 8        (cm_index)
-// The same storage serves as a "K-major" operand (the reduction runs along c: X is A, or B^T) and, with the
-// transpose flag, as an "MN-major" operand (the reduction runs along r: X is B itself). ldmatrix reads it
-// too (each 8 x 8 matrix it reads is one core matrix: 128 contiguous bytes, no bank conflicts).
+// Shared operands use the 128-byte-swizzled layout (PTX ISA, "Shared Memory Matrix Layout"; CUTLASS's
+// Layout_K_SW128 / Layout_MN_SW128): a bf16 matrix X with `rows` x `cols` (cols a multiple of 64) is cut into
+// column atoms of 64 columns; an atom holds every row, 128 bytes per row, and row r's eight 16-byte chunks
+// are stored in the order chunk ^ (r % 8):
+//     X[r][c] at element (c / 64) * rows * 64 + r * 64 + (((c / 8) % 8) ^ (r % 8)) * 8 + c % 8    (sw128_index)
+// Atoms start on 1024-byte boundaries, because the tensor cores apply the same XOR to address bits 4-6 from
+// bits 7-9. The same storage serves as a "K-major" operand (the reduction runs along c: X is A, or B^T) and,
+// with the transpose flag, as an "MN-major" operand (the reduction runs along r: X is B itself). ldmatrix
+// reads it too; the swizzle spreads the eight rows one 8 x 8 matrix read takes over all banks.
 //
 // Accumulator layout (64 x N fp32 over the warpgroup, N / 2 registers per thread): warp w of the group holds
 // rows 16 w .. 16 w + 15 exactly as mma.sync's C fragment, one 16 x 8 tile after another:
@@ -31,31 +33,31 @@ namespace minilin {
 #define MINILIN_WGMMA 0
 #endif
 
-__host__ __device__ constexpr int cm_index(int r, int c, int cols) {
-  return (((r >> 3) * (cols >> 3) + (c >> 3)) << 6) + ((r & 7) << 3) + (c & 7);
+__host__ __device__ constexpr int sw128_index(int r, int c, int rows) {
+  return (c >> 6) * rows * 64 + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
 }
 
-// The descriptor of a core-matrix operand starting at `start`: `k_stride` bytes between core matrices
-// adjacent along the reduction, `mn_stride` bytes between core matrices adjacent along M (or N).
-// Bits: 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
-// 62-63 swizzle mode (0: none). Without swizzling the leading offset is the reduction-direction stride and
-// the stride offset the M/N-direction one, for K-major and MN-major operands alike (csrc/dev/wgmma_probe.cu
-// checks both readings; the other one reads the wrong elements, or past the tile).
-__device__ __forceinline__ uint64_t cm_descriptor(const void* start, unsigned k_stride, unsigned mn_stride) {
+// The descriptor of a swizzled operand starting at `start`. Bits: 0-13 start address >> 4, 16-29 leading
+// byte offset >> 4, 32-45 stride byte offset >> 4, 62-63 swizzle mode (1: 128 bytes). In the swizzled
+// layouts the stride offset is the distance between 8-row groups (1024 bytes here) and the leading offset
+// the distance between 64-column atoms along M/N (MN-major operands wider than one atom; K-major operands
+// never cross an atom within one instruction and ignore it). csrc/dev/wgmma_probe.cu checks these readings.
+__device__ __forceinline__ uint64_t sw128_descriptor(const void* start, unsigned leading, unsigned stride) {
   return static_cast<uint64_t>((smem_address(start) & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>((k_stride & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>((mn_stride & 0x3FFFF) >> 4) << 32);
+         (static_cast<uint64_t>((leading & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((stride & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
-// K-major operand: the 16-wide reduction slice at k0 of X (rows x cols, reduction along cols).
-__device__ __forceinline__ uint64_t k_major_slice(const __nv_bfloat16* X, int cols, int k0) {
-  return cm_descriptor(X + (k0 >> 3) * 64, 128, cols * 16);
+// K-major operand: the 16-wide reduction slice at k0 of X (rows x cols, reduction along cols). Inside an
+// atom the slice starts 32 bytes further per step; the hardware swizzles the resulting addresses.
+__device__ __forceinline__ uint64_t k_major_slice(const __nv_bfloat16* X, int rows, int k0) {
+  return sw128_descriptor(X + (k0 >> 6) * rows * 64 + (k0 & 63), 16, 1024);
 }
 
 // MN-major operand (use with the transpose flag): the 16-deep reduction slice at k0 of X (rows x cols,
-// reduction along rows), starting at column n0.
-__device__ __forceinline__ uint64_t mn_major_slice(const __nv_bfloat16* X, int cols, int k0, int n0 = 0) {
-  return cm_descriptor(X + (k0 >> 3) * (cols >> 3) * 64 + (n0 >> 3) * 64, cols * 16, 128);
+// reduction along rows), starting at column n0 (a multiple of 8).
+__device__ __forceinline__ uint64_t mn_major_slice(const __nv_bfloat16* X, int rows, int k0, int n0 = 0) {
+  return sw128_descriptor(X + (n0 >> 6) * rows * 64 + k0 * 64 + (n0 & 63), rows * 128, 1024);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -140,31 +142,37 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[
 #endif
 }
 
-// ---- A fragments from core-matrix storage (for wgmma_rs and mma.sync) ---------------------------------
-// A(m, kk) = X[m][kk]: the 16 x 16 tile at (m0, k0) of X (cols wide) stored by cm_index.
-__device__ __forceinline__ void cm_load_a(unsigned (&a)[4], const __nv_bfloat16* X, int cols, int m0, int k0) {
+// ---- A fragments from swizzled storage (for wgmma_rs and mma.sync) ------------------------------------
+// A(m, kk) = X[m][kk]: the 16 x 16 tile at (m0, k0) of X (`rows` rows) stored by sw128_index.
+__device__ __forceinline__ void sw128_load_a(unsigned (&a)[4], const __nv_bfloat16* X, int rows, int m0, int k0) {
   const int lane = threadIdx.x & 31;
-  ldmatrix_x4(a, X + cm_index(m0 + (lane & 15), k0 + (lane >> 4) * 8, cols));
+  ldmatrix_x4(a, X + sw128_index(m0 + (lane & 15), k0 + (lane >> 4) * 8, rows));
 }
 
-// A(m, kk) = X[kk][m]: the 16 x 16 tile at (m0, k0) of the transpose of X (cols wide) stored by cm_index.
-__device__ __forceinline__ void cm_load_a_transposed(unsigned (&a)[4], const __nv_bfloat16* X, int cols, int m0,
-                                                     int k0) {
+// A(m, kk) = X[kk][m]: the 16 x 16 tile at (m0, k0) of the transpose of X (`rows` rows) stored by sw128_index.
+__device__ __forceinline__ void sw128_load_a_transposed(unsigned (&a)[4], const __nv_bfloat16* X, int rows, int m0,
+                                                        int k0) {
   const int lane = threadIdx.x & 31;
-  ldmatrix_x4_trans(a, X + cm_index(k0 + (lane & 7) + ((lane >> 4) << 3), m0 + ((lane >> 3) & 1) * 8, cols));
+  ldmatrix_x4_trans(a, X + sw128_index(k0 + (lane & 7) + ((lane >> 4) << 3), m0 + ((lane >> 3) & 1) * 8, rows));
 }
 
-// Copy `rows` rows (a multiple of 8) of `cols` bf16 from global rows `gmem + r * g_stride` into core-matrix
-// storage, 16 bytes per cp.async, spread over the block; rows >= valid_rows are zero-filled. Eight
-// consecutive threads fill one core matrix, so each warp writes four whole 128-byte core matrices.
-__device__ __forceinline__ void cp_async_rows_cm(__nv_bfloat16* smem, const __nv_bfloat16* gmem, long long g_stride,
-                                                 int rows, int cols, int valid_rows) {
-  const int col_blocks = cols >> 3;
-  for (int i = threadIdx.x; i < rows * col_blocks; i += blockDim.x) {
-    const int r = ((i >> 3) / col_blocks) * 8 + (i & 7), c = ((i >> 3) % col_blocks) * 8;
+// Copy `rows` rows of `cols` bf16 (cols a multiple of 64) from global rows `gmem + r * g_stride` into
+// swizzled storage, 16 bytes per cp.async, spread over the block; rows >= valid_rows are zero-filled.
+// Eight consecutive threads copy one 128-byte row piece: whole sectors from global memory, all banks in
+// shared memory.
+__device__ __forceinline__ void cp_async_rows_sw128(__nv_bfloat16* smem, const __nv_bfloat16* gmem,
+                                                    long long g_stride, int rows, int cols, int valid_rows) {
+  const int chunks = cols >> 3;
+  for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+    const int r = i / chunks, c = (i % chunks) * 8;
     const bool valid = r < valid_rows;
-    cp_async_16(smem + cm_index(r, c, cols), valid ? gmem + r * g_stride + c : gmem, valid);
+    cp_async_16(smem + sw128_index(r, c, rows), valid ? gmem + r * g_stride + c : gmem, valid);
   }
+}
+
+// The first 1024-byte boundary at or after p in shared memory (the swizzled atoms' alignment).
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  return p + ((1024u - (smem_address(p) & 1023u)) & 1023u);
 }
 
 }  // namespace minilin

@@ -10,9 +10,10 @@
 //                          S^T <- exp(G_C) S^T + (V * exp(G_C - G))^T K              -> registers, fp32
 // The state warpgroups keep S^T in their accumulators across chunks and publish a bf16 copy of the new state
 // for the next chunk's Q S (two copies, alternating, so the update never waits for the output warpgroup).
-// Two block-wide barriers per chunk: "chunk n landed" and "P stored". Every shared operand is in core-matrix
-// storage (common/wgmma.cuh), which serves as K-major and, with the transpose flag, as MN-major operand:
-// Q K^T reads K K-major; S^T's update and P V read K and V MN-major, so nothing is transposed by hand.
+// Two block-wide barriers per chunk: "chunk n landed" and "P stored". Every shared operand is in the
+// 128-byte-swizzled storage (common/wgmma.cuh), which serves as K-major and, with the transpose flag, as
+// MN-major operand: Q K^T reads K K-major; S^T's update and P V read K and V MN-major, so nothing is
+// transposed by hand.
 #include "../common/chunk_tiles.cuh"
 #include "../common/launch.cuh"
 #include "../common/simt.cuh"
@@ -27,34 +28,38 @@ constexpr int kBlockV = 64;
 [[maybe_unused]] constexpr int kScores = 0, kOutput = 1;  // warpgroups 2 and 3 hold the state
 using bf16 = __nv_bfloat16;
 
+// Every bf16 tile is a whole number of 1024-byte atoms and starts on an atom boundary (base is aligned).
 template <int K>
 struct Layout {
-  static constexpr size_t kStageBytes = (2 * kChunk * K + kChunk * kBlockV) * sizeof(bf16) + kChunk * sizeof(float);
-  static constexpr size_t kBytes = 2 * kStageBytes
-                                   + kChunk * kChunk * sizeof(bf16)          // P
-                                   + 2 * kBlockV * K * sizeof(bf16)          // two bf16 copies of S^T
+  static constexpr size_t kStageBytes = (2 * kChunk * K + kChunk * kBlockV) * sizeof(bf16);
+  static constexpr size_t kTileBytes = 2 * kStageBytes
+                                       + kChunk * kChunk * sizeof(bf16)   // P
+                                       + 2 * kBlockV * K * sizeof(bf16);  // two bf16 copies of S^T
+  static constexpr size_t kBytes = 1024  // room to align the base
+                                   + kTileBytes
+                                   + 2 * kChunk * sizeof(float)                 // the stages' log-gates
                                    + 4 * kWarpgroups * kChunk * sizeof(float);  // G, one copy per warp
   unsigned char* base;
   __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
   __device__ bf16* k(int s) const { return q(s) + kChunk * K; }
   __device__ bf16* v(int s) const { return k(s) + kChunk * K; }
-  __device__ float* g(int s) const { return reinterpret_cast<float*>(v(s) + kChunk * kBlockV); }
   __device__ bf16* P() const { return reinterpret_cast<bf16*>(base + 2 * kStageBytes); }
   __device__ bf16* St(int copy) const { return P() + kChunk * kChunk + copy * kBlockV * K; }
-  __device__ float* G(int warp) const { return reinterpret_cast<float*>(St(2)) + warp * kChunk; }
+  __device__ float* g(int s) const { return reinterpret_cast<float*>(base + kTileBytes) + s * kChunk; }
+  __device__ float* G(int warp) const { return g(2) + warp * kChunk; }
 };
 
-// Tokens [t0, t0 + 64) of head (b, h) into core-matrix storage: q, k [64, K], v [64, 64] (value columns
+// Tokens [t0, t0 + 64) of head (b, h) into swizzled storage: q, k [64, K], v [64, 64] (value columns
 // v0 ..), and the log-gates.
 template <int K>
 __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, int b, int h, int t0, int v0) {
   const int valid = min(kChunk, p.T - t0);
   const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-  cp_async_rows_cm(L.q(stage), static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K, kChunk, K,
+  cp_async_rows_sw128(L.q(stage), static_cast<const bf16*>(p.q) + first * K, static_cast<long long>(p.H) * K, kChunk, K,
                    valid);
-  cp_async_rows_cm(L.k(stage), static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K, kChunk, K,
+  cp_async_rows_sw128(L.k(stage), static_cast<const bf16*>(p.k) + first * K, static_cast<long long>(p.H) * K, kChunk, K,
                    valid);
-  cp_async_rows_cm(L.v(stage), static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
+  cp_async_rows_sw128(L.v(stage), static_cast<const bf16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
                    kChunk, kBlockV, valid);
   cp_async_gates(L.g(stage), p, first, valid);
 }
@@ -74,9 +79,9 @@ __device__ __forceinline__ auto flat(float (&acc)[1][NT][4]) -> float (&)[NT * 4
 template <int K>
 __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Problem p) {
 #if MINILIN_WGMMA
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   constexpr int kHalfK = K / 2;  // key channels per state warpgroup: its accumulator is S^T [64, K / 2]
-  const Layout<K> L{smem};
+  const Layout<K> L{align_1024(smem)};
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
         const long long at = state_base + static_cast<long long>(key) * V + v0 + col;
         St[0][j][e] = p.h0 ? p.h0[at] : 0.0f;
         St[0][j][e + 1] = p.h0 ? p.h0[at + V] : 0.0f;
-        store_bf16x2(L.St(0) + cm_index(col, key, K), St[0][j][e], St[0][j][e + 1]);
+        store_bf16x2(L.St(0) + sw128_index(col, key, kBlockV), St[0][j][e], St[0][j][e + 1]);
       }
     fence_async_shared();
   }
@@ -130,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks)
-        wgmma_ss<64, false>(flat(acc), k_major_slice(q_s, K, 16 * ks), k_major_slice(k_s, K, 16 * ks), ks > 0);
+        wgmma_ss<64, false>(flat(acc), k_major_slice(q_s, kChunk, 16 * ks), k_major_slice(k_s, kChunk, 16 * ks), ks > 0);
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
           const int r = m0 + acc_row(0, e), c = acc_col(j, e);
           const float x = c <= r ? acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
           const float y = c + 1 <= r ? acc[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
-          store_bf16x2(L.P() + cm_index(r, c, kChunk), x, y);
+          store_bf16x2(L.P() + sw128_index(r, c, kChunk), x, y);
         }
       fence_async_shared();
     } else if (role == kOutput) {  // O = diag(exp(G)) Q S_n
@@ -148,7 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks)
-        wgmma_ss<64, false>(flat(acc), k_major_slice(q_s, K, 16 * ks), k_major_slice(St_n, K, 16 * ks), ks > 0);
+        wgmma_ss<64, false>(flat(acc), k_major_slice(q_s, kChunk, 16 * ks), k_major_slice(St_n, kBlockV, 16 * ks),
+                            ks > 0);
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
@@ -159,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
       unsigned a[kChunk / 16][4];  // A = V^T decayed to the chunk's end: the warp's 16 value columns x 64 tokens
 #pragma unroll
       for (int ks = 0; ks < kChunk / 16; ++ks) {
-        cm_load_a_transposed(a[ks], v_s, kBlockV, m0, 16 * ks);
+        sw128_load_a_transposed(a[ks], v_s, kChunk, m0, 16 * ks);
         const int t = 16 * ks + 2 * (lane & 3);  // the tokens (columns of A) this thread's fragment holds
         const float d0 = __expf(G_last - G[t]), d1 = __expf(G_last - G[t + 1]);
         const float d8 = __expf(G_last - G[t + 8]), d9 = __expf(G_last - G[t + 9]);
@@ -172,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kChunk / 16; ++ks)
-        wgmma_rs<kHalfK, true>(flat(St), a[ks], mn_major_slice(k_s, K, 16 * ks, c0), true);
+        wgmma_rs<kHalfK, true>(flat(St), a[ks], mn_major_slice(k_s, kChunk, 16 * ks, c0), true);
       wgmma_commit();
       wgmma_wait<0>();
       bf16* St_next = L.St((n + 1) & 1);  // last read by the output warpgroup in chunk n - 1
@@ -180,7 +186,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
       for (int j = 0; j < kHalfK / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; e += 2)
-          store_bf16x2(St_next + cm_index(m0 + acc_row(0, e), c0 + acc_col(j, e), K), St[0][j][e], St[0][j][e + 1]);
+          store_bf16x2(St_next + sw128_index(m0 + acc_row(0, e), c0 + acc_col(j, e), kBlockV), St[0][j][e],
+                       St[0][j][e + 1]);
       fence_async_shared();
     }
     __syncthreads();  // P is stored
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_wgmma(const Proble
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kChunk / 16; ++ks)
-        wgmma_ss<64, true>(flat(acc), k_major_slice(L.P(), kChunk, 16 * ks), mn_major_slice(v_s, kBlockV, 16 * ks),
+        wgmma_ss<64, true>(flat(acc), k_major_slice(L.P(), kChunk, 16 * ks), mn_major_slice(v_s, kChunk, 16 * ks),
                            true);
       wgmma_commit();
       wgmma_wait<0>();
