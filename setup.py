@@ -3,7 +3,7 @@
     pip install -e .                                   builds the extension if nvcc is on PATH (or CUDA_HOME)
     MINILIN_CUDA=0 pip install -e .                    never builds it (pure Python)
     MINILIN_CUDA=1 pip install -e .                    must build it: no nvcc or a failed build is an error
-    MINILIN_CUDA_ARCH="80;90a" pip install -e .        targets (default "90a": sm_90a code + compute_90 PTX)
+    MINILIN_CUDA_ARCH="90;80" pip install -e .         targets (default "90": sm_90 code + compute_90 PTX)
 
 The extension: nvcc compiles csrc/**/*.cu to objects (in parallel), the host compiler compiles the pybind11
 bindings (csrc/bindings.cpp, csrc/registry.cpp; no CUDA or CuPy headers needed), and the link adds the
@@ -45,10 +45,9 @@ def parse_arch(spec: str | None) -> tuple[list[str], str]:
     `spec` lists compute capabilities separated by ';', ',' or spaces, written 90, 9.0, sm_90 or 90a.
     Each gets machine code (SASS); the last also gets PTX, so newer GPUs can compile it at load time (the
     PTX of "90a" is plain compute_90: architecture-specific PTX would load nowhere else).
-    Default "90a": sm_90a code, which H100 and H200 run and which the wgmma versions need, plus compute_90
-    PTX. mma.sync bf16 and cp.async need >= 80.
+    Default "90": sm_90 code plus compute_90 PTX (H100, H200). mma.sync bf16 and cp.async need >= 80.
     """
-    items = [s for s in re.split(r"[;,\s]+", (spec or "90a").strip()) if s]
+    items = [s for s in re.split(r"[;,\s]+", (spec or "90").strip()) if s]
     if not items:
         raise ValueError(f"MINILIN_CUDA_ARCH: expected compute capabilities like '90' or '80;90', got {spec!r}")
     archs = []
@@ -66,11 +65,6 @@ def parse_arch(spec: str | None) -> tuple[list[str], str]:
     flags.append(f"-gencode=arch=compute_{ptx},code=compute_{ptx}")
     summary = ",".join(f"sm_{cc}" for cc in archs) + f",compute_{ptx}"
     return flags, summary
-
-
-def builds_sm90a(arch_summary: str) -> bool:
-    """Whether a build (parse_arch's summary) holds sm_90a code: the wgmma versions are built only then."""
-    return "sm_90a" in arch_summary.split(",")
 
 
 def find_nvcc(environ=os.environ) -> str | None:
@@ -149,8 +143,7 @@ class BuildExt(build_ext):
         host_sources = [s for s in ext.sources if not s.endswith(".cu")]
         out_dir = os.path.join(self.build_temp, "minilin_cuda")
         os.makedirs(out_dir, exist_ok=True)
-        sm90a = [("MINILIN_SM90A", "1")] if builds_sm90a(arch_summary) else []
-        flags = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC", *gencode, *(f"-D{k}={v}" for k, v in sm90a)]
+        flags = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC", *gencode]
 
         def compile_one(source):
             obj = os.path.join(out_dir, os.path.relpath(source, "csrc").replace(os.sep, "_") + ".o")
@@ -166,7 +159,7 @@ class BuildExt(build_ext):
         ext.sources = host_sources
         ext.extra_objects = [*ext.extra_objects, *objects]
         ext.include_dirs = [*ext.include_dirs, pybind11.get_include(), "csrc"]
-        ext.define_macros = [*ext.define_macros, *sm90a, ("MINILIN_CUDA_ARCH", f'"{arch_summary}"'),
+        ext.define_macros = [*ext.define_macros, ("MINILIN_CUDA_ARCH", f'"{arch_summary}"'),
                              ("MINILIN_NVCC_VERSION", f'"{version}"')]
         ext.library_dirs = [*ext.library_dirs, *cuda_library_dirs(nvcc)]
         ext.libraries = [*ext.libraries, "cudart_static", "rt", "pthread", "dl"]
@@ -181,8 +174,7 @@ def extensions() -> list[Extension]:
         print("minilin: nvcc not found, installing pure Python (MINILIN_CUDA=1 makes this an error)", file=sys.stderr)
         return []
     os.chdir(HERE)  # sources are given relative to the project root
-    # csrc/dev/ holds standalone programs (their own main), not parts of the module.
-    kernels = [s for s in sorted(glob.glob("csrc/*/*.cu")) if not s.startswith(os.path.join("csrc", "dev"))]
+    kernels = sorted(glob.glob("csrc/*/*.cu"))
     sources = ["csrc/bindings.cpp", "csrc/registry.cpp", *kernels]
     # BuildExt compiles the .cu files itself and hands setuptools only the host sources, whose dates decide
     # whether the module is linked again: without the kernels and headers as dependencies, `build_ext

@@ -11,15 +11,6 @@
 
 namespace minilin {
 
-// The log-gates of one chunk's 64 tokens (when p.g is set), first = the index of its first token's
-// (b, t, h); tokens past `valid` are zero-filled (a zero log-gate decays nothing).
-__device__ __forceinline__ void cp_async_gates(float* g_dst, const Problem& p, long long first, int valid) {
-  if (p.g && threadIdx.x < 64) {
-    const bool ok = threadIdx.x < valid;
-    cp_async_4(g_dst + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * p.H : p.g, ok);
-  }
-}
-
 // Tokens [t0, t0 + 64) of head (b, h): q and k rows (K wide, shared row stride ldk), value columns
 // [v0, v0 + kBlockV) (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past T are
 // zero-filled.
@@ -35,7 +26,10 @@ __device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat
                 K, valid);
   cp_async_rows(v_dst, ldv, static_cast<const __nv_bfloat16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
                 kRows, kBlockV, valid);
-  if (g_dst) cp_async_gates(g_dst, p, first, valid);
+  if (g_dst && p.g && threadIdx.x < kRows) {
+    const bool ok = threadIdx.x < valid;
+    cp_async_4(g_dst + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * p.H : p.g, ok);
+  }
 }
 
 // P = (Q K^T) * exp(G_i - G_j) for j <= i, else 0, from this warp's accumulator tile at (m0, n0) of the

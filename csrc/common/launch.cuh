@@ -65,22 +65,6 @@ inline void check_common(const Problem& p, const char* kernel, bool needs_beta) 
               " V=" + std::to_string(p.V));
 }
 
-// Versions written with wgmma run only from sm_90a machine code (setup.py defines MINILIN_SM90A when it builds
-// some), and only compute capability 9.0 runs that.
-inline void require_sm90a(const std::string& name) {
-#ifndef MINILIN_SM90A
-  require(false, name + ": this build has no sm_90a code (wgmma); rebuild with MINILIN_CUDA_ARCH=90a");
-#endif
-  int device = 0, major = 0, minor = 0;
-  check_cuda(cudaGetDevice(&device), name.c_str(), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), name.c_str(),
-             "cudaDeviceGetAttribute");
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), name.c_str(),
-             "cudaDeviceGetAttribute");
-  require(major == 9 && minor == 0, name + ": needs a compute capability 9.0 GPU (sm_90a: H100, H200), got " +
-                                        std::to_string(major) + "." + std::to_string(minor));
-}
-
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace minilin

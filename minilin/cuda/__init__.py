@@ -8,10 +8,9 @@
 Each op has numbered kernel versions side by side, every one callable (`version=`): 1 = recurrent (the
 definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, 4 = v3 with
 twice the warps and fewer barriers, then each op's later steps (linear v5 and delta v6: each fragment loaded
-once in the first phase; delta v5: the WY step solved by 16 x 16 blocks; linear v6: Hopper wgmma, sm_90a);
-the default is the highest that takes the input dtype and runs on the GPU (float32: 2; bfloat16: linear 6 on
-compute capability 9.0 with the default sm_90a build, else 5; delta 6). `versions()` lists them with what
-each one changed; csrc/NOTES.md has their measured times.
+once in the first phase; delta v5: the WY step solved by 16 x 16 blocks); the default is the highest that
+takes the input dtype (float32: 2; bfloat16: linear 5, delta 6). `versions()` lists them with what each one
+changed; csrc/NOTES.md has their measured times.
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
 float32 or bfloat16 (`to_bf16` / `from_bf16`: CuPy's bfloat16 dtype where it has one, else uint16 bit
