@@ -1,7 +1,7 @@
 // The moves the tensor-core chunk kernels of both families share (linear v3-v5, delta v3-v6): one chunk's
 // q, k, v and g copied on chip, and a warp's tiles moved between the mma accumulators (mma.cuh's C layout),
 // shared memory and global memory: the decayed scores P, the output tile, and the warp's slice of the
-// recurrent state S [K, V] (rows s_m0 .. s_m0 + 16 MT - 1, columns s_n0 .. s_n0 + 8 NT - 1 of the block's value
+// recurrent state S [K, V] (rows s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 NT - 1 of the block's value
 // columns, which start at v0).
 #pragma once
 
@@ -34,96 +34,84 @@ __device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat
 
 // P = (Q K^T) * exp(G_i - G_j) for j <= i, else 0, from this warp's accumulator tile at (m0, n0) of the
 // 64 x 64 scores into bf16 shared rows (stride ld); G is the chunk-local cumulative gate.
-template <int MT, int NT>
-__device__ __forceinline__ void store_decayed_scores(const float (&acc)[MT][NT][4], const float* G, __nv_bfloat16* P,
+template <int NT>
+__device__ __forceinline__ void store_decayed_scores(const float (&acc)[1][NT][4], const float* G, __nv_bfloat16* P,
                                                      int ld, int m0, int n0) {
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int r = m0 + acc_row(i, e), c = n0 + acc_col(j, e);
-        const float x = c <= r ? acc[i][j][e] * __expf(G[r] - G[c]) : 0.0f;
-        const float y = c + 1 <= r ? acc[i][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
-        store_bf16x2(P + r * ld + c, x, y);
-      }
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+      const float x = c <= r ? acc[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
+      const float y = c + 1 <= r ? acc[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
+      store_bf16x2(P + r * ld + c, x, y);
+    }
 }
 
 // S <- h0's slice (zeros when h0 is null), and its bf16 copy into the shared rows S_copy (row stride ld).
-template <int MT, int NT>
-__device__ __forceinline__ void load_state(float (&S)[MT][NT][4], const float* h0, long long state_base, int V, int v0,
+template <int NT>
+__device__ __forceinline__ void load_state(float (&S)[1][NT][4], const float* h0, long long state_base, int V, int v0,
                                            int s_m0, int s_n0, __nv_bfloat16* S_copy, int ld) {
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int row = s_m0 + acc_row(i, e), col = s_n0 + acc_col(j, e);
-        float2 s2 = make_float2(0.0f, 0.0f);
-        if (h0) s2 = *reinterpret_cast<const float2*>(h0 + state_base + static_cast<long long>(row) * V + v0 + col);
-        S[i][j][e] = s2.x;
-        S[i][j][e + 1] = s2.y;
-        store_bf16x2(S_copy + row * ld + col, s2.x, s2.y);
-      }
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      float2 s2 = make_float2(0.0f, 0.0f);
+      if (h0) s2 = *reinterpret_cast<const float2*>(h0 + state_base + static_cast<long long>(row) * V + v0 + col);
+      S[0][j][e] = s2.x;
+      S[0][j][e + 1] = s2.y;
+      store_bf16x2(S_copy + row * ld + col, s2.x, s2.y);
+    }
 }
 
 // The bf16 copy of this warp's slice, which the next chunk's products read.
-template <int MT, int NT>
-__device__ __forceinline__ void store_state_copy(const float (&S)[MT][NT][4], __nv_bfloat16* S_copy, int ld, int s_m0,
+template <int NT>
+__device__ __forceinline__ void store_state_copy(const float (&S)[1][NT][4], __nv_bfloat16* S_copy, int ld, int s_m0,
                                                  int s_n0) {
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        store_bf16x2(S_copy + (s_m0 + acc_row(i, e)) * ld + s_n0 + acc_col(j, e), S[i][j][e], S[i][j][e + 1]);
+    for (int e = 0; e < 4; e += 2)
+      store_bf16x2(S_copy + (s_m0 + acc_row(0, e)) * ld + s_n0 + acc_col(j, e), S[0][j][e], S[0][j][e + 1]);
 }
 
 // The final state, fp32, into ht.
-template <int MT, int NT>
-__device__ __forceinline__ void store_state(const float (&S)[MT][NT][4], float* ht, long long state_base, int V, int v0,
+template <int NT>
+__device__ __forceinline__ void store_state(const float (&S)[1][NT][4], float* ht, long long state_base, int V, int v0,
                                             int s_m0, int s_n0) {
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int row = s_m0 + acc_row(i, e), col = s_n0 + acc_col(j, e);
-        *reinterpret_cast<float2*>(ht + state_base + static_cast<long long>(row) * V + v0 + col) =
-            make_float2(S[i][j][e], S[i][j][e + 1]);
-      }
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      *reinterpret_cast<float2*>(ht + state_base + static_cast<long long>(row) * V + v0 + col) =
+          make_float2(S[0][j][e], S[0][j][e + 1]);
+    }
 }
 
-template <int MT, int NT>
-__device__ __forceinline__ void scale_tiles(float (&acc)[MT][NT][4], float factor) {
+template <int NT>
+__device__ __forceinline__ void scale_tiles(float (&acc)[1][NT][4], float factor) {
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] *= factor;
+    for (int e = 0; e < 4; ++e) acc[0][j][e] *= factor;
 }
 
 // o[b, t0 + r, h, v0 + c] = scale acc for this warp's output tile at rows m0.., columns n0.. of the chunk and
 // value block; rows past T (the last chunk's padding) are not written.
-template <int MT, int NT>
-__device__ __forceinline__ void store_output_tile(const float (&acc)[MT][NT][4], __nv_bfloat16* o, int T, int H, int V,
+template <int NT>
+__device__ __forceinline__ void store_output_tile(const float (&acc)[1][NT][4], __nv_bfloat16* o, int T, int H, int V,
                                                   int b, int h, int t0, int v0, int m0, int n0, float scale) {
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int r = m0 + acc_row(i, e), c = n0 + acc_col(j, e), t = t0 + r;
-        if (t < T)
-          store_bf16x2(o + ((static_cast<long long>(b) * T + t) * H + h) * V + v0 + c, scale * acc[i][j][e],
-                       scale * acc[i][j][e + 1]);
-      }
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e), t = t0 + r;
+      if (t < T)
+        store_bf16x2(o + ((static_cast<long long>(b) * T + t) * H + h) * V + v0 + c, scale * acc[0][j][e],
+                     scale * acc[0][j][e + 1]);
+    }
 }
 
 }  // namespace minilin

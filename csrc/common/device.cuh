@@ -70,12 +70,6 @@ __device__ __forceinline__ void cp_async_rows(T* smem, int s_stride, const T* gm
   }
 }
 
-// ---- named barriers: a barrier for some warps of the block only (id 0 is __syncthreads') ---------
-// Waits until `threads` threads (a multiple of 32, whole warps) have arrived at barrier `id` (1..15).
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // ---- warp-level scans and reductions -------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
