@@ -2,8 +2,9 @@
 
 Problem: B=1, H=4, T=4096, K=V=64, float32 (CONVENTIONS.md shapes). For each mixer: the baseline form's
 time (the recurrent loop, one vectorized update over B and H per token), the chunked form's time, the
-speed-up, and the chunked output's relative error against the baseline run in float64. Each form is
-checked before it is timed; a form whose error exceeds float32's tolerance is reported and not timed.
+speed-up, the chunked output's relative error against the baseline run in float64, and each form's minor
+page faults per call (one more call after the timed ones). Each form is checked before it is timed; a form
+whose error exceeds float32's tolerance is reported and not timed.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import numpy as np
 
 from .. import catalog
-from .timing import median_ms
+from .timing import median_ms, minor_page_faults
 
 PROBLEM = dict(B=1, T=4096, H=4, K=64, V=64)
 FLOAT32_TOLERANCE = 1e-4
@@ -43,6 +44,7 @@ def bench_mixer(name: str, repeats: int | None) -> dict:
             continue
         runs = repeats or (3 if form == baseline else 7)
         row[f"{form}_ms"] = median_ms(lambda: fn(*args32, **kwargs), repeats=runs)
+        row[f"{form}_page_faults"] = minor_page_faults(lambda: fn(*args32, **kwargs))
     if name in catalog.APPROXIMATES:  # reported, never held to a rounding tolerance
         exact, _ = catalog.reference(name)(*args64, **kwargs)
         row["approximation_error"] = catalog.relative_error(getattr(mod, baseline)(*args32, **kwargs)[0], exact)
@@ -52,15 +54,17 @@ def bench_mixer(name: str, repeats: int | None) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["| mixer | baseline form | baseline ms | chunked ms | speed-up | chunked rel. error |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| mixer | baseline form | baseline ms | chunked ms | speed-up | chunked rel. error "
+             "| page faults per call (baseline / chunked) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         speedup = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
         error = f"{r['chunked_error']:.1e}" if "chunked_error" in r else "-"
         if "approximation_error" in r:
             error = f"{r['approximation_error']:.1e} vs exact softmax (approximation)"
+        faults = f"{_faults(r, r['baseline'])} / {_faults(r, 'chunked')}"
         lines.append(f"| {r['mixer']} | {r['baseline']} | {_ms(r, r['baseline'])} | {_ms(r, 'chunked')} "
-                     f"| {speedup} | {error} |")
+                     f"| {speedup} | {error} | {faults} |")
     return "\n".join(lines)
 
 
@@ -69,6 +73,11 @@ def _ms(row: dict, form: str) -> str:
         return "-"
     value = row[f"{form}_ms"]
     return "wrong, not timed" if value is None else f"{value:.1f}"
+
+
+def _faults(row: dict, form: str) -> str:
+    value = row.get(f"{form}_page_faults")
+    return "-" if value is None else f"{value:,}"
 
 
 def main(args) -> int:

@@ -1,0 +1,49 @@
+"""`minilin bench --device cpu`'s measurements and table, on a small problem."""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+
+from minilin.bench import cpu, timing
+
+
+@pytest.mark.skipif(timing.resource is None, reason="the OS gives no page-fault counts (no `resource` module)")
+def test_minor_page_faults_counts_first_touches_of_fresh_memory():
+    pages = 64
+
+    def touch_fresh_pages():
+        with mmap.mmap(-1, pages * mmap.PAGESIZE) as m:
+            view = np.frombuffer(m, np.uint8)
+            view[:: mmap.PAGESIZE] = 1  # one write per page: each page faults in once
+            del view
+
+    def touch_nothing_new():
+        return sum(range(100))
+
+    assert timing.minor_page_faults(touch_fresh_pages) >= pages
+    assert timing.minor_page_faults(touch_nothing_new) < pages
+
+
+def test_rows_and_table_carry_time_error_and_page_faults(monkeypatch):
+    monkeypatch.setattr(cpu, "PROBLEM", dict(B=1, T=256, H=2, K=16, V=16))
+    row = cpu.bench_mixer("linear_attention", repeats=1)
+    assert row["baseline"] == "recurrent"
+    assert row["chunked_ms"] > 0 and row["recurrent_ms"] > 0
+    assert row["chunked_error"] <= cpu.FLOAT32_TOLERANCE
+    assert row["speedup"] == pytest.approx(row["recurrent_ms"] / row["chunked_ms"])
+    for form in ("recurrent", "chunked"):
+        faults = row[f"{form}_page_faults"]
+        assert faults is None if timing.resource is None else faults >= 0
+    table = cpu.format_table([row])
+    header, _, line = table.splitlines()
+    assert "page faults per call (baseline / chunked)" in header
+    assert line.startswith("| linear_attention | recurrent |") and line.count("|") == header.count("|")
+
+
+def test_a_wrong_form_is_reported_not_timed():
+    row = {"mixer": "x", "baseline": "recurrent", "recurrent_ms": 3.0, "chunked_ms": None, "chunked_error": 0.5,
+           "recurrent_page_faults": 0, "chunked_page_faults": None}
+    line = cpu.format_table([row]).splitlines()[2]
+    assert "wrong, not timed" in line and "| 0 / - |" in line
