@@ -135,13 +135,18 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
 }
 
-// Checks and launch for K = 64 or 128 on p's stream; `name` is the version's kernel name for the messages.
-template <bool kFusedLoads>
-void forward(const Problem& p, const std::string& name) {
+// The argument checks of every wide linear kernel (v4-v6); `name` is the version's kernel name.
+inline void check_problem(const Problem& p, const std::string& name) {
   check_common(p, name.c_str(), false);
   require(p.dtype == kBFloat16, name + ": bfloat16 inputs only (tensor cores multiply bf16), got float32");
   require(p.K == 64 || p.K == 128, name + ": K must be 64 or 128, got K=" + std::to_string(p.K));
   require(p.V % kBlockV == 0, name + ": V must be a multiple of 64, got V=" + std::to_string(p.V));
+}
+
+// Checks and launch for K = 64 or 128 on p's stream.
+template <bool kFusedLoads>
+void forward(const Problem& p, const std::string& name) {
+  check_problem(p, name);
   auto kernel = p.K == 64 ? linear_chunked_mma_wide<64, kFusedLoads> : linear_chunked_mma_wide<128, kFusedLoads>;
   const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
   allow_shared_memory(kernel, smem, name.c_str());
