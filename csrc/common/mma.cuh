@@ -158,6 +158,122 @@ __device__ __forceinline__ void warp_phase1_fused(float (&qk)[1][2][4], float (&
   }
 }
 
+// ---- software-pipelined k loops (linear v6, delta v7) ------------------------------------------------
+// The loops above leave the order of loads and mma to ptxas, and ncu's source view of linear v5 shows what it
+// chose: each k-step's ldmatrix issued right before the mma that needs it, so every step waits out the
+// shared-memory latency (short-scoreboard stalls on the mma: ~20% of the chunk kernel's stall samples). The
+// loops below load the fragments of step s + 1 into a second register set before the mma of step s issue.
+
+// How a chunk kernel's first phase feeds its products (a template argument of the wide kernels).
+enum class Loads {
+  kPerProduct,      // one k loop per product (linear v4, delta v4 / v5)
+  kFused,           // the products of phase 1 in one k loop, each shared fragment loaded once (linear v5, delta v6)
+  kFusedPipelined,  // kFused, and every k loop loads step s + 1 while step s multiplies (linear v6, delta v7)
+};
+
+// One k-step's fragments of a warp's MT x NT tile of C = A B (stored as kA / kB say, see warp_mma_step).
+template <int MT, int NT>
+struct StepFragments {
+  unsigned a[MT][4];
+  unsigned b[NT / 2][4];
+};
+
+template <int MT, int NT, Stored kA, Stored kB>
+__device__ __forceinline__ void load_step(StepFragments<MT, NT>& f, const __nv_bfloat16* A, int lda,
+                                          const __nv_bfloat16* B, int ldb, int m0, int n0, int k0) {
+  static_assert(NT % 2 == 0, "B tiles are loaded in pairs");
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    if constexpr (kA == Stored::kRowMajor) load_a(f.a[i], A, lda, m0 + 16 * i, k0);
+    else load_a_transposed(f.a[i], A, lda, m0 + 16 * i, k0);
+  }
+#pragma unroll
+  for (int j = 0; j < NT; j += 2) {
+    if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(f.b[j / 2], B, ldb, k0, n0 + 8 * j);
+    else load_b_pair(f.b[j / 2], B, ldb, k0, n0 + 8 * j);
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void mma_step(float (&acc)[MT][NT][4], const StepFragments<MT, NT>& f) {
+#pragma unroll
+  for (int j = 0; j < NT; j += 2)
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      mma_bf16_schedulable(acc[i][j], f.a[i], f.b[j / 2][0], f.b[j / 2][1]);
+      mma_bf16_schedulable(acc[i][j + 1], f.a[i], f.b[j / 2][2], f.b[j / 2][3]);
+    }
+}
+
+// warp_mma_unrolled with step s + 1's fragments loaded before step s's mma; 1 <= steps <= kSteps.
+template <int MT, int NT, Stored kA, Stored kB, int kSteps>
+__device__ __forceinline__ void warp_mma_pipelined(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda,
+                                                   const __nv_bfloat16* B, int ldb, int m0, int n0, int k_begin,
+                                                   int steps = kSteps) {
+  StepFragments<MT, NT> f[2];
+  load_step<MT, NT, kA, kB>(f[0], A, lda, B, ldb, m0, n0, k_begin);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s)
+    if (s < steps) {
+      if (s + 1 < steps) load_step<MT, NT, kA, kB>(f[(s + 1) & 1], A, lda, B, ldb, m0, n0, k_begin + 16 * (s + 1));
+      mma_step(acc, f[s & 1]);
+    }
+}
+
+// The k loop a wide kernel built with `kLoads` uses for a product outside the fused first phase.
+template <Loads kLoads, int MT, int NT, Stored kA, Stored kB, int kSteps>
+__device__ __forceinline__ void warp_mma_k_loop(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda,
+                                                const __nv_bfloat16* B, int ldb, int m0, int n0, int k_begin,
+                                                int steps = kSteps) {
+  if constexpr (kLoads == Loads::kFusedPipelined)
+    warp_mma_pipelined<MT, NT, kA, kB, kSteps>(acc, A, lda, B, ldb, m0, n0, k_begin, steps);
+  else
+    warp_mma_unrolled<MT, NT, kA, kB, kSteps>(acc, A, lda, B, ldb, m0, n0, k_begin, steps);
+}
+
+// warp_phase1_fused with step s + 1's fragments loaded before step s's mma, and the diagonal test taken once
+// outside the loop (kWithQK) instead of in every step, where it predicated the loads.
+template <int kSteps, bool kWithQK, bool kWithKS>
+__device__ __forceinline__ void warp_phase1_pipelined_loop(float (&qk)[1][2][4], float (&qs)[1][2][4],
+                                                           float (&ks)[1][2][4], const __nv_bfloat16* Q,
+                                                           const __nv_bfloat16* K, int ldk, const __nv_bfloat16* S,
+                                                           int lds, int m0, int n0) {
+  struct Step {
+    unsigned a_q[4], b_s[4], b_k[4], a_k[4];
+  };
+  const auto load = [&](Step& f, int k0) {
+    load_a(f.a_q, Q, ldk, m0, k0);
+    load_b_pair_transposed(f.b_s, S, lds, k0, n0);
+    if constexpr (kWithQK) load_b_pair(f.b_k, K, ldk, k0, n0);
+    if constexpr (kWithKS) load_a(f.a_k, K, ldk, m0, k0);
+  };
+  Step f[2];
+  load(f[0], 0);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (s + 1 < kSteps) load(f[(s + 1) & 1], 16 * (s + 1));
+    const Step& x = f[s & 1];
+    if constexpr (kWithQK) {
+      mma_bf16_schedulable(qk[0][0], x.a_q, x.b_k[0], x.b_k[1]);
+      mma_bf16_schedulable(qk[0][1], x.a_q, x.b_k[2], x.b_k[3]);
+    }
+    mma_bf16_schedulable(qs[0][0], x.a_q, x.b_s[0], x.b_s[1]);
+    mma_bf16_schedulable(qs[0][1], x.a_q, x.b_s[2], x.b_s[3]);
+    if constexpr (kWithKS) {
+      mma_bf16_schedulable(ks[0][0], x.a_k, x.b_s[0], x.b_s[1]);
+      mma_bf16_schedulable(ks[0][1], x.a_k, x.b_s[2], x.b_s[3]);
+    }
+  }
+}
+
+template <int kSteps, bool kWithKS>
+__device__ __forceinline__ void warp_phase1_pipelined(float (&qk)[1][2][4], float (&qs)[1][2][4], float (&ks)[1][2][4],
+                                                      const __nv_bfloat16* Q, const __nv_bfloat16* K, int ldk,
+                                                      const __nv_bfloat16* S, int lds, int m0, int n0, bool with_qk) {
+  if (with_qk) warp_phase1_pipelined_loop<kSteps, true, kWithKS>(qk, qs, ks, Q, K, ldk, S, lds, m0, n0);
+  else warp_phase1_pipelined_loop<kSteps, false, kWithKS>(qk, qs, ks, Q, K, ldk, S, lds, m0, n0);
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll

@@ -1,5 +1,6 @@
 // The chunk kernel of delta v4, v5 and v6 (v4 and v5 differ in how the WY step T = (I + A)^-1 is prepared:
-// wy_prepare.cuh for v4, wy_prepare_blocked.cuh for v5 and v6; v6 fuses phase 1's fragment loads). One block of 16 warps per (batch, head, 64 value
+// wy_prepare.cuh for v4, wy_prepare_blocked.cuh for v5 - v7; v6 fuses phase 1's fragment loads, v7 also
+// pipelines every k loop's loads one step ahead: the template's `Loads`). One block of 16 warps per (batch, head, 64 value
 // columns), sequential over 64-token chunks, reading each chunk's T (bf16, 64 x 64) from `wy`:
 //   phase 1:  P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;  X = diag(beta) (V - diag(exp(G)) K S)
 //   phase 2:  Delta = T X  (and Delta decayed to the chunk's end)
@@ -63,9 +64,9 @@ __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, cons
   }
 }
 
-// kFusedLoads: phase 1's three products in one k loop (warp_phase1_fused: Q's and S's fragments loaded once,
-// delta v6) instead of three loops (v4, v5).
-template <int K, bool kFusedLoads>
+// kLoads: phase 1's three products in three k loops (v4, v5), in one with Q's and S's fragments loaded once
+// (warp_phase1_fused, v6), and that with every k loop's fragments loaded one step ahead (v7).
+template <int K, Loads kLoads>
 __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const Problem p, const bf16* wy) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = Layout<K>::kLdK;
@@ -116,7 +117,10 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     zero(R);
     zero(KS);
     const bool below_diagonal = n0 < m0 + 16;
-    if constexpr (kFusedLoads) {
+    if constexpr (kLoads == Loads::kFusedPipelined) {
+      warp_phase1_pipelined<K / 16, true>(QK, R, KS, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
+      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
+    } else if constexpr (kLoads == Loads::kFused) {
       warp_phase1_fused<K / 16, true>(QK, R, KS, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
       store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
     } else {
@@ -144,8 +148,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     {
       float acc[1][2][4];
       zero(acc);
-      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, L.wy(stage), kLdC, L.X(), kLdV,
-                                                                                 m0, n0, 0, (m0 >> 4) + 1);
+      warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, L.wy(stage), kLdC, L.X(),
+                                                                                       kLdV, m0, n0, 0, (m0 >> 4) + 1);
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -159,12 +163,12 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     __syncthreads();
 
     // ---- phase 3: O = R + P Delta; S <- exp(G_last) S + K^T (Delta decayed); rewrite this warp's slice
-    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, L.delta(), kLdV, m0, n0,
-                                                                               0, (m0 >> 4) + 1);
+    warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, L.delta(), kLdV,
+                                                                                     m0, n0, 0, (m0 >> 4) + 1);
     store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
     const float decay = __expf(G_last);
     scale_tiles(S, decay);
-    warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+    warp_mma_k_loop<kLoads, 1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
         S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0, 0);
     store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }
@@ -173,9 +177,9 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
 }
 
 // Launch the chunk kernel for K = 64 or 128 on p's stream, reading T from `wy`.
-template <bool kFusedLoads>
+template <Loads kLoads>
 void launch_chunks(const Problem& p, const bf16* wy, const char* name) {
-  auto kernel = p.K == 64 ? delta_chunked_wy_mma_wide<64, kFusedLoads> : delta_chunked_wy_mma_wide<128, kFusedLoads>;
+  auto kernel = p.K == 64 ? delta_chunked_wy_mma_wide<64, kLoads> : delta_chunked_wy_mma_wide<128, kLoads>;
   const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
   allow_shared_memory(kernel, smem, name);
   const dim3 grid(p.V / kBlockV, p.H, p.B);
@@ -187,7 +191,7 @@ inline size_t workspace_bytes(int B, int T, int H, int, int) {
   return size_t(B) * H * ceil_div(T, kChunk) * kChunk * kChunk * sizeof(bf16);
 }
 
-// The argument checks v4 and v5 share; `name` is the version's kernel name for the messages.
+// The argument checks v4 - v7 share; `name` is the version's kernel name for the messages.
 inline void check_problem(const Problem& p, const std::string& name) {
   check_common(p, name.c_str(), true);
   require(p.dtype == kBFloat16, name + ": bfloat16 inputs only (tensor cores multiply bf16), got float32");

@@ -15,7 +15,7 @@ void forward(const Problem& p) {
   delta_wide::check_problem(p, "delta_v4_chunked_wy_mma_wide");
   auto* wy = static_cast<__nv_bfloat16*>(p.workspace);
   launch_wy_prepare<__nv_bfloat16, __nv_bfloat16, true>(p, wy, "delta_v4_wy_prepare_mma");
-  delta_wide::launch_chunks<false>(p, wy, "delta_v4_chunked_wy_mma_wide");
+  delta_wide::launch_chunks<Loads::kPerProduct>(p, wy, "delta_v4_chunked_wy_mma_wide");
 }
 
 }  // namespace

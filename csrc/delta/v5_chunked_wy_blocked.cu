@@ -12,7 +12,7 @@ void forward(const Problem& p) {
   delta_wide::check_problem(p, "delta_v5_chunked_wy_blocked");
   auto* wy = static_cast<__nv_bfloat16*>(p.workspace);
   launch_wy_prepare_blocked(p, wy, "delta_v5_wy_prepare_blocked");
-  delta_wide::launch_chunks<false>(p, wy, "delta_v5_chunked_wy_mma_wide");
+  delta_wide::launch_chunks<Loads::kPerProduct>(p, wy, "delta_v5_chunked_wy_mma_wide");
 }
 
 }  // namespace

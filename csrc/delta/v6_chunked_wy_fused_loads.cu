@@ -12,7 +12,7 @@ void forward(const Problem& p) {
   delta_wide::check_problem(p, "delta_v6_chunked_wy_fused_loads");
   auto* wy = static_cast<__nv_bfloat16*>(p.workspace);
   launch_wy_prepare_blocked(p, wy, "delta_v6_wy_prepare_blocked");
-  delta_wide::launch_chunks<true>(p, wy, "delta_v6_chunked_wy_fused_loads");
+  delta_wide::launch_chunks<Loads::kFused>(p, wy, "delta_v6_chunked_wy_fused_loads");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The chunk kernel of linear v4 and v5 (v5 fuses phase 1's fragment loads). One block of 16 warps per
+// The chunk kernel of linear v4, v5 and v6 (v5 fuses phase 1's fragment loads, v6 also pipelines every k loop's
+// loads one step ahead: the template's `Loads`). One block of 16 warps per
 // (batch, head, 64 value columns), sequential over 64-token chunks:
 //   phase 1 (after the chunk lands):   P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;
 //                                      V decayed to the chunk's end
@@ -47,8 +48,9 @@ __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, int 
   cp_async_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, L.g(stage), p, b, h, t0, v0);
 }
 
-// kFusedLoads: Q K^T and Q S in one k loop, Q's A fragments loaded once (linear v5), instead of two loops (v4).
-template <int K, bool kFusedLoads>
+// kLoads: Q K^T and Q S in two k loops (v4), in one with Q's A fragments loaded once (v5), and that with every
+// k loop's fragments loaded one step ahead (v6).
+template <int K, Loads kLoads>
 __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = Layout<K>::kLdK;
@@ -97,7 +99,11 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
     zero(QK);
     zero(R);
     const bool below_diagonal = n0 < m0 + 16;
-    if constexpr (kFusedLoads) {
+    if constexpr (kLoads == Loads::kFusedPipelined) {
+      float unused[1][2][4];
+      warp_phase1_pipelined<K / 16, false>(QK, R, unused, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
+      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
+    } else if constexpr (kLoads == Loads::kFused) {
       float unused[1][2][4];
       warp_phase1_fused<K / 16, false>(QK, R, unused, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
       store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
@@ -122,12 +128,12 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
     __syncthreads();
 
     // ---- phase 2: O = R + P V; S <- exp(G_last) S + K^T (V decayed); rewrite this warp's slice of the copy
-    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0, 0,
-                                                                               (m0 >> 4) + 1);
+    warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0,
+                                                                                     0, (m0 >> 4) + 1);
     store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
     const float decay = __expf(G_last);
     scale_tiles(S, decay);
-    warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+    warp_mma_k_loop<kLoads, 1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
         S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0);
     store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }
@@ -144,10 +150,10 @@ inline void check_problem(const Problem& p, const std::string& name) {
 }
 
 // Checks and launch for K = 64 or 128 on p's stream.
-template <bool kFusedLoads>
+template <Loads kLoads>
 void forward(const Problem& p, const std::string& name) {
   check_problem(p, name);
-  auto kernel = p.K == 64 ? linear_chunked_mma_wide<64, kFusedLoads> : linear_chunked_mma_wide<128, kFusedLoads>;
+  auto kernel = p.K == 64 ? linear_chunked_mma_wide<64, kLoads> : linear_chunked_mma_wide<128, kLoads>;
   const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
   allow_shared_memory(kernel, smem, name.c_str());
   const dim3 grid(p.V / kBlockV, p.H, p.B);

@@ -9,7 +9,7 @@
 namespace minilin {
 namespace {
 
-void forward(const Problem& p) { linear_wide::forward<false>(p, "linear_v4_chunked_mma_wide"); }
+void forward(const Problem& p) { linear_wide::forward<Loads::kPerProduct>(p, "linear_v4_chunked_mma_wide"); }
 
 }  // namespace
 

@@ -6,7 +6,7 @@
 namespace minilin {
 namespace {
 
-void forward(const Problem& p) { linear_wide::forward<true>(p, "linear_v5_chunked_fused_loads"); }
+void forward(const Problem& p) { linear_wide::forward<Loads::kFused>(p, "linear_v5_chunked_fused_loads"); }
 
 }  // namespace
 
