@@ -1,15 +1,21 @@
-// Token staging for the recurrent (v1) kernels of both ops: the block copies 32 tokens of q, k, its
+// The recurrent (v1) kernels of both ops share their token staging and their host side (launch_recurrent,
+// forward_recurrent, at the end). Staging: the block copies 32 tokens of q, k, its
 // 32-column slice of v, and g / beta into shared memory with cp.async, two stages deep, so the copy of
 // the next 32 tokens runs while the warps step through the current ones.
 #pragma once
 
+#include <string>
+
 #include "device.cuh"
+#include "launch.cuh"
 #include "../minilin_cuda.h"
 
 namespace minilin {
 
 constexpr int kTileTokens = 32;    // tokens per stage
 constexpr int kTileColumns = 32;   // value columns per block (4 warps x 8 columns)
+constexpr int kRecurrentWarps = 4;
+constexpr int kRecurrentColumnsPerWarp = kTileColumns / kRecurrentWarps;
 
 template <typename T>
 struct TokenTiles {
@@ -97,6 +103,43 @@ __device__ __forceinline__ void write_output_tile(const float* o_tile, const Pro
     const int r = i / kTileColumns, c = i % kTileColumns, t = t0 + r, col = v0 + c;
     if (t < p.T && col < p.V) o[((static_cast<long long>(b) * p.T + t) * p.H + h) * p.V + col] = from_float<T>(o_tile[i]);
   }
+}
+
+// ---- the host side both v1 kernels share ----------------------------------------------------------------
+// Shared memory of a v1 block: two token stages, the fp32 output tile [kTileTokens][kTileColumns] and one
+// float per token (k_t . q_t).
+template <typename Elem>
+inline size_t recurrent_shared_bytes(int K) {
+  return 2 * TokenTiles<Elem>::stage_bytes(K) + (kTileTokens * kTileColumns + kTileTokens) * sizeof(float);
+}
+
+// Checks and launch of a v1 kernel on p's stream: one block per (batch, head, 32 value columns), ROWS
+// register rows per lane (1, 2, 4 or 8 for K up to 32, 64, 128, 256). Kernels::get<Elem, ROWS>() returns the
+// op's kernel.
+template <typename Kernels, typename Elem, int ROWS>
+void launch_recurrent(const Problem& p, const char* name) {
+  const auto kernel = Kernels::template get<Elem, ROWS>();
+  const size_t smem = recurrent_shared_bytes<Elem>(p.K);
+  allow_shared_memory(kernel, smem, name);
+  const dim3 grid(ceil_div(p.V, kTileColumns), p.H, p.B);
+  kernel<<<grid, kRecurrentWarps * 32, smem, stream_of(p)>>>(p);
+  check_launch(name, p);
+}
+
+template <typename Kernels>
+void forward_recurrent(const Problem& p, const char* name, bool needs_beta) {
+  check_common(p, name, needs_beta);
+  require(p.K <= 256, std::string(name) + ": K must be <= 256 (the state rows live in registers), got K=" +
+                          std::to_string(p.K));
+  const auto launch_rows = [&](auto elem) {
+    using Elem = decltype(elem);
+    if (p.K <= 32) return launch_recurrent<Kernels, Elem, 1>(p, name);
+    if (p.K <= 64) return launch_recurrent<Kernels, Elem, 2>(p, name);
+    if (p.K <= 128) return launch_recurrent<Kernels, Elem, 4>(p, name);
+    return launch_recurrent<Kernels, Elem, 8>(p, name);
+  };
+  if (p.dtype == kFloat32) launch_rows(float{});
+  else launch_rows(__nv_bfloat16{});
 }
 
 }  // namespace minilin

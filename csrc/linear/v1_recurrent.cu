@@ -15,9 +15,8 @@
 namespace minilin {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kColumnsPerWarp = 8;
-static_assert(kWarps * kColumnsPerWarp == kTileColumns, "a block covers one value tile");
+constexpr int kWarps = kRecurrentWarps;
+constexpr int kColumnsPerWarp = kRecurrentColumnsPerWarp;
 
 template <typename Elem, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) linear_v1_recurrent(const Problem p) {
@@ -96,31 +95,12 @@ __global__ void __launch_bounds__(kWarps * 32) linear_v1_recurrent(const Problem
   store_state_rows(S, p, state_base, lane, v0 + col0);
 }
 
-template <typename Elem, int ROWS>
-void launch(const Problem& p) {
-  const size_t smem = 2 * TokenTiles<Elem>::stage_bytes(p.K) + (kTileTokens * kTileColumns + kTileTokens) * sizeof(float);
-  auto kernel = linear_v1_recurrent<Elem, ROWS>;
-  allow_shared_memory(kernel, smem, "linear_v1_recurrent");
-  const dim3 grid(ceil_div(p.V, kTileColumns), p.H, p.B);
-  kernel<<<grid, kWarps * 32, smem, stream_of(p)>>>(p);
-  check_launch("linear_v1_recurrent", p);
-}
+struct Kernels {
+  template <typename Elem, int ROWS>
+  static auto get() { return linear_v1_recurrent<Elem, ROWS>; }
+};
 
-template <typename Elem>
-void launch_rows(const Problem& p) {
-  if (p.K <= 32) return launch<Elem, 1>(p);
-  if (p.K <= 64) return launch<Elem, 2>(p);
-  if (p.K <= 128) return launch<Elem, 4>(p);
-  return launch<Elem, 8>(p);
-}
-
-void forward(const Problem& p) {
-  check_common(p, "linear_v1_recurrent", false);
-  require(p.K <= 256, "linear_v1_recurrent: K must be <= 256 (the state rows live in registers), got K=" +
-                          std::to_string(p.K));
-  if (p.dtype == kFloat32) launch_rows<float>(p);
-  else launch_rows<__nv_bfloat16>(p);
-}
+void forward(const Problem& p) { forward_recurrent<Kernels>(p, "linear_v1_recurrent", false); }
 
 }  // namespace
 
