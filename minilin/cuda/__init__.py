@@ -8,8 +8,9 @@
 Each op has numbered kernel versions side by side, every one callable (`version=`): 1 = recurrent (the
 definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, 4 = v3 with
 twice the warps and fewer barriers, then each op's later steps (linear v5 and delta v6: each fragment loaded
-once in the first phase; delta v5: the WY step solved by 16 x 16 blocks); the default is the highest that
-takes the input dtype (float32: 2; bfloat16: linear 5, delta 6). `versions()` lists them with what each one
+once in the first phase; delta v5: the WY step solved by 16 x 16 blocks; linear v6 and delta v7: each k-step's
+fragments loaded one step ahead); the default is the highest that takes the input dtype (float32: 2;
+bfloat16: linear 6, delta 7). `versions()` lists them with what each one
 changed; csrc/NOTES.md has their measured times.
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
