@@ -7,7 +7,9 @@
 # On a machine without network, FLA travels as wheels: put fla-core and einops wheels in .whl/ (see the
 # README); they are installed into a temporary directory on PYTHONPATH, never into the environment.
 # Knobs: PYTEST_ARGS (e.g. "-n 8"), BENCH_LENGTHS ("8192"), BENCH_MIXERS ("gated_deltanet"), SKIP_BENCH=1,
-# SKIP_TESTS=1, FLA_LENGTHS, FLA_MIXERS.
+# SKIP_TESTS=1, FLA_LENGTHS, FLA_MIXERS, and BUILD_ / TEST_ / BENCH_ / FLA_TIMEOUT (seconds). With FLA importable,
+# the full bench (every mixer and version at three lengths) runs past BENCH_TIMEOUT's 300 s (fourth session:
+# it reached Gated DeltaNet at 32768): name the mixers, or give the bench a call of its own.
 set -uo pipefail
 OUT="${1:-/tmp/minilin_gpu}"
 mkdir -p "$OUT"
