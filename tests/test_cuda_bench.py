@@ -114,3 +114,8 @@ def test_against_fla_times_nothing_when_a_side_is_wrong_or_fails(monkeypatch, ca
     row, freed = _fake_comparison(monkeypatch, **kwargs)
     assert "ratio" not in row and freed
     assert ("FLA failed: RuntimeError" in row["note"]) if case == "fla raises" else row["note"].startswith("WRONG")
+
+
+def test_fla_call_names_the_forms_it_knows():
+    with pytest.raises(ValueError, match=r"form must be one of \('chunk', 'fused_recurrent'\), got 'parallel'"):
+        gpu.fla_call("simple_gla", {}, "bfloat16", "parallel")

@@ -10,9 +10,10 @@ Rows, per mixer, length and dtype:
 - cuda vN: each kernel version that takes the dtype (1 recurrent, 2 chunked on CUDA cores, 3 tensor cores);
 - softmax SDPA: torch's scaled_dot_product_attention (causal; its own [B, H, T, D] layout) when torch is
   importable, else minilin's flash-style attention on CuPy (T <= 8192); a different function, so no error;
-- fla: FLA's chunk kernel for the mixer, only if `fla` imports (optional, never a dependency). Its float32
-  path misses the float32 tolerance (4e-4 to 8e-4 measured on an H200, FLA 0.6.0), so that row says so and
-  is not timed; it never fails the run. `minilin bench --against fla` is the side-by-side (bench/against_fla.py).
+- fla chunk, fla fused_recurrent: FLA's chunked kernel for the mixer and its token-by-token one, only if
+  `fla` imports (optional, never a dependency). The chunked float32 path misses the float32 tolerance (4e-4
+  to 8e-4 measured on an H200, FLA 0.6.0), so that row says so and is not timed; an FLA row never fails the
+  run. `minilin bench --against fla` is the side-by-side (bench/against_fla.py).
 
 Each implementation is checked first against the float64 reference (minilin's chunked form on CuPy in
 float64, on the same inputs): output and final state within 1e-4 (float32) or 1e-2 (bfloat16) relative
@@ -104,8 +105,16 @@ def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
     return lambda: fn(*args, version=version, check_values=False)
 
 
-def fla_call(mixer: str, inputs: dict, dtype: str):
-    """FLA's chunk kernel for the mixer on the same inputs (as torch tensors), or None where FLA has none."""
+FLA_FORMS = ("chunk", "fused_recurrent")  # FLA's chunked kernel, and its recurrent one (token by token)
+
+
+def fla_call(mixer: str, inputs: dict, dtype: str, form: str = "chunk"):
+    """FLA's `form` kernel for the mixer on the same inputs (as torch tensors), or None where FLA has none.
+
+    form: "chunk" (chunk_simple_gla, chunk_delta_rule, chunk_gated_delta_rule) or "fused_recurrent" (the
+    fused_recurrent_* kernels: FLA's token-by-token form, the counterpart of minilin's v1)."""
+    if form not in FLA_FORMS:
+        raise ValueError(f"fla_call: form must be one of {FLA_FORMS}, got {form!r}")
     import cupy
     import torch
 
@@ -117,17 +126,19 @@ def fla_call(mixer: str, inputs: dict, dtype: str):
         return torch.as_tensor(x, device="cuda")
 
     t = {n: to_torch(inputs[n], n) for n in TENSORS[mixer]}
-    scale = PROBLEM["K"] ** -0.5
+    common = dict(scale=PROBLEM["K"] ** -0.5, output_final_state=True)
     if mixer == "simple_gla":
-        from fla.ops.simple_gla import chunk_simple_gla
-        run = lambda: chunk_simple_gla(t["q"], t["k"], t["v"], g=t["g"], scale=scale, output_final_state=True)  # noqa: E731
+        from fla.ops import simple_gla as ops
+        kernel = ops.chunk_simple_gla if form == "chunk" else ops.fused_recurrent_simple_gla
+        run = lambda: kernel(t["q"], t["k"], t["v"], g=t["g"], **common)  # noqa: E731
     elif mixer == "gated_deltanet":
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        run = lambda: chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=scale,  # noqa: E731
-                                             output_final_state=True)
+        from fla.ops import gated_delta_rule as ops
+        kernel = ops.chunk_gated_delta_rule if form == "chunk" else ops.fused_recurrent_gated_delta_rule
+        run = lambda: kernel(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], **common)  # noqa: E731
     elif mixer == "deltanet":
-        from fla.ops.delta_rule import chunk_delta_rule
-        run = lambda: chunk_delta_rule(t["q"], t["k"], t["v"], t["beta"], scale=scale, output_final_state=True)  # noqa: E731
+        from fla.ops import delta_rule as ops
+        kernel = ops.chunk_delta_rule if form == "chunk" else ops.fused_recurrent_delta_rule
+        run = lambda: kernel(t["q"], t["k"], t["v"], beta=t["beta"], **common)  # noqa: E731
     else:
         return None
 
@@ -251,13 +262,15 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
         rows.append(Row(mixer, T, dtype, softmax_cache[key].implementation, softmax_cache[key].ms,
                         softmax_cache[key].runs, note=softmax_cache[key].note))
         log(rows[-1])
-        try:
-            fla = fla_call(mixer, inputs, dtype)
-        except ImportError:
-            fla = None
-        if fla is not None:
+        for form in FLA_FORMS:
+            try:
+                fla = fla_call(mixer, inputs, dtype, form)
+            except ImportError:
+                fla = None
+            if fla is None:
+                continue
             run, as_cupy = fla
-            row = Row(mixer, T, dtype, "fla chunk")
+            row = Row(mixer, T, dtype, f"fla {form}")
             try:
                 if checked(row, as_cupy(run())):
                     _timed(row, run, repeats, "torch")
