@@ -1,7 +1,7 @@
-// The chunk kernel of delta v4, v5 and v6 (v4 and v5 differ in how the WY step T = (I + A)^-1 is prepared:
-// wy_prepare.cuh for v4, wy_prepare_blocked.cuh for v5 - v7; v6 fuses phase 1's fragment loads, v7 also
-// pipelines every k loop's loads one step ahead: the template's `Loads`). One block of 16 warps per (batch, head, 64 value
-// columns), sequential over 64-token chunks, reading each chunk's T (bf16, 64 x 64) from `wy`:
+// The chunk kernel of delta v4 - v7 (they differ in how the WY step T = (I + A)^-1 is prepared: wy_prepare.cuh
+// for v4, wy_prepare_blocked.cuh for v5 - v7; and in the template's `Loads`: v6 fuses phase 1's fragment
+// loads, v7 also pipelines every k loop's loads one step ahead). One block of 16 warps per (batch, head, 64
+// value columns), sequential over 64-token chunks, reading each chunk's T (bf16, 64 x 64) from `wy`:
 //   phase 1:  P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;  X = diag(beta) (V - diag(exp(G)) K S)
 //   phase 2:  Delta = T X  (and Delta decayed to the chunk's end)
 //   phase 3:  O = R + P Delta (stored);  S <- exp(G_last) S + K^T (Delta decayed)

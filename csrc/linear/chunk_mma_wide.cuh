@@ -1,5 +1,5 @@
-// The chunk kernel of linear v4, v5 and v6 (v5 fuses phase 1's fragment loads, v6 also pipelines every k loop's
-// loads one step ahead: the template's `Loads`). One block of 16 warps per
+// The chunk kernel of linear v4, v5 and v6 (they differ in the template's `Loads`: v5 fuses phase 1's
+// fragment loads, v6 also pipelines every k loop's loads one step ahead). One block of 16 warps per
 // (batch, head, 64 value columns), sequential over 64-token chunks:
 //   phase 1 (after the chunk lands):   P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;
 //                                      V decayed to the chunk's end
