@@ -50,20 +50,20 @@ def parse_arch(spec: str | None) -> tuple[list[str], str]:
     items = [s for s in re.split(r"[;,\s]+", (spec or "90").strip()) if s]
     if not items:
         raise ValueError(f"MINILIN_CUDA_ARCH: expected compute capabilities like '90' or '80;90', got {spec!r}")
-    archs = []
+    archs = []  # (digits, suffix): ("90", "a") for 90a
     for item in items:
         m = re.fullmatch(r"(?:sm_|compute_)?(\d)\.?(\d)([a-z]?)", item.strip().lower())
         if not m:
             raise ValueError(f"MINILIN_CUDA_ARCH: expected compute capabilities like '90' or '80;90', got {item!r}")
-        cc = f"{m.group(1)}{m.group(2)}{m.group(3)}"
-        if int(m.group(1) + m.group(2)) < 80:
+        digits = m.group(1) + m.group(2)
+        if int(digits) < 80:
             raise ValueError(f"MINILIN_CUDA_ARCH: the kernels need compute capability >= 8.0 (cp.async, bf16 mma), "
                              f"got {item!r}")
-        archs.append(cc)
-    flags = [f"-gencode=arch=compute_{cc},code=sm_{cc}" for cc in archs]
-    ptx = archs[-1].rstrip("abcdefghijklmnopqrstuvwxyz")
+        archs.append((digits, m.group(3)))
+    flags = [f"-gencode=arch=compute_{d}{x},code=sm_{d}{x}" for d, x in archs]
+    ptx = archs[-1][0]
     flags.append(f"-gencode=arch=compute_{ptx},code=compute_{ptx}")
-    summary = ",".join(f"sm_{cc}" for cc in archs) + f",compute_{ptx}"
+    summary = ",".join(f"sm_{d}{x}" for d, x in archs) + f",compute_{ptx}"
     return flags, summary
 
 
