@@ -47,3 +47,13 @@ def test_a_wrong_form_is_reported_not_timed():
            "recurrent_page_faults": 0, "chunked_page_faults": None}
     line = cpu.format_table([row]).splitlines()[2]
     assert "wrong, not timed" in line and "| 0 / - |" in line
+
+
+def test_interleaved_timing_alternates_the_forms_round_by_round(monkeypatch):
+    calls = []
+    fns = {"slow": lambda: calls.append("slow"), "fast": lambda: calls.append("fast")}
+    clock = iter(range(1000))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))  # every run takes 1 s
+    times = timing.interleaved_median_ms(fns, {"slow": 1, "fast": 2}, rounds=3, warmup=1)
+    assert calls == ["slow", "fast"] + ["slow", "fast", "fast"] * 3
+    assert times == {"slow": 1000.0, "fast": 1000.0}

@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu",
                    help="cpu: the NumPy reference; gpu: the CUDA extension and CuPy (default)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (median reported)")
+    p.add_argument("--repeats", type=int, default=None, help="GPU: timed runs per measurement (median reported); CPU: alternating timing rounds")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
     p.add_argument("--lengths", nargs="+", type=int, metavar="T",
                    help="GPU only: sequence lengths (default 2048 8192 32768)")

@@ -4,7 +4,8 @@ Problem: B=1, H=4, T=4096, K=V=64, float32 (CONVENTIONS.md shapes). For each mix
 time (the recurrent loop, one vectorized update over B and H per token), the chunked form's time, the
 speed-up, the chunked output's relative error against the baseline run in float64, and each form's minor
 page faults per call (one more call after the timed ones). Each form is checked before it is timed; a form
-whose error exceeds float32's tolerance is reported and not timed.
+whose error exceeds float32's tolerance is reported and not timed. The forms are timed in alternating
+rounds (`timing.interleaved_median_ms`), so that load on a shared machine hits them alike.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import sys
 import numpy as np
 
 from .. import catalog
-from .timing import median_ms, minor_page_faults
+from .timing import interleaved_median_ms, minor_page_faults
 
 PROBLEM = dict(B=1, T=4096, H=4, K=64, V=64)
 FLOAT32_TOLERANCE = 1e-4
+ROUNDS = 3          # alternating timing rounds (--repeats overrides)
+RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: one)
 
 
 def machine() -> str:
@@ -34,6 +37,7 @@ def bench_mixer(name: str, repeats: int | None) -> dict:
     args64 = tuple(a.astype(np.float64) if hasattr(a, "astype") else a for a in args32)
     reference, _ = getattr(mod, baseline)(*args64, **kwargs)
     row = {"mixer": name, "baseline": baseline}
+    checked = {}  # the forms within tolerance, as closures over the float32 inputs
     for form in catalog.forms(name):
         fn = getattr(mod, form)
         out, _ = fn(*args32, **kwargs)
@@ -42,9 +46,13 @@ def bench_mixer(name: str, repeats: int | None) -> dict:
         if not error <= FLOAT32_TOLERANCE:  # NaN fails too
             row[f"{form}_ms"] = None
             continue
-        runs = repeats or (3 if form == baseline else 7)
-        row[f"{form}_ms"] = median_ms(lambda: fn(*args32, **kwargs), repeats=runs)
-        row[f"{form}_page_faults"] = minor_page_faults(lambda: fn(*args32, **kwargs))
+        checked[form] = lambda fn=fn: fn(*args32, **kwargs)
+    # The slow baseline once per round, the faster forms RUNS_PER_ROUND times: 3 and 9 runs by default.
+    runs = {form: 1 if form == baseline else RUNS_PER_ROUND for form in checked}
+    times = interleaved_median_ms(checked, runs, rounds=repeats or ROUNDS)
+    for form, fn in checked.items():
+        row[f"{form}_ms"] = times[form]
+        row[f"{form}_page_faults"] = minor_page_faults(fn)
     if name in catalog.APPROXIMATES:  # reported, never held to a rounding tolerance
         exact, _ = catalog.reference(name)(*args64, **kwargs)
         row["approximation_error"] = catalog.relative_error(getattr(mod, baseline)(*args32, **kwargs)[0], exact)
@@ -87,7 +95,8 @@ def main(args) -> int:
         print(f"--mixers: unknown mixer(s) {unknown}; choose from {catalog.names()}", file=sys.stderr)
         return 2
     print(f"minilin bench --device cpu: B={PROBLEM['B']} H={PROBLEM['H']} T={PROBLEM['T']} "
-          f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, median of repeats; {machine()}", flush=True)
+          f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, median over {args.repeats or ROUNDS} alternating rounds "
+          f"(the baseline once per round, every other form {RUNS_PER_ROUND} times); {machine()}", flush=True)
     rows = []
     for name in names:
         rows.append(bench_mixer(name, args.repeats))
