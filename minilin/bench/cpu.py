@@ -96,7 +96,8 @@ def main(args) -> int:
         return 2
     print(f"minilin bench --device cpu: B={PROBLEM['B']} H={PROBLEM['H']} T={PROBLEM['T']} "
           f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, median over {args.repeats or ROUNDS} alternating rounds "
-          f"(the baseline once per round, every other form {RUNS_PER_ROUND} times); {machine()}", flush=True)
+          f"(each form: one untimed run, then the baseline once, every other form {RUNS_PER_ROUND} times); "
+          f"{machine()}", flush=True)
     rows = []
     for name in names:
         rows.append(bench_mixer(name, args.repeats))

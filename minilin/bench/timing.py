@@ -25,17 +25,19 @@ def median_ms(fn, repeats: int = 5, warmup: int = 1) -> float:
 def interleaved_median_ms(fns: dict, runs_per_round: dict, rounds: int, warmup: int = 1) -> dict:
     """Median wall time in milliseconds of each `fns[name]()`, timed in alternating rounds.
 
-    Each round runs every function `runs_per_round[name]` times, one function after another, so that a burst
-    of load on a shared machine falls on all of them instead of on whichever was being timed at the time
-    (timed one after the other, a burst during the slow token loop made the CPU bench's speed-up look up
-    to 1.5x better than in the next run). Returns {name: median ms over its rounds * runs_per_round runs}.
+    Each round runs every function, one after another, `warmup` times untimed and then
+    `runs_per_round[name]` times timed. Alternating, a burst of load on a shared machine falls on all of them
+    instead of on whichever was being timed (one after the other, a burst during the slow token loop made
+    the CPU bench's speed-up look up to 1.5x better than in the next run). The untimed runs at the start of
+    each round let every timed run find the memory its own form left behind: right after another form,
+    attention's parallel form (hundreds of MB of temporaries) took 1.7 s instead of 0.37 s on fresh pages.
+    Returns {name: median ms over its rounds * runs_per_round runs}.
     """
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            for _ in range(warmup):
+                fn()
             for _ in range(runs_per_round[name]):
                 start = time.perf_counter()
                 fn()
