@@ -57,3 +57,15 @@ def test_interleaved_timing_alternates_the_forms_round_by_round(monkeypatch):
     times = timing.interleaved_median_ms(fns, {"slow": 1, "fast": 2}, rounds=3, warmup=1)
     assert calls == ["slow", "slow", "fast", "fast", "fast"] * 3  # an untimed run first in every round
     assert times == {"slow": 1000.0, "fast": 1000.0}
+
+
+def test_json_goes_to_a_file_or_to_standard_output(tmp_path, capsys):
+    import json
+
+    from minilin.bench import write_json
+
+    results = {"device": "cpu", "rows": [{"mixer": "x", "recurrent_ms": 1.5}]}
+    write_json(str(tmp_path / "out.json"), results)
+    assert json.loads((tmp_path / "out.json").read_text()) == results
+    write_json("-", results)
+    assert json.loads(capsys.readouterr().out) == results

@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import json
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="time each mixer's forms (checked first)",
@@ -40,3 +42,13 @@ def _run(args) -> int:
 
         return against_fla.main(args)
     return gpu.main(args)
+
+
+def write_json(destination: str, results: dict) -> None:
+    """`--json`: the results as indented JSON to the file `destination`, or to standard output for '-'."""
+    payload = json.dumps(results, indent=2)
+    if destination == "-":
+        print(payload)
+    else:
+        with open(destination, "w") as f:
+            f.write(payload + "\n")

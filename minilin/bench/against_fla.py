@@ -18,11 +18,10 @@ the median over rounds and the ratio minilin / FLA (the goal: 0.9 or less).
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 
-from . import gpu
+from . import gpu, write_json
 from .gpu_timing import copy_bandwidth_gbs, median_ms
 
 MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
@@ -145,11 +144,6 @@ def main(args) -> int:
             rows.append(row)
     print(format_table(rows, copy_gbs))
     if args.json:
-        payload = json.dumps({"against": "fla", "machine": info, "copy_bandwidth_gbs": copy_gbs,
-                              "problem": gpu.PROBLEM, "rows": rows}, indent=2)
-        if args.json == "-":
-            print(payload)
-        else:
-            with open(args.json, "w") as f:
-                f.write(payload + "\n")
+        write_json(args.json, {"against": "fla", "machine": info, "copy_bandwidth_gbs": copy_gbs,
+                               "problem": gpu.PROBLEM, "rows": rows})
     return 1 if any("ratio" not in r for r in rows) else 0

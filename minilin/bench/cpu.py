@@ -9,13 +9,13 @@ rounds (`timing.interleaved_median_ms`), so that load on a shared machine hits t
 """
 from __future__ import annotations
 
-import json
 import platform
 import sys
 
 import numpy as np
 
 from .. import catalog
+from . import write_json
 from .timing import interleaved_median_ms, minor_page_faults
 
 PROBLEM = dict(B=1, T=4096, H=4, K=64, V=64)
@@ -104,11 +104,6 @@ def main(args) -> int:
         print(f"  {name}: done", file=sys.stderr, flush=True)
     print(format_table(rows))
     if args.json:
-        payload = json.dumps({"device": "cpu", "machine": machine(), "problem": PROBLEM, "rows": rows}, indent=2)
-        if args.json == "-":
-            print(payload)
-        else:
-            with open(args.json, "w") as f:
-                f.write(payload + "\n")
+        write_json(args.json, {"device": "cpu", "machine": machine(), "problem": PROBLEM, "rows": rows})
     wrong = [r["mixer"] for r in rows if any(v is None for k, v in r.items() if k.endswith("_ms"))]
     return 1 if wrong else 0

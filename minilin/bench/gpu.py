@@ -26,13 +26,13 @@ its share of the measured device copy bandwidth; relative error of o; speed-up o
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import catalog
+from . import write_json
 from .gpu_timing import copy_bandwidth_gbs, median_ms
 
 PROBLEM = dict(B=4, H=16, K=128, V=128)
@@ -399,13 +399,8 @@ def main(args) -> int:
     derive(rows, copy_gbs)
     print(format_tables(rows, copy_gbs))
     if args.json:
-        payload = json.dumps({"device": "gpu", "machine": info, "copy_bandwidth_gbs": copy_gbs, "problem": PROBLEM,
-                              "tolerance": TOLERANCE, "rows": [flat(r) for r in rows]}, indent=2)
-        if args.json == "-":
-            print(payload)
-        else:
-            with open(args.json, "w") as f:
-                f.write(payload + "\n")
+        write_json(args.json, {"device": "gpu", "machine": info, "copy_bandwidth_gbs": copy_gbs, "problem": PROBLEM,
+                               "tolerance": TOLERANCE, "rows": [flat(r) for r in rows]})
     # minilin's own rows decide the exit status; an optional baseline outside tolerance is reported only
     wrong = [r for r in rows if r.note.startswith(("WRONG", "failed")) and not r.implementation.startswith("fla")]
     return 1 if wrong else 0
