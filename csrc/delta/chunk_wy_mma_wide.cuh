@@ -12,6 +12,7 @@
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
 #include "../common/chunk_tiles.cuh"
+#include "wy_tiles.cuh"
 
 namespace minilin {
 namespace delta_wide {
@@ -50,18 +51,8 @@ struct Layout {
 
 template <int K>
 __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, const bf16* wy, int b, int h, int n, int v0) {
-  const int t0 = n * kChunk, valid = min(kChunk, p.T - t0), chunks = ceil_div(p.T, kChunk);
-  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-  // g travels below, beside beta, in one pass of the first 64 threads
-  cp_async_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, nullptr, p, b, h, t0, v0);
-  const bf16* wy_chunk = wy + ((static_cast<long long>(b) * p.H + h) * chunks + n) * kChunk * kChunk;
-  cp_async_rows(L.wy(stage), kLdC, wy_chunk, kChunk, kChunk, kChunk, kChunk);
-  if (threadIdx.x < kChunk) {
-    const bool ok = threadIdx.x < valid;
-    const long long at = first + static_cast<long long>(threadIdx.x) * p.H;
-    if (p.g) cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + at : p.g, ok);
-    cp_async_4(L.beta(stage) + threadIdx.x, ok ? p.beta + at : p.beta, ok);
-  }
+  cp_async_wy_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, L.wy(stage), kLdC,
+                                L.g(stage), L.beta(stage), p, wy, b, h, n, v0);
 }
 
 // kLoads: phase 1's three products in three k loops (v4, v5), in one with Q's and S's fragments loaded once
@@ -187,9 +178,7 @@ void launch_chunks(const Problem& p, const bf16* wy, const char* name) {
   check_launch(name, p);
 }
 
-inline size_t workspace_bytes(int B, int T, int H, int, int) {
-  return size_t(B) * H * ceil_div(T, kChunk) * kChunk * kChunk * sizeof(bf16);
-}
+inline size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspace_elements(B, T, H) * sizeof(bf16); }
 
 // The argument checks v4 - v7 share; `name` is the version's kernel name for the messages.
 inline void check_problem(const Problem& p, const std::string& name) {

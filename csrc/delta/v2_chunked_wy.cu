@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_v2_chunked(const Problem p,
     load_chunk_f32(k_s, ldk, k, p, b, h, t0, K, 0, K, 1.0f);
     load_chunk_f32(v_s, kLdV, v, p, b, h, t0, V, v0, kBlockV, 1.0f);
     load_chunk_scalars(beta, p.beta, p, b, h, t0);
-    const float* T_chunk = wy + ((static_cast<long long>(b) * H + h) * chunks + n) * kChunk * kChunk;
+    const float* T_chunk = wy + wy_tile_offset(b, H, h, chunks, n);
     for (int i = threadIdx.x; i < kChunk * kChunk; i += kThreads) T_s[(i / kChunk) * kLdC + i % kChunk] = T_chunk[i];
     if (threadIdx.x < 32) load_chunk_cumsum(G, p.g, p, b, h, t0);
     __syncthreads();

@@ -55,18 +55,8 @@ struct Layout {
 
 template <int K>
 __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, const bf16* wy, int b, int h, int n, int v0) {
-  const int t0 = n * kChunk, valid = min(kChunk, p.T - t0), chunks = ceil_div(p.T, kChunk);
-  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-  // g travels below, beside beta, in one pass of the first 64 threads
-  cp_async_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, nullptr, p, b, h, t0, v0);
-  const bf16* wy_chunk = wy + ((static_cast<long long>(b) * p.H + h) * chunks + n) * kChunk * kChunk;
-  cp_async_rows(L.wy(stage), kLdC, wy_chunk, kChunk, kChunk, kChunk, kChunk);
-  if (threadIdx.x < kChunk) {
-    const bool ok = threadIdx.x < valid;
-    const long long at = first + static_cast<long long>(threadIdx.x) * p.H;
-    if (p.g) cp_async_4(L.g(stage) + threadIdx.x, ok ? p.g + at : p.g, ok);
-    cp_async_4(L.beta(stage) + threadIdx.x, ok ? p.beta + at : p.beta, ok);
-  }
+  cp_async_wy_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, L.wy(stage), kLdC,
+                                L.g(stage), L.beta(stage), p, wy, b, h, n, v0);
 }
 
 template <int K>

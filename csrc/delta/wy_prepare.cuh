@@ -7,21 +7,18 @@
 //
 // A is built from K K^T (fp32 CUDA cores for v2, bf16 tensor cores for v3); T is found by forward
 // substitution, one thread per column c: x_i = [i == c] - sum_{j < i} A_ij x_j (64 threads, no barriers).
-// Output: T for chunk n of head (b, h) at out[((b * H + h) * N + n) * 64 * 64 + i * 64 + j].
+// Output: T for chunk n of head (b, h) as one tile of the WY workspace (wy_tiles.cuh).
 #pragma once
 
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
+#include "wy_tiles.cuh"
 
 namespace minilin {
 
 constexpr int kWyThreads = 256;
 constexpr int kLdA = kChunk + 4;  // fp32 rows of A: 16-byte aligned, so the solve's row reads can vectorize
-
-inline size_t wy_workspace_elements(int B, int T, int H) {
-  return size_t(B) * H * ceil_div(T, kChunk) * kChunk * kChunk;
-}
 
 inline size_t wy_shared_bytes(int K, bool tensor_cores) {
   const size_t keys = tensor_cores ? size_t(kChunk) * (K + 8) * sizeof(__nv_bfloat16) : size_t(kChunk) * (K + 1) * sizeof(float);
@@ -81,7 +78,7 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_prepare(const Problem p, 
 
   if (threadIdx.x < kChunk) {
     const int c = threadIdx.x;
-    Out* T_out = out + ((static_cast<long long>(b) * p.H + h) * gridDim.x + n) * kChunk * kChunk;
+    Out* T_out = out + wy_tile_offset(b, p.H, h, gridDim.x, n);
     float x[kChunk];
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {

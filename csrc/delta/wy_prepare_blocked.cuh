@@ -19,6 +19,7 @@
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
+#include "wy_tiles.cuh"
 
 namespace minilin {
 
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) delta_wy_prepare_blocked(const Probl
   }
 
   // Store T in bf16, zeros above the diagonal blocks: 8 elements (16 bytes) per thread and step.
-  __nv_bfloat16* T_out = out + ((static_cast<long long>(b) * p.H + h) * gridDim.x + n) * kChunk * kChunk;
+  __nv_bfloat16* T_out = out + wy_tile_offset(b, p.H, h, gridDim.x, n);
   for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
     const int r = e / kChunk, c = e % kChunk;
     const bool above = c / kBlock > r / kBlock;
