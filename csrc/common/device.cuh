@@ -95,6 +95,15 @@ __device__ __forceinline__ float2 chunk_cumsum_64(float g_even, float g_odd) {
   return make_float2(pair_inclusive - g_odd, pair_inclusive);
 }
 
+// G[0..63] = chunk_cumsum_64 of the chunk's 64 log-gates staged in g, written by the calling warp; all zeros
+// when the op has no gate (gated false: g is then not read).
+__device__ __forceinline__ void warp_chunk_cumsum(float* G, const float* g, bool gated) {
+  const int lane = threadIdx.x & 31;
+  const float2 G2 = chunk_cumsum_64(gated ? g[2 * lane] : 0.0f, gated ? g[2 * lane + 1] : 0.0f);
+  G[2 * lane] = G2.x;
+  G[2 * lane + 1] = G2.y;
+}
+
 // Reduce N values per lane (N = 8 or 16) over the warp's 32 lanes in log2(N) + (5 - log2(N)) steps
 // and N - 1 + 5 - log2(N) shuffles, instead of N * 5 shuffles for N separate butterflies.
 // At each halving step a lane keeps the half of its values that its partner sends away, so after

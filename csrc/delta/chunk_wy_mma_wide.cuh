@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
   const Layout<K> L{smem};
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int m0 = 16 * (warp >> 2), n0 = 16 * (warp & 3);  // this warp's 16 x 16 tile of P, X, Delta and O
   const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
   const float scale = p.scale;
@@ -93,13 +93,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     const bf16* k_s = L.k(stage);
     const bf16* v_s = L.v(stage);
     const float* beta = L.beta(stage);
-    {  // every warp its own copy of G: no barrier
-      const float* g = L.g(stage);
-      const float2 G2 = chunk_cumsum_64(p.g ? g[2 * lane] : 0.0f, p.g ? g[2 * lane + 1] : 0.0f);
-      G[2 * lane] = G2.x;
-      G[2 * lane + 1] = G2.y;
-      __syncwarp();
-    }
+    warp_chunk_cumsum(G, L.g(stage), p.g != nullptr);  // every warp its own copy of G: no barrier
+    __syncwarp();
     const float G_last = G[kChunk - 1];
 
     // ---- phase 1: P; R = diag(exp(G)) Q S; X = diag(beta) (V - diag(exp(G)) K S)

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_v3_chunked_mma(const Probl
   const Layout<K> L{smem};
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);  // this warp's tile of P and of O
   const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);  // ... of S
   const float scale = p.scale;
@@ -88,12 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_v3_chunked_mma(const Probl
     const bf16* k_s = L.k(stage);
     const bf16* v_s = L.v(stage);
     float* G = L.G();
-    if (warp == 0) {
-      const float* g = L.g(stage);
-      const float2 G2 = chunk_cumsum_64(p.g ? g[2 * lane] : 0.0f, p.g ? g[2 * lane + 1] : 0.0f);
-      G[2 * lane] = G2.x;
-      G[2 * lane + 1] = G2.y;
-    }
+    if (warp == 0) warp_chunk_cumsum(G, L.g(stage), p.g != nullptr);
     __syncthreads();
     const float G_last = G[kChunk - 1];
 
