@@ -77,6 +77,19 @@ __device__ __forceinline__ void load_b_pair_transposed(unsigned (&b)[4], const _
 // kA / kB say how A and B are stored (see the loaders above). NT must be even (B tiles load in pairs).
 enum class Stored { kRowMajor, kTransposed };
 
+// The A tile at (m0, k0) and the B pair at (k0, n0), each read the way its operand is stored.
+template <Stored kA>
+__device__ __forceinline__ void load_a_stored(unsigned (&a)[4], const __nv_bfloat16* A, int lda, int m0, int k0) {
+  if constexpr (kA == Stored::kRowMajor) load_a(a, A, lda, m0, k0);
+  else load_a_transposed(a, A, lda, m0, k0);
+}
+
+template <Stored kB>
+__device__ __forceinline__ void load_b_pair_stored(unsigned (&b)[4], const __nv_bfloat16* B, int ldb, int k0, int n0) {
+  if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(b, B, ldb, k0, n0);
+  else load_b_pair(b, B, ldb, k0, n0);
+}
+
 // One k-step of 16 of a warp's tile of C = A B: MT x NT tiles of 16 x 8 at k0. kSchedulable: the mma without
 // `volatile`, for the unrolled loops below.
 template <int MT, int NT, Stored kA, Stored kB, bool kSchedulable>
@@ -85,15 +98,11 @@ __device__ __forceinline__ void warp_mma_step(float (&acc)[MT][NT][4], const __n
   static_assert(NT % 2 == 0, "B tiles are loaded in pairs");
   unsigned a[MT][4];
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    if constexpr (kA == Stored::kRowMajor) load_a(a[i], A, lda, m0 + 16 * i, k0);
-    else load_a_transposed(a[i], A, lda, m0 + 16 * i, k0);
-  }
+  for (int i = 0; i < MT; ++i) load_a_stored<kA>(a[i], A, lda, m0 + 16 * i, k0);
 #pragma unroll
   for (int j = 0; j < NT; j += 2) {
     unsigned b[4];
-    if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(b, B, ldb, k0, n0 + 8 * j);
-    else load_b_pair(b, B, ldb, k0, n0 + 8 * j);
+    load_b_pair_stored<kB>(b, B, ldb, k0, n0 + 8 * j);
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
       if constexpr (kSchedulable) {
@@ -183,15 +192,9 @@ __device__ __forceinline__ void load_step(StepFragments<MT, NT>& f, const __nv_b
                                           const __nv_bfloat16* B, int ldb, int m0, int n0, int k0) {
   static_assert(NT % 2 == 0, "B tiles are loaded in pairs");
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    if constexpr (kA == Stored::kRowMajor) load_a(f.a[i], A, lda, m0 + 16 * i, k0);
-    else load_a_transposed(f.a[i], A, lda, m0 + 16 * i, k0);
-  }
+  for (int i = 0; i < MT; ++i) load_a_stored<kA>(f.a[i], A, lda, m0 + 16 * i, k0);
 #pragma unroll
-  for (int j = 0; j < NT; j += 2) {
-    if constexpr (kB == Stored::kRowMajor) load_b_pair_transposed(f.b[j / 2], B, ldb, k0, n0 + 8 * j);
-    else load_b_pair(f.b[j / 2], B, ldb, k0, n0 + 8 * j);
-  }
+  for (int j = 0; j < NT; j += 2) load_b_pair_stored<kB>(f.b[j / 2], B, ldb, k0, n0 + 8 * j);
 }
 
 template <int MT, int NT>
