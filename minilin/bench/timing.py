@@ -10,16 +10,21 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 
-def median_ms(fn, repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall time of `fn()` in milliseconds over `repeats` runs, after `warmup` untimed runs."""
+def _run_times(fn, runs: int, warmup: int) -> list[float]:
+    """Seconds of each of `runs` timed calls of `fn()`, after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     times = []
-    for _ in range(repeats):
+    for _ in range(runs):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return times
+
+
+def median_ms(fn, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of `fn()` in milliseconds over `repeats` runs, after `warmup` untimed runs."""
+    return statistics.median(_run_times(fn, repeats, warmup)) * 1e3
 
 
 def interleaved_median_ms(fns: dict, runs_per_round: dict, rounds: int, warmup: int = 1) -> dict:
@@ -36,12 +41,7 @@ def interleaved_median_ms(fns: dict, runs_per_round: dict, rounds: int, warmup: 
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            for _ in range(warmup):
-                fn()
-            for _ in range(runs_per_round[name]):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
+            times[name] += _run_times(fn, runs_per_round[name], warmup)
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
