@@ -1,6 +1,6 @@
 """Check for exercise 02 (you do not need to edit this file): both forms of linear attention against
 minilin.mixers.linear_attention, in float64, and the FLOP counts against the formulas of the docstring."""
-from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_equal, label, unpack
+from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_equal, assert_output_and_state, label
 from minilin.mixers import linear_attention
 
 SIZES = [(1, 1, 1), (7, 3, 5), (64, 64, 64), (100, 16, 48), (4096, 128, 64)]
@@ -19,12 +19,10 @@ def test_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 20):
         (q, k, v), _ = linear_attention.example_inputs(**case, seed=seed)
         for scale in (None, 0.7):
-            expected_o, expected_S = linear_attention.recurrent(q, k, v, scale=scale)
-            o, S = unpack("linear_attention_recurrent(...)", learner.linear_attention_recurrent(q, k, v, scale=scale),
-                          2, "(o, final_state)")
-            where = f"(scale={scale}) [{label(case)}]"
-            assert_close(f"linear_attention_recurrent: o {where}", o, expected_o, dims="B T H V")
-            assert_close(f"linear_attention_recurrent: final state {where}", S, expected_S, dims="B H K V")
+            assert_output_and_state("linear_attention_recurrent",
+                                    learner.linear_attention_recurrent(q, k, v, scale=scale),
+                                    linear_attention.recurrent(q, k, v, scale=scale),
+                                    f"(scale={scale}) [{label(case)}]")
 
 
 def test_flops_and_crossover(learner):

@@ -3,7 +3,7 @@ minilin.mixers.retnet, in float64, on random inputs with random per-head decays.
 import numpy as np
 
 from minilin.chunking import decay_matrix
-from minilin.course.checks import SEQUENCE_CASES, assert_close, label, unpack
+from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_output_and_state, label
 from minilin.mixers import retnet
 
 
@@ -38,19 +38,14 @@ def test_retnet_parallel(learner):
 def test_retnet_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 70):
         q, k, v, gamma = _inputs(case, seed)
-        expected_o, expected_S = retnet.recurrent(q, k, v, gamma=gamma)
-        o, S = unpack("retnet_recurrent(...)", learner.retnet_recurrent(q, k, v, gamma), 2, "(o, final_state)")
-        assert_close(f"retnet_recurrent: o [{label(case)}]", o, expected_o, dims="B T H V")
-        assert_close(f"retnet_recurrent: final state [{label(case)}]", S, expected_S, dims="B H K V")
+        assert_output_and_state("retnet_recurrent", learner.retnet_recurrent(q, k, v, gamma),
+                                retnet.recurrent(q, k, v, gamma=gamma), f"[{label(case)}]")
 
 
 def test_retnet_chunked(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 80):
         q, k, v, gamma = _inputs(case, seed)
-        expected_o, expected_S = retnet.recurrent(q, k, v, gamma=gamma, scale=0.3)
+        expected = retnet.recurrent(q, k, v, gamma=gamma, scale=0.3)
         for C in (16, 1, 64, 5):
-            o, S = unpack("retnet_chunked(...)", learner.retnet_chunked(q, k, v, gamma, scale=0.3, chunk_size=C),
-                          2, "(o, final_state)")
-            where = f"[{label(case, chunk_size=C)}]"
-            assert_close(f"retnet_chunked: o {where}", o, expected_o, dims="B T H V", chunk_size=C)
-            assert_close(f"retnet_chunked: final state {where}", S, expected_S, dims="B H K V")
+            assert_output_and_state("retnet_chunked", learner.retnet_chunked(q, k, v, gamma, scale=0.3, chunk_size=C),
+                                    expected, f"[{label(case, chunk_size=C)}]", chunk_size=C)

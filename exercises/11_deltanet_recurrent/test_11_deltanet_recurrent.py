@@ -2,7 +2,7 @@
 minilin.mixers.deltanet.step, and the recurrence against minilin.mixers.deltanet, in float64."""
 import numpy as np
 
-from minilin.course.checks import SEQUENCE_CASES, assert_close, label, unpack
+from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_output_and_state, label
 from minilin.mixers import deltanet
 
 
@@ -23,20 +23,15 @@ def test_delta_write(learner):
 def test_deltanet_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 140):
         (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=seed)
-        expected_o, expected_S = deltanet.recurrent(q, k, v, beta)
-        o, S = unpack("deltanet_recurrent(...)", learner.deltanet_recurrent(q, k, v, beta), 2, "(o, final_state)")
-        assert_close(f"deltanet_recurrent: o [{label(case)}]", o, expected_o, dims="B T H V")
-        assert_close(f"deltanet_recurrent: final state [{label(case)}]", S, expected_S, dims="B H K V")
+        assert_output_and_state("deltanet_recurrent", learner.deltanet_recurrent(q, k, v, beta),
+                                deltanet.recurrent(q, k, v, beta), f"[{label(case)}]")
 
 
 def test_deltanet_recurrent_from_a_state(learner):
     case = SEQUENCE_CASES[1]
     (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=150)
     S0 = np.random.default_rng(151).standard_normal((case["B"], case["H"], case["K"], case["V"]))
-    expected_o, expected_S = deltanet.recurrent(q, k, v, beta, scale=0.6, initial_state=S0)
-    o, S = unpack("deltanet_recurrent(...)", learner.deltanet_recurrent(q, k, v, beta, scale=0.6,
-                                                                          initial_state=S0.copy()),
-                  2, "(o, final_state)")
-    assert_close(f"deltanet_recurrent(initial_state=S0, scale=0.6): o [{label(case)}]", o, expected_o, dims="B T H V")
-    assert_close(f"deltanet_recurrent(initial_state=S0, scale=0.6): final state [{label(case)}]", S, expected_S,
-                 dims="B H K V")
+    expected = deltanet.recurrent(q, k, v, beta, scale=0.6, initial_state=S0)
+    assert_output_and_state("deltanet_recurrent",
+                            learner.deltanet_recurrent(q, k, v, beta, scale=0.6, initial_state=S0.copy()), expected,
+                            f"[{label(case)}]", args="(initial_state=S0, scale=0.6)")

@@ -5,7 +5,7 @@ import numpy as np
 
 from minilin import examples
 from minilin.chunking import unit_lower_inverse
-from minilin.course.checks import SEQUENCE_CASES, assert_close, label, unpack
+from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_output_and_state, label, unpack
 from minilin.mixers import deltanet
 
 
@@ -28,22 +28,15 @@ def test_wy_representation(learner):
 def test_deltanet_chunked(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 170):
         (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=seed)
-        expected_o, expected_S = deltanet.recurrent(q, k, v, beta)
+        expected = deltanet.recurrent(q, k, v, beta)
         for C in (16, 1, 64, 5):
-            o, S = unpack("deltanet_chunked(...)", learner.deltanet_chunked(q, k, v, beta, chunk_size=C), 2,
-                          "(o, final_state)")
-            where = f"[{label(case, chunk_size=C)}]"
-            assert_close(f"deltanet_chunked: o {where}", o, expected_o, dims="B T H V", chunk_size=C)
-            assert_close(f"deltanet_chunked: final state {where}", S, expected_S, dims="B H K V")
+            assert_output_and_state("deltanet_chunked", learner.deltanet_chunked(q, k, v, beta, chunk_size=C), expected,
+                                    f"[{label(case, chunk_size=C)}]", chunk_size=C)
 
 
 def test_deltanet_chunked_scale(learner):
     case = dict(B=1, T=50, H=2, K=8, V=4)
     (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=180)
-    expected_o, expected_S = deltanet.recurrent(q, k, v, beta, scale=1.5)
-    o, S = unpack("deltanet_chunked(...)", learner.deltanet_chunked(q, k, v, beta, scale=1.5, chunk_size=16), 2,
-                  "(o, final_state)")
-    assert_close(f"deltanet_chunked(scale=1.5): o [{label(case, chunk_size=16)}]", o, expected_o, dims="B T H V",
-                 chunk_size=16)
-    assert_close(f"deltanet_chunked(scale=1.5): final state [{label(case, chunk_size=16)}]", S, expected_S,
-                 dims="B H K V")
+    assert_output_and_state("deltanet_chunked", learner.deltanet_chunked(q, k, v, beta, scale=1.5, chunk_size=16),
+                            deltanet.recurrent(q, k, v, beta, scale=1.5), f"[{label(case, chunk_size=16)}]",
+                            args="(scale=1.5)", chunk_size=16)

@@ -3,41 +3,33 @@ recurrence of minilin.mixers.gated_deltanet, in float64, including decays strong
 overflows."""
 import numpy as np
 
-from minilin.course.checks import SEQUENCE_CASES, assert_close, label, unpack
+from minilin.course.checks import SEQUENCE_CASES, assert_output_and_state, label
 from minilin.mixers import gated_deltanet
 
 
 def test_gated_deltanet_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 190):
         (q, k, v, g, beta), _ = gated_deltanet.example_inputs(**case, seed=seed)
-        expected_o, expected_S = gated_deltanet.recurrent(q, k, v, g, beta)
-        o, S = unpack("gated_deltanet_recurrent(...)", learner.gated_deltanet_recurrent(q, k, v, g, beta), 2,
-                      "(o, final_state)")
-        assert_close(f"gated_deltanet_recurrent: o [{label(case)}]", o, expected_o, dims="B T H V")
-        assert_close(f"gated_deltanet_recurrent: final state [{label(case)}]", S, expected_S, dims="B H K V")
+        assert_output_and_state("gated_deltanet_recurrent", learner.gated_deltanet_recurrent(q, k, v, g, beta),
+                                gated_deltanet.recurrent(q, k, v, g, beta), f"[{label(case)}]")
 
 
 def test_gated_deltanet_chunked(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 200):
         (q, k, v, g, beta), _ = gated_deltanet.example_inputs(**case, seed=seed)
-        expected_o, expected_S = gated_deltanet.recurrent(q, k, v, g, beta, scale=0.8)
+        expected = gated_deltanet.recurrent(q, k, v, g, beta, scale=0.8)
         for C in (16, 1, 64, 5):
-            o, S = unpack("gated_deltanet_chunked(...)",
-                          learner.gated_deltanet_chunked(q, k, v, g, beta, scale=0.8, chunk_size=C), 2,
-                          "(o, final_state)")
-            where = f"[{label(case, chunk_size=C)}]"
-            assert_close(f"gated_deltanet_chunked: o {where}", o, expected_o, dims="B T H V", chunk_size=C)
-            assert_close(f"gated_deltanet_chunked: final state {where}", S, expected_S, dims="B H K V")
+            assert_output_and_state("gated_deltanet_chunked",
+                                    learner.gated_deltanet_chunked(q, k, v, g, beta, scale=0.8, chunk_size=C),
+                                    expected, f"[{label(case, chunk_size=C)}]", chunk_size=C)
 
 
 def test_gated_deltanet_chunked_strong_decay(learner):
     case = dict(B=1, T=90, H=2, K=8, V=4)
     (q, k, v, _, beta), _ = gated_deltanet.example_inputs(**case, seed=210)
     g = np.random.default_rng(211).uniform(-30.0, -5.0, (1, 90, 2))   # a chunk of 64 sums to about -1100
-    expected_o, expected_S = gated_deltanet.recurrent(q, k, v, g, beta)
     with np.errstate(over="ignore", invalid="ignore"):
-        o, S = unpack("gated_deltanet_chunked(...)", learner.gated_deltanet_chunked(q, k, v, g, beta, chunk_size=64),
-                      2, "(o, final_state)")
+        result = learner.gated_deltanet_chunked(q, k, v, g, beta, chunk_size=64)
     where = f"[{label(case, chunk_size=64)}, g in [-30, -5]: exp(-G) overflows, keep exponents <= 0]"
-    assert_close(f"gated_deltanet_chunked: o {where}", o, expected_o, dims="B T H V", chunk_size=64)
-    assert_close(f"gated_deltanet_chunked: final state {where}", S, expected_S, dims="B H K V")
+    assert_output_and_state("gated_deltanet_chunked", result, gated_deltanet.recurrent(q, k, v, g, beta), where,
+                            chunk_size=64)

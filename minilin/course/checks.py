@@ -153,6 +153,17 @@ def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: flo
     fail("\n".join(lines))
 
 
+def assert_output_and_state(name: str, result, expected, where: str, *, args: str = "",
+                             chunk_size: int | None = None):
+    """A mixer form's result checked as the pair (o, final_state) of CONVENTIONS.md against the reference pair
+    `expected`: o [B, T, H, V] (its first wrong step located by chunk when chunk_size is given) and the state
+    [B, H, K, V]. Messages name `name` + `args` (e.g. "(scale=0.25)") and say `where`."""
+    __tracebackhide__ = True
+    o, S = unpack(f"{name}(...)", result, 2, "(o, final_state)")
+    assert_close(f"{name}{args}: o {where}", o, expected[0], dims="B T H V", chunk_size=chunk_size)
+    assert_close(f"{name}{args}: final state {where}", S, expected[1], dims="B H K V")
+
+
 def gpu_status() -> tuple[bool, str]:
     """(True, device name) when CuPy imports and sees a GPU, else (False, why not)."""
     try:
