@@ -48,12 +48,79 @@ __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, int 
   cp_async_chunk<K, kBlockV>(L.q(stage), L.k(stage), Layout<K>::kLdK, L.v(stage), kLdV, L.g(stage), p, b, h, t0, v0);
 }
 
+// One chunk's on-chip tiles: its q and k rows (stride K + 8), v rows (kLdV), cumulative gate G, and the
+// block's scores P, bf16 copy of S and V decayed.
+struct ChunkTiles {
+  const bf16 *q, *k, *v;
+  const float* G;
+  bf16 *P, *S, *v_decayed;
+};
+
+// Phase 1, this warp's share: P = (Q K^T) * exp(G_i - G_j) causal, into shared memory (tile at m0, n0);
+// R = diag(exp(G)) Q S, in registers; and V decayed to the chunk's end, spread over kThreads threads
+// (`thread` is this one's index among them). Returns G_last, the chunk's total log-decay.
 // kLoads: Q K^T and Q S in two k loops (v4), in one with Q's A fragments loaded once (v5), and that with every
 // k loop's fragments loaded one step ahead (v6).
 template <int K, Loads kLoads>
+__device__ __forceinline__ float chunk_phase1(float (&R)[1][2][4], const ChunkTiles& c, int m0, int n0, int thread) {
+  constexpr int kLdK = K + 8;
+  const float* G = c.G;
+  float QK[1][2][4];
+  zero(QK);
+  zero(R);
+  const bool below_diagonal = n0 < m0 + 16;
+  if constexpr (kLoads == Loads::kFusedPipelined) {
+    float unused[1][2][4];
+    warp_phase1_pipelined<K / 16, false>(QK, R, unused, c.q, c.k, kLdK, c.S, kLdV, m0, n0, below_diagonal);
+    store_decayed_scores(QK, G, c.P, kLdC, m0, n0);
+  } else if constexpr (kLoads == Loads::kFused) {
+    float unused[1][2][4];
+    warp_phase1_fused<K / 16, false>(QK, R, unused, c.q, c.k, kLdK, c.S, kLdV, m0, n0, below_diagonal);
+    store_decayed_scores(QK, G, c.P, kLdC, m0, n0);
+  } else {
+    if (below_diagonal)
+      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kTransposed, K / 16>(QK, c.q, kLdK, c.k, kLdK, m0, n0, 0);
+    store_decayed_scores(QK, G, c.P, kLdC, m0, n0);
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(R, c.q, kLdK, c.S, kLdV, m0, n0, 0);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) R[0][j][e] *= __expf(G[m0 + acc_row(0, e)]);
+  const float G_last = G[kChunk - 1];
+  for (int i = thread; i < kChunk * kBlockV / 8; i += kThreads) {
+    const int j = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+    float x[8];
+    load8(c.v + j * kLdV + col, x);
+    const float d = __expf(G_last - G[j]);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) store_bf16x2(c.v_decayed + j * kLdV + col + e, d * x[e], d * x[e + 1]);
+  }
+  return G_last;
+}
+
+// Phase 2's output (after a barrier: P and V decayed are complete): R += P V for this warp's tile, over the
+// key blocks up to the diagonal.
+template <Loads kLoads>
+__device__ __forceinline__ void chunk_output(float (&R)[1][2][4], const ChunkTiles& c, int m0, int n0) {
+  warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, c.P, kLdC, c.v, kLdV, m0, n0, 0,
+                                                                                   (m0 >> 4) + 1);
+}
+
+// Phase 2's state update, this warp's slice of S (rows s_m0.., columns s_n0..): S <- exp(G_last) S + K^T (V
+// decayed); then the slice's bf16 copy, which only the next chunk's phase 1 reads.
+template <int K, Loads kLoads, int NT>
+__device__ __forceinline__ void chunk_state_update(float (&S)[1][NT][4], const ChunkTiles& c, float G_last, int s_m0,
+                                                   int s_n0) {
+  scale_tiles(S, __expf(G_last));
+  warp_mma_k_loop<kLoads, 1, NT, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(S, c.k, K + 8, c.v_decayed, kLdV,
+                                                                                      s_m0, s_n0, 0);
+  store_state_copy(S, c.S, kLdV, s_m0, s_n0);
+}
+
+template <int K, Loads kLoads>
 __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kLdK = Layout<K>::kLdK;
   constexpr int kRowSharers = kWarps / (K / 16);            // warps sharing one 16-row tile of S
   constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;  // 8-column tiles of S per warp
   static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
@@ -82,55 +149,16 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
     if (n + 1 < chunks) load_chunk<K>(L, stage ^ 1, p, b, h, t0 + kChunk, v0);
     cp_async_commit();
 
-    const bf16* q_s = L.q(stage);
-    const bf16* k_s = L.k(stage);
-    const bf16* v_s = L.v(stage);
     warp_chunk_cumsum(G, L.g(stage), p.g != nullptr);  // every warp its own copy of G: no barrier
     __syncwarp();
-    const float G_last = G[kChunk - 1];
 
-    // ---- phase 1: P, R = diag(exp(G)) Q S, V decayed to the end
-    float QK[1][2][4], R[1][2][4];
-    zero(QK);
-    zero(R);
-    const bool below_diagonal = n0 < m0 + 16;
-    if constexpr (kLoads == Loads::kFusedPipelined) {
-      float unused[1][2][4];
-      warp_phase1_pipelined<K / 16, false>(QK, R, unused, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
-      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
-    } else if constexpr (kLoads == Loads::kFused) {
-      float unused[1][2][4];
-      warp_phase1_fused<K / 16, false>(QK, R, unused, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
-      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
-    } else {
-      if (below_diagonal)
-        warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kTransposed, K / 16>(QK, q_s, kLdK, k_s, kLdK, m0, n0, 0);
-      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
-      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(R, q_s, kLdK, L.S(), kLdV, m0, n0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) R[0][j][e] *= __expf(G[m0 + acc_row(0, e)]);
-    for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {
-      const int j = i / (kBlockV / 8), c = (i % (kBlockV / 8)) * 8;
-      float x[8];
-      load8(v_s + j * kLdV + c, x);
-      const float d = __expf(G_last - G[j]);
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) store_bf16x2(L.v_decayed() + j * kLdV + c + e, d * x[e], d * x[e + 1]);
-    }
+    const ChunkTiles tiles{L.q(stage), L.k(stage), L.v(stage), G, L.P(), L.S(), L.v_decayed()};
+    float R[1][2][4];
+    const float G_last = chunk_phase1<K, kLoads>(R, tiles, m0, n0, threadIdx.x);
     __syncthreads();
-
-    // ---- phase 2: O = R + P V; S <- exp(G_last) S + K^T (V decayed); rewrite this warp's slice of the copy
-    warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, v_s, kLdV, m0, n0,
-                                                                                     0, (m0 >> 4) + 1);
+    chunk_output<kLoads>(R, tiles, m0, n0);
     store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
-    const float decay = __expf(G_last);
-    scale_tiles(S, decay);
-    warp_mma_k_loop<kLoads, 1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
-        S, k_s, kLdK, L.v_decayed(), kLdV, s_m0, s_n0, 0);
-    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+    chunk_state_update<K, kLoads>(S, tiles, G_last, s_m0, s_n0);
   }
 
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
