@@ -121,3 +121,17 @@ def test_bad_inputs_name_the_argument(fake_cupy, case, error, message):
     with pytest.raises(error, match=message):
         front.delta_rule(q, k, v, beta, g, check_values=False, **kwargs)
     assert not fake_cupy, "nothing may launch after a failed check"
+
+
+def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
+    ladder = ({"op": "linear", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80},
+              {"op": "linear", "version": 2, "name": "hopper_only", "float32": False, "bfloat16": True,
+               "min_compute_capability": 90})
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    assert front._version_info("linear", None, True, 90)["version"] == 2
+    assert front._version_info("linear", None, True, 80)["version"] == 1  # an A100 falls back to what it runs
+    assert front._version_info("linear", None, False, 90)["version"] == 1
+    assert front._version_info("linear", 2, True, 80)["version"] == 2  # asked for by number: _launch refuses it
+    with pytest.raises(RuntimeError, match=r"version: no linear version runs on compute capability 7.5"):
+        front._version_info("linear", None, True, 75)

@@ -68,10 +68,14 @@ def versions(op: str | None = None) -> list[dict]:
     return [dict(v) for v in _built_versions() if op is None or v["op"] == op]
 
 
-def _version_info(op: str, version, dtype_is_bf16: bool) -> dict:
+def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
-    if version is None:  # the last rung of the ladder that takes this dtype
-        usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"])]
+    if version is None:  # the last rung of the ladder that takes this dtype and runs on this GPU
+        usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"])
+                  and v["min_compute_capability"] <= capability]
+        if not usable:
+            raise RuntimeError(f"version: no {op} version runs on compute capability "
+                               f"{capability // 10}.{capability % 10} (see versions('{op}'))")
         return usable[-1]
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
         raise TypeError(f"version: expected an integer or None, got {_describe(version)} {version!r}")
@@ -123,8 +127,8 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
-    info = _version_info(op, version, is_bf16)
     capability = _compute_capability(cupy.cuda.Device().id)
+    info = _version_info(op, version, is_bf16, capability)
     if capability < info["min_compute_capability"]:
         raise RuntimeError(f"version: {op} version {info['version']} needs compute capability "
                            f"{info['min_compute_capability'] / 10:.1f}+, this GPU has {capability // 10}.{capability % 10}")
