@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from minilin import cuda as mcuda
-from minilin.bench import gpu
+from minilin.bench import gpu, gpu_timing
 
 
 def test_io_floor_counts_q_k_v_read_and_o_written_once():
@@ -119,3 +119,20 @@ def test_against_fla_times_nothing_when_a_side_is_wrong_or_fails(monkeypatch, ca
 def test_fla_call_names_the_forms_it_knows():
     with pytest.raises(ValueError, match=r"form must be one of \('chunk', 'fused_recurrent'\), got 'parallel'"):
         gpu.fla_call("simple_gla", {}, "bfloat16", "parallel")
+
+
+def test_implementations_are_timed_in_alternating_rounds(monkeypatch):
+    calls, per_round_ms = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 9.0, 4.0])}
+
+    def fake_median_ms(fn, *, repeats, events, budget_ms):
+        calls.append((fn(), events, repeats, budget_ms))
+        return gpu_timing.Timing(next(per_round_ms[fn()]), 7)
+
+    monkeypatch.setattr(gpu, "median_ms", fake_median_ms)
+    a = gpu.Row("simple_gla", 2048, "bfloat16", "cuda v1 recurrent")
+    b = gpu.Row("simple_gla", 2048, "bfloat16", "fla chunk")
+    gpu.time_alternating([(a, lambda: "a", "cupy"), (b, lambda: "b", "torch")], repeats=50)
+    assert [c[0] for c in calls] == ["a", "b"] * gpu.ROUNDS  # a, b, a, b, ...: a drift falls on both
+    assert {c[1] for c in calls if c[0] == "b"} == {"torch"} and {c[2] for c in calls} == {50}
+    assert {c[3] for c in calls} == {gpu.ROW_BUDGET_MS / gpu.ROUNDS}  # a slow row's budget is split, not tripled
+    assert (a.ms, a.runs) == (2.0, 21) and (b.ms, b.runs) == (5.0, 21)  # median of the rounds' medians

@@ -18,14 +18,19 @@ Rows, per mixer, length and dtype:
 Each implementation is checked first against the float64 reference (minilin's chunked form on CuPy in
 float64, on the same inputs): output and final state within 1e-4 (float32) or 1e-2 (bfloat16) relative
 error; a wrong one is reported and not timed. Inputs are drawn once per length, rounded to the bfloat16 grid,
-so the float32 and bfloat16 rows read the same numbers. Timing: CUDA events, 3 warm-up runs, the median of
---repeats runs (default 50; fewer for a row whose runs would exceed 3 s, and the table says how many).
+so the float32 and bfloat16 rows read the same numbers. Timing: CUDA events; the implementations of one
+mixer, length and dtype that passed their check are timed in 3 alternating rounds (each round: 3 warm-up runs,
+then the median of --repeats runs, default 50; fewer for a row whose runs would exceed 3 s over the rounds,
+and the table says how many), and the median of the rounds is reported. Alternating, a drift of the machine
+falls on every column instead of on whichever was being timed: one after the other, one run once had linear
+v5 12% slower than v6 at T = 8192 where other runs had them within 1%.
 Columns: ms; tokens/s (B T / time); GB/s achieved on the I/O floor (q, k, v read and o written once), with
 its share of the measured device copy bandwidth; relative error of o; speed-up over cuda v1 (recurrent).
 """
 from __future__ import annotations
 
 import datetime
+import statistics
 import sys
 from dataclasses import dataclass, field
 
@@ -203,12 +208,29 @@ def _errors(out, ref_o, ref_state):
 
 
 ROW_BUDGET_MS = 3000.0  # a row whose runs would take longer gets fewer runs (the table says how many)
+ROUNDS = 3
 
 
 def _timed(row: Row, run, repeats: int, events: str = "cupy") -> Row:
     t = median_ms(run, repeats=repeats, events=events, budget_ms=ROW_BUDGET_MS)
     row.ms, row.runs = t.median_ms, t.runs
     return row
+
+
+def time_alternating(candidates: list, repeats: int, rounds: int = ROUNDS) -> None:
+    """Time each (row, run, events) of `candidates` in `rounds` alternating rounds; fill row.ms and row.runs.
+
+    Every round times every candidate once (median of up to `repeats` runs, a row's budget split over the
+    rounds); row.ms is the median of its rounds' medians and row.runs its runs over all rounds.
+    """
+    medians = {id(row): [] for row, _, _ in candidates}
+    for _ in range(rounds):
+        for row, run, events in candidates:
+            t = median_ms(run, repeats=repeats, events=events, budget_ms=ROW_BUDGET_MS / rounds)
+            medians[id(row)].append(t.median_ms)
+            row.runs += t.runs
+    for row, _, _ in candidates:
+        row.ms = statistics.median(medians[id(row)])
 
 
 def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, log) -> list[Row]:
@@ -221,6 +243,8 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
     rows = []
     for dtype in DTYPES:
         tol = TOLERANCE[dtype]
+        ours, fla_rows = [], []
+        candidates = []  # (row, run, events) that passed their check, timed together below
 
         def checked(row, out):
             row.error, row.state_error = _errors(out, ref_o, ref_state)
@@ -233,10 +257,8 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
             row = Row(mixer, T, dtype, "reference (CuPy, chunked)")
             run = lambda: reference(mixer, inputs, cupy.float32)  # noqa: E731
             if checked(row, run()):
-                rows.append(_timed(row, run, repeats))
-            else:
-                rows.append(row)
-            log(row)
+                candidates.append((row, run, "cupy"))
+            ours.append(row)
         for info in cuda.versions(cuda.OPS[mixer]):
             if not info[dtype]:
                 continue
@@ -244,11 +266,10 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
             try:
                 run = cuda_call(mixer, inputs, dtype, info["version"])
                 if checked(row, cuda_out_as_float(run())):
-                    _timed(row, run, repeats)
+                    candidates.append((row, run, "cupy"))
             except (ValueError, TypeError, RuntimeError) as error:
                 row.note = f"failed: {error}"
-            rows.append(row)
-            log(row)
+            ours.append(row)
         key = (T, dtype)
         if key not in softmax_cache:
             name, run, events = softmax_baseline(T, dtype)
@@ -259,9 +280,8 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
                 _timed(row, run, repeats, events)
                 row.note = "different function: no error column"
             softmax_cache[key] = row
-        rows.append(Row(mixer, T, dtype, softmax_cache[key].implementation, softmax_cache[key].ms,
-                        softmax_cache[key].runs, note=softmax_cache[key].note))
-        log(rows[-1])
+        softmax_row = Row(mixer, T, dtype, softmax_cache[key].implementation, softmax_cache[key].ms,
+                          softmax_cache[key].runs, note=softmax_cache[key].note)
         for form in FLA_FORMS:
             try:
                 fla = fla_call(mixer, inputs, dtype, form)
@@ -273,11 +293,14 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
             row = Row(mixer, T, dtype, f"fla {form}")
             try:
                 if checked(row, as_cupy(run())):
-                    _timed(row, run, repeats, "torch")
+                    candidates.append((row, run, "torch"))
                 else:  # FLA's own precision (float32 inputs are not computed in float32 throughout)
                     row.note = f"outside the {dtype} tolerance {tol:g}: not timed"
             except Exception as error:  # noqa: BLE001 - an optional baseline may fail in its own ways
                 row.note = f"failed: {error}"
+            fla_rows.append(row)
+        time_alternating(candidates, repeats)
+        for row in [*ours, softmax_row, *fla_rows]:
             rows.append(row)
             log(row)
     # Release this length's arrays (the closures above are done with them) before emptying the pool.
