@@ -1,15 +1,19 @@
 // linear v7 (producer warp): v6's 16 compute warps plus one warp that only loads, copying each chunk's q, k
-// and v rows with Hopper's bulk copies (one instruction per row, completion counted by an mbarrier) into a
-// ring of three stages, and scanning the chunk's gate once for all, because ncu's source view of v5 put
-// ~21% of the stall samples on the first barrier and the cp.async issue (~190 instructions per warp and
-// chunk) and 5% on the gate's scan, which every one of the 16 warps repeated.
+// and v into a ring of three stages guarded by mbarriers and scanning the chunk's gate once for all, because
+// ncu's source view of v5 put ~21% of the stall samples on the first barrier and the cp.async issue (~190
+// instructions per warp and chunk) and 5% on the gate's scan, which each of the 16 warps repeated.
+// Measured on the H200: ~1% faster than v6 (0.480 vs 0.485 ms at T = 8192, 1.755 vs 1.777 at 32768,
+// alternating rounds), so the loads were not what bounded the chunk (csrc/NOTES.md). It is the Hopper
+// producer/consumer pattern in its smallest form, kept as the step that shows it.
 //
-// Per chunk n (stage n % 3):
-//   producer warp:  wait until the stage is free; announce its bytes; one bulk copy per q, k and v row;
-//                   G = cumsum(g) into the stage; arrive on the stage's `full` barrier
-//   compute warps:  wait on `full`; v6's two phases (chunk_mma_wide.cuh) between two named barriers over
-//                   the 16 compute warps; each warp arrives on the stage's `empty` barrier when done
-#include "../common/bulk_copy.cuh"
+// Per chunk n (stage n % 3, its barriers waited with parity (n / 3) & 1):
+//   producer warp:  wait on the stage's `empty` barrier; cp.async q, k and v (each lane's copies arrive on
+//                   `full` when they land); G = cumsum(g) into the stage; lane 0 arrives on `full`
+//   compute warps:  wait on `full`; v6's two phases (chunk_mma_wide.cuh) after each of two named barriers
+//                   over the 16 compute warps; each warp arrives on `empty` when done with the stage
+// A first attempt copied each row with one Hopper bulk copy (cp.async.bulk, 192 per chunk; commit
+// d542d2f): 2x slower than v6, the copy engine taking ~7 us a chunk for requests of 128-256 bytes.
+#include "../common/mbarrier.cuh"
 #include "chunk_mma_wide.cuh"
 
 namespace minilin {
@@ -31,11 +35,11 @@ template <int K>
 struct Layout {
   static constexpr int kLdK = K + 8;
   static constexpr size_t kStageBytes = (2 * kChunk * kLdK + kChunk * kLdV) * sizeof(bf16) + kChunk * sizeof(float);
-  static constexpr size_t kBarriers = kStages * kStageBytes + kChunk * kLdC * sizeof(bf16)  // P
+  static constexpr size_t kBarrierOffset = kStages * kStageBytes + kChunk * kLdC * sizeof(bf16)  // P
                                       + K * kLdV * sizeof(bf16)                             // S (bf16 copy)
                                       + kChunk * kLdV * sizeof(bf16);                       // V decayed
-  static constexpr size_t kBytes = kBarriers + 2 * kStages * sizeof(uint64_t);
-  static_assert(kStageBytes % 16 == 0 && kBarriers % 8 == 0, "bulk copies need 16-byte rows, mbarriers 8 bytes");
+  static constexpr size_t kBytes = kBarrierOffset + 2 * kStages * sizeof(uint64_t);
+  static_assert(kStageBytes % 16 == 0 && kBarrierOffset % 8 == 0, "cp.async needs 16-byte rows, an mbarrier 8-byte alignment");
   unsigned char* base;
   __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
   __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
@@ -44,46 +48,62 @@ struct Layout {
   __device__ bf16* P() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }
   __device__ bf16* S() const { return P() + kChunk * kLdC; }
   __device__ bf16* v_decayed() const { return S() + K * kLdV; }
-  __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + kBarriers) + s; }
+  __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + s; }
   __device__ uint64_t* empty(int s) const { return full(kStages) + s; }
 };
 
-// The producer warp: every chunk of head (b, h) and value block v0 into the ring. Rows past T are zeroed
-// with plain stores (a bulk copy cannot zero-fill), before the arrival that publishes them.
+// The producer warp: every chunk of head (b, h) and value block v0 into the ring, 16 bytes per cp.async
+// (rows past T zero-filled), each lane's copies reported to the stage's `full` barrier as they land
+// (cp.async.mbarrier.arrive.noinc), then G = cumsum(g), published by lane 0's arrival. Each lane walks one
+// 16-byte column down the rows (pointers stepped, no index arithmetic per copy), and the gates of chunk
+// n + 1 are read into registers while chunk n's copies fly: the producer's own chain per chunk is then
+// its ~100 copy instructions, not a global load's latency.
 template <int K>
 __device__ void produce(const Layout<K>& L, const Problem& p, int b, int h, int v0, int chunks) {
   constexpr int kLdK = Layout<K>::kLdK;
+  constexpr int kKeyPieces = K / 8, kValuePieces = kBlockV / 8;           // 16-byte pieces per row
+  constexpr int kKeyRowStep = 32 / kKeyPieces, kValueRowStep = 32 / kValuePieces;  // rows per warp step
   const int lane = threadIdx.x & 31;
+  const int key_row = lane / kKeyPieces, key_col = (lane % kKeyPieces) * 8;
+  const int value_row = lane / kValuePieces, value_col = (lane % kValuePieces) * 8;
+  const long long token_stride = p.H;  // consecutive tokens of one head, in rows of the [B, T, H, .] tensors
   const bf16* q = static_cast<const bf16*>(p.q);
   const bf16* k = static_cast<const bf16*>(p.k);
   const bf16* v = static_cast<const bf16*>(p.v);
+  auto gates = [&](int n, float& g_even, float& g_odd) {  // a padded token's gate is 0: it decays nothing
+    const int t0 = n * kChunk, valid = min(kChunk, p.T - t0);
+    const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
+    g_even = p.g && n < chunks && 2 * lane < valid ? p.g[first + (2 * lane) * token_stride] : 0.0f;
+    g_odd = p.g && n < chunks && 2 * lane + 1 < valid ? p.g[first + (2 * lane + 1) * token_stride] : 0.0f;
+  };
+  float g_even, g_odd;
+  gates(0, g_even, g_odd);
   for (int n = 0; n < chunks; ++n) {
     const int s = n % kStages, t0 = n * kChunk, valid = min(kChunk, p.T - t0);
     if (n >= kStages) mbarrier_wait(L.empty(s), (n / kStages - 1) & 1);
-    if (lane == 0) mbarrier_expect_bytes(L.full(s), valid * (2 * K + kBlockV) * sizeof(bf16));
-    __syncwarp();
     const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-    for (int r = lane; r < kChunk; r += 32) {
-      if (r < valid) {
-        const long long row = first + static_cast<long long>(r) * p.H;
-        bulk_copy_to_shared(L.q(s) + r * kLdK, q + row * K, K * sizeof(bf16), L.full(s));
-        bulk_copy_to_shared(L.k(s) + r * kLdK, k + row * K, K * sizeof(bf16), L.full(s));
-        bulk_copy_to_shared(L.v(s) + r * kLdV, v + row * p.V + v0, kBlockV * sizeof(bf16), L.full(s));
-      } else {
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-        for (int c = 0; c < K; c += 8) {
-          *reinterpret_cast<uint4*>(L.q(s) + r * kLdK + c) = zero;
-          *reinterpret_cast<uint4*>(L.k(s) + r * kLdK + c) = zero;
-        }
-        for (int c = 0; c < kBlockV; c += 8) *reinterpret_cast<uint4*>(L.v(s) + r * kLdV + c) = zero;
-      }
+    const long long key_step = kKeyRowStep * token_stride * K;
+    const bf16* q_src = q + (first + key_row * token_stride) * K + key_col;
+    const bf16* k_src = k + (first + key_row * token_stride) * K + key_col;
+    bf16* q_dst = L.q(s) + key_row * kLdK + key_col;
+    bf16* k_dst = L.k(s) + key_row * kLdK + key_col;
+#pragma unroll 8
+    for (int r = key_row; r < kChunk; r += kKeyRowStep) {
+      cp_async_16(q_dst, r < valid ? q_src : q, r < valid);
+      cp_async_16(k_dst, r < valid ? k_src : k, r < valid);
+      q_src += key_step, k_src += key_step, q_dst += kKeyRowStep * kLdK, k_dst += kKeyRowStep * kLdK;
     }
-    float g_even = 0.0f, g_odd = 0.0f;  // a padded token's gate is 0: it decays nothing
-    if (p.g) {
-      if (2 * lane < valid) g_even = p.g[first + static_cast<long long>(2 * lane) * p.H];
-      if (2 * lane + 1 < valid) g_odd = p.g[first + static_cast<long long>(2 * lane + 1) * p.H];
+    const long long value_step = kValueRowStep * token_stride * p.V;
+    const bf16* v_src = v + (first + value_row * token_stride) * p.V + v0 + value_col;
+    bf16* v_dst = L.v(s) + value_row * kLdV + value_col;
+#pragma unroll 8
+    for (int r = value_row; r < kChunk; r += kValueRowStep) {
+      cp_async_16(v_dst, r < valid ? v_src : v, r < valid);
+      v_src += value_step, v_dst += kValueRowStep * kLdV;
     }
+    cp_async_arrive(L.full(s));
     const float2 G2 = chunk_cumsum_64(g_even, g_odd);
+    gates(n + 1, g_even, g_odd);  // in flight while the next chunk's copies are issued
     L.G(s)[2 * lane] = G2.x;
     L.G(s)[2 * lane + 1] = G2.y;
     __syncwarp();
@@ -104,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_producer_warp(cons
   const int warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(L.full(s), 1);                 // the producer's lane 0
+      mbarrier_init(L.full(s), 32 + 1);            // the producer's copies, lane by lane, and its G
       mbarrier_init(L.empty(s), kComputeWarps);    // lane 0 of every compute warp
     }
     fence_barrier_init();
@@ -156,7 +176,7 @@ void forward(const Problem& p) {
 
 extern const Version linear_v7 = {
     "linear", 7, "chunked_producer_warp",
-    "v6 plus one warp that only loads (bulk copies into a 3-stage ring, mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan.",
+    "v6 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan.",
     false, true, 90, nullptr, linear_producer::forward};
 
 }  // namespace minilin
