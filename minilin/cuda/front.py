@@ -59,8 +59,8 @@ def _built_versions() -> tuple[dict, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _compute_capability(device: int) -> int:
-    major, minor = (int(c) for c in cupy_module().cuda.Device(device).compute_capability)
-    return 10 * major + minor
+    """10 * major + minor, e.g. 90. CuPy gives the digits as a string ('90'; '100' for 10.0), so int() of it."""
+    return int(cupy_module().cuda.Device(device).compute_capability)
 
 
 def versions(op: str | None = None) -> list[dict]:
