@@ -87,7 +87,7 @@ def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=No
     theirs = (ref[0] * (1 + fla_error), ref[1])
     monkeypatch.setattr(gpu, "make_inputs", lambda mixer, T, seed: {})
     monkeypatch.setattr(gpu, "reference", lambda mixer, inputs, dtype: ref)
-    monkeypatch.setattr(mcuda, "versions", lambda op=None: [{"version": 6, "bfloat16": True}])
+    monkeypatch.setattr(mcuda, "default_version", lambda op, dtype_is_bf16=True: 6)
     monkeypatch.setattr(gpu, "cuda_call", lambda mixer, inputs, dtype, version: lambda: ours)
 
     def fla_call(mixer, inputs, dtype):

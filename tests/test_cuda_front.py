@@ -135,3 +135,7 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
     assert front._version_info("linear", 2, True, 80)["version"] == 2  # asked for by number: _launch refuses it
     with pytest.raises(RuntimeError, match=r"version: no linear version runs on compute capability 7.5"):
         front._version_info("linear", None, True, 75)
+    monkeypatch.setattr(front, "_compute_capability", lambda device: 80)
+    monkeypatch.setattr(front, "cupy_module", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))))
+    assert front.default_version("linear") == 1 and front.default_version("linear", False) == 1

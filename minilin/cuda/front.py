@@ -68,6 +68,12 @@ def versions(op: str | None = None) -> list[dict]:
     return [dict(v) for v in _built_versions() if op is None or v["op"] == op]
 
 
+def default_version(op: str, dtype_is_bf16: bool = True) -> int:
+    """The version that version=None runs for `op` ('linear' or 'delta') and dtype on the current GPU."""
+    capability = _compute_capability(cupy_module().cuda.Device().id)
+    return _version_info(op, None, dtype_is_bf16, capability)["version"]
+
+
 def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
     if version is None:  # the last rung of the ladder that takes this dtype and runs on this GPU
