@@ -39,7 +39,8 @@ struct Layout {
                                       + K * kLdV * sizeof(bf16)                             // S (bf16 copy)
                                       + kChunk * kLdV * sizeof(bf16);                       // V decayed
   static constexpr size_t kBytes = kBarrierOffset + 2 * kStages * sizeof(uint64_t);
-  static_assert(kStageBytes % 16 == 0 && kBarrierOffset % 8 == 0, "cp.async needs 16-byte rows, an mbarrier 8-byte alignment");
+  static_assert(kStageBytes % 16 == 0 && kBarrierOffset % 8 == 0,
+                "cp.async needs 16-byte rows, an mbarrier 8-byte alignment");
   unsigned char* base;
   __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
   __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
