@@ -97,8 +97,7 @@ def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=No
 
     monkeypatch.setattr(gpu, "fla_call", fla_call)
     timings = iter([1.0, 2.0] * against_fla.ROUNDS)
-    monkeypatch.setattr(against_fla, "median_ms",
-                        lambda fn, **kw: gpu_timing.Timing(next(timings), 50))
+    monkeypatch.setattr(gpu_timing, "median_ms", lambda fn, **kw: gpu_timing.Timing(next(timings), 50))
     return against_fla.compare("gated_deltanet", 64, repeats=50), freed
 
 
@@ -128,7 +127,7 @@ def test_implementations_are_timed_in_alternating_rounds(monkeypatch):
         calls.append((fn(), events, repeats, budget_ms))
         return gpu_timing.Timing(next(per_round_ms[fn()]), 7)
 
-    monkeypatch.setattr(gpu, "median_ms", fake_median_ms)
+    monkeypatch.setattr(gpu_timing, "median_ms", fake_median_ms)
     a = gpu.Row("simple_gla", 2048, "bfloat16", "cuda v1 recurrent")
     b = gpu.Row("simple_gla", 2048, "bfloat16", "fla chunk")
     gpu.time_alternating([(a, lambda: "a", "cupy"), (b, lambda: "b", "torch")], repeats=50)

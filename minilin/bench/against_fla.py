@@ -18,11 +18,10 @@ the median over rounds and the ratio minilin / FLA (the goal: 0.9 or less).
 """
 from __future__ import annotations
 
-import statistics
 import sys
 
 from . import gpu, write_json
-from .gpu_timing import copy_bandwidth_gbs, median_ms
+from .gpu_timing import alternating_medians, copy_bandwidth_gbs
 
 MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
 DTYPE = "bfloat16"
@@ -77,12 +76,9 @@ def _compare(mixer: str, T: int, repeats: int) -> dict:
     if not all(e <= tol for e in errors):  # NaN fails too
         row["note"] = f"WRONG (tolerance {tol:g}): not timed"
         return row
-    ours_ms, fla_ms = [], []
-    for _ in range(ROUNDS):
-        ours_ms.append(median_ms(ours, repeats=repeats, events="cupy").median_ms)
-        fla_ms.append(median_ms(theirs, repeats=repeats, events="torch").median_ms)
-    row.update(minilin_ms=statistics.median(ours_ms), fla_ms=statistics.median(fla_ms),
-               minilin_rounds_ms=ours_ms, fla_rounds_ms=fla_ms)
+    (ours_ms, ours_rounds, _), (fla_ms, fla_rounds, _) = alternating_medians(
+        [(ours, "cupy"), (theirs, "torch")], repeats=repeats, rounds=ROUNDS)
+    row.update(minilin_ms=ours_ms, fla_ms=fla_ms, minilin_rounds_ms=ours_rounds, fla_rounds_ms=fla_rounds)
     row["ratio"] = row["minilin_ms"] / row["fla_ms"]
     return row
 

@@ -30,7 +30,6 @@ its share of the measured device copy bandwidth; relative error of o; speed-up o
 from __future__ import annotations
 
 import datetime
-import statistics
 import sys
 from dataclasses import dataclass, field
 
@@ -38,7 +37,7 @@ import numpy as np
 
 from .. import catalog
 from . import write_json
-from .gpu_timing import copy_bandwidth_gbs, median_ms
+from .gpu_timing import alternating_medians, copy_bandwidth_gbs, median_ms
 
 PROBLEM = dict(B=4, H=16, K=128, V=128)
 LENGTHS = (2048, 8192, 32768)
@@ -220,17 +219,12 @@ def _timed(row: Row, run, repeats: int, events: str = "cupy") -> Row:
 def time_alternating(candidates: list, repeats: int, rounds: int = ROUNDS) -> None:
     """Time each (row, run, events) of `candidates` in `rounds` alternating rounds; fill row.ms and row.runs.
 
-    Every round times every candidate once (median of up to `repeats` runs, a row's budget split over the
-    rounds); row.ms is the median of its rounds' medians and row.runs its runs over all rounds.
+    A row's run budget is split over the rounds; row.ms is the median of its rounds' medians.
     """
-    medians = {id(row): [] for row, _, _ in candidates}
-    for _ in range(rounds):
-        for row, run, events in candidates:
-            t = median_ms(run, repeats=repeats, events=events, budget_ms=ROW_BUDGET_MS / rounds)
-            medians[id(row)].append(t.median_ms)
-            row.runs += t.runs
-    for row, _, _ in candidates:
-        row.ms = statistics.median(medians[id(row)])
+    timed = alternating_medians([(run, events) for _, run, events in candidates], repeats=repeats, rounds=rounds,
+                                budget_ms=ROW_BUDGET_MS / rounds)
+    for (row, _, _), (ms, _, runs) in zip(candidates, timed):
+        row.ms, row.runs = ms, row.runs + runs
 
 
 def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, log) -> list[Row]:

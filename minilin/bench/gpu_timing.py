@@ -57,6 +57,23 @@ def median_ms(fn, *, repeats: int = 50, warmup: int = 3, budget_ms: float = 10_0
     return Timing(statistics.median(times), len(times))
 
 
+def alternating_medians(runs: list, *, repeats: int, rounds: int, budget_ms: float = 10_000.0) -> list[tuple]:
+    """Time each (fn, events) of `runs` in `rounds` alternating rounds: fn_0, fn_1, ..., fn_0, fn_1, ...
+
+    Each round takes median_ms of every fn (up to `repeats` runs, at most `budget_ms` each round), so a drift
+    of the machine falls on all of them instead of on whichever was being timed. Returns, per fn, (the
+    median of its round medians, its round medians, its runs over all rounds).
+    """
+    medians = [[] for _ in runs]
+    counts = [0 for _ in runs]
+    for _ in range(rounds):
+        for i, (fn, events) in enumerate(runs):
+            t = median_ms(fn, repeats=repeats, events=events, budget_ms=budget_ms)
+            medians[i].append(t.median_ms)
+            counts[i] += t.runs
+    return [(statistics.median(m), m, n) for m, n in zip(medians, counts)]
+
+
 def copy_bandwidth_gbs(nbytes: int = 2 * 2**30, repeats: int = 20) -> float:
     """Device-to-device copy rate in GB/s (1e9 bytes/s), counting bytes read plus bytes written: the
     achievable memory bandwidth, the ceiling every memory-bound kernel is measured against."""
