@@ -1,15 +1,42 @@
-// The moves the tensor-core chunk kernels of both families share (linear v3-v5, delta v3-v6): one chunk's
-// q, k, v and g copied on chip, and a warp's tiles moved between the mma accumulators (mma.cuh's C layout),
-// shared memory and global memory: the decayed scores P, the output tile, and the warp's slice of the
-// recurrent state S [K, V] (rows s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 NT - 1 of the block's value
-// columns, which start at v0).
+// The moves the tensor-core chunk kernels of both families share (linear v3-v7, delta v3-v7), and the block
+// layout of the 16-warp ones (namespace wide): one chunk's q, k, v and g copied on chip, and a warp's tiles
+// moved between the mma accumulators (mma.cuh's C layout), shared memory and global memory: the decayed
+// scores P, the output tile, and the warp's slice of the recurrent state S [K, V] (rows s_m0 .. s_m0 + 15,
+// columns s_n0 .. s_n0 + 8 NT - 1 of the block's value columns, which start at v0).
 #pragma once
 
 #include "../minilin_cuda.h"
 #include "device.cuh"
 #include "mma.cuh"
+#include "simt.cuh"  // kChunk
 
 namespace minilin {
+
+// The layout every 16-warp ("wide") chunk kernel shares (linear v4-v7, delta v4-v7): one block of 16 warps per
+// (batch, head, 64 value columns); shared rows padded by 8 bf16 so that an ldmatrix's 8 rows hit 8 banks.
+namespace wide {
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;
+constexpr int kLdV = kBlockV + 8;
+constexpr int kLdC = kChunk + 8;
+template <int K>
+constexpr int kRowSharers = kWarps / (K / 16);  // warps sharing one 16-row tile of S
+template <int K>
+constexpr int kStateTiles = (kBlockV / 8) / kRowSharers<K>;  // 8-column tiles of S per warp
+
+// What one warp computes: the 16 x 16 tile at (m0, n0) of each 64 x 64 product of a chunk (P, X, Delta, O),
+// and its slice of the state S [K, kBlockV]: rows s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 kStateTiles - 1.
+struct WarpTiles {
+  int m0, n0, s_m0, s_n0;
+};
+template <int K>
+__device__ __forceinline__ WarpTiles warp_tiles(int warp) {
+  static_assert(kRowSharers<K> >= 1 && kStateTiles<K> % 2 == 0, "K must be 64 or 128");
+  return {16 * (warp >> 2), 16 * (warp & 3), 16 * (warp / kRowSharers<K>),
+          8 * kStateTiles<K> * (warp % kRowSharers<K>)};
+}
+}  // namespace wide
 
 // Tokens [t0, t0 + 64) of head (b, h): q and k rows (K wide, shared row stride ldk), value columns
 // [v0, v0 + kBlockV) (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past T are

@@ -17,11 +17,12 @@
 namespace minilin {
 namespace delta_wide {
 
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlockV = 64;
-constexpr int kLdV = kBlockV + 8;
-constexpr int kLdC = kChunk + 8;
+using wide::kBlockV;
+using wide::kLdC;
+using wide::kLdV;
+using wide::kStateTiles;
+using wide::kThreads;
+using wide::kWarps;
 using bf16 = __nv_bfloat16;
 
 template <int K>
@@ -61,23 +62,19 @@ template <int K, Loads kLoads>
 __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const Problem p, const bf16* wy) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = Layout<K>::kLdK;
-  constexpr int kRowSharers = kWarps / (K / 16);
-  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
-  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
   const Layout<K> L{smem};
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5;
-  const int m0 = 16 * (warp >> 2), n0 = 16 * (warp & 3);  // this warp's 16 x 16 tile of P, X, Delta and O
-  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
+  const auto [m0, n0, s_m0, s_n0] = wide::warp_tiles<K>(warp);
   const float scale = p.scale;
   float* G = L.G(warp);
 
   load_chunk<K>(L, 0, p, wy, b, h, 0, v0);
   cp_async_commit();
 
-  float S[1][kStateTiles][4];
+  float S[1][kStateTiles<K>][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
   load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
 
@@ -154,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
     const float decay = __expf(G_last);
     scale_tiles(S, decay);
-    warp_mma_k_loop<kLoads, 1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+    warp_mma_k_loop<kLoads, 1, kStateTiles<K>, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
         S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0, 0);
     store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }

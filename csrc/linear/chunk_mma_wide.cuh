@@ -16,11 +16,12 @@
 namespace minilin {
 namespace linear_wide {
 
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlockV = 64;
-constexpr int kLdV = kBlockV + 8;
-constexpr int kLdC = kChunk + 8;
+using wide::kBlockV;
+using wide::kLdC;
+using wide::kLdV;
+using wide::kStateTiles;
+using wide::kThreads;
+using wide::kWarps;
 using bf16 = __nv_bfloat16;
 
 template <int K>
@@ -121,23 +122,19 @@ __device__ __forceinline__ void chunk_state_update(float (&S)[1][NT][4], const C
 template <int K, Loads kLoads>
 __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kRowSharers = kWarps / (K / 16);            // warps sharing one 16-row tile of S
-  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;  // 8-column tiles of S per warp
-  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
   const Layout<K> L{smem};
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5;
-  const int m0 = 16 * (warp >> 2), n0 = 16 * (warp & 3);  // this warp's 16 x 16 tile of P and of O
-  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
+  const auto [m0, n0, s_m0, s_n0] = wide::warp_tiles<K>(warp);
   const float scale = p.scale;
   float* G = L.G(warp);
 
   load_chunk<K>(L, 0, p, b, h, 0, v0);
   cp_async_commit();
 
-  float S[1][kStateTiles][4];
+  float S[1][kStateTiles<K>][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
   load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
 

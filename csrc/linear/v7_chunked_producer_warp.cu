@@ -20,13 +20,13 @@ namespace minilin {
 namespace linear_producer {
 
 using linear_wide::ChunkTiles;
-using linear_wide::kBlockV;
-using linear_wide::kLdC;
-using linear_wide::kLdV;
+using wide::kBlockV;
+using wide::kLdC;
+using wide::kLdV;
 using bf16 = __nv_bfloat16;
 
-constexpr int kComputeWarps = linear_wide::kWarps;
-constexpr int kComputeThreads = linear_wide::kThreads;
+constexpr int kComputeWarps = wide::kWarps;
+constexpr int kComputeThreads = wide::kThreads;
 constexpr int kThreads = kComputeThreads + 32;  // the producer is the last warp
 constexpr int kStages = 3;
 constexpr int kComputeBarrier = 1;              // named barrier id of the compute warps
@@ -115,9 +115,6 @@ __device__ void produce(const Layout<K>& L, const Problem& p, int b, int h, int 
 template <int K>
 __global__ void __launch_bounds__(kThreads, 1) linear_chunked_producer_warp(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kRowSharers = kComputeWarps / (K / 16);
-  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
-  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
   const Layout<K> L{smem};
   const int T = p.T, H = p.H, V = p.V;
@@ -136,9 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_producer_warp(cons
     return;  // the compute warps meet on their own named barrier from here on
   }
 
-  const int m0 = 16 * (warp >> 2), n0 = 16 * (warp & 3);  // this warp's 16 x 16 tile of P and of O
-  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
-  float S[1][kStateTiles][4];
+  const auto [m0, n0, s_m0, s_n0] = wide::warp_tiles<K>(warp);
+  float S[1][wide::kStateTiles<K>][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
   load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
 
