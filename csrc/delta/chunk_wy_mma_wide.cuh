@@ -56,12 +56,93 @@ __device__ void load_chunk(const Layout<K>& L, int stage, const Problem& p, cons
                                 L.g(stage), L.beta(stage), p, wy, b, h, n, v0);
 }
 
-// kLoads: phase 1's three products in three k loops (v4, v5), in one with Q's and S's fragments loaded once
+// One chunk's on-chip tiles: its q and k rows (stride K + 8), v rows (kLdV), T's tile (kLdC), cumulative gate
+// G and betas, and the block's scores P, bf16 copy of S, X, Delta and Delta decayed to the chunk's end.
+struct ChunkTiles {
+  const bf16 *q, *k, *v, *wy;
+  const float *G, *beta;
+  bf16 *P, *S, *X, *delta, *delta_decayed;
+};
+
+// Phase 1, this warp's tile (m0, n0): P = (Q K^T) * exp(G_i - G_j) causal, into shared memory;
+// R = diag(exp(G)) Q S, in registers; X = diag(beta) (V - diag(exp(G)) K S), into shared memory.
+// kLoads: the three products in three k loops (v4, v5), in one with Q's and S's fragments loaded once
 // (warp_phase1_fused, v6), and that with every k loop's fragments loaded one step ahead (v7).
+template <int K, Loads kLoads>
+__device__ __forceinline__ void chunk_phase1(float (&R)[1][2][4], const ChunkTiles& c, int m0, int n0) {
+  constexpr int kLdK = K + 8;
+  float QK[1][2][4], KS[1][2][4];
+  zero(QK);
+  zero(R);
+  zero(KS);
+  const bool below_diagonal = n0 < m0 + 16;
+  if constexpr (kLoads == Loads::kFusedPipelined) {
+    warp_phase1_pipelined<K / 16, true>(QK, R, KS, c.q, c.k, kLdK, c.S, kLdV, m0, n0, below_diagonal);
+    store_decayed_scores(QK, c.G, c.P, kLdC, m0, n0);
+  } else if constexpr (kLoads == Loads::kFused) {
+    warp_phase1_fused<K / 16, true>(QK, R, KS, c.q, c.k, kLdK, c.S, kLdV, m0, n0, below_diagonal);
+    store_decayed_scores(QK, c.G, c.P, kLdC, m0, n0);
+  } else {
+    if (below_diagonal)
+      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kTransposed, K / 16>(QK, c.q, kLdK, c.k, kLdK, m0, n0, 0);
+    store_decayed_scores(QK, c.G, c.P, kLdC, m0, n0);
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(R, c.q, kLdK, c.S, kLdV, m0, n0, 0);
+    warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(KS, c.k, kLdK, c.S, kLdV, m0, n0, 0);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
+      const float decay = __expf(c.G[r]);
+      R[0][j][e] *= decay;
+      R[0][j][e + 1] *= decay;
+      const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(c.v + r * kLdV + col));
+      store_bf16x2(c.X + r * kLdV + col, c.beta[r] * (v2.x - decay * KS[0][j][e]),
+                   c.beta[r] * (v2.y - decay * KS[0][j][e + 1]));
+    }
+}
+
+// Phase 2 (after a barrier: X is complete), this warp's tile: Delta = T X (T lower triangular), and Delta
+// decayed to the chunk's end, both into shared memory.
+template <Loads kLoads>
+__device__ __forceinline__ void chunk_phase2(const ChunkTiles& c, int m0, int n0) {
+  const float G_last = c.G[kChunk - 1];
+  float acc[1][2][4];
+  zero(acc);
+  warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, c.wy, kLdC, c.X, kLdV, m0, n0,
+                                                                                   0, (m0 >> 4) + 1);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
+      const float d = __expf(G_last - c.G[r]);
+      store_bf16x2(c.delta + r * kLdV + col, acc[0][j][e], acc[0][j][e + 1]);
+      store_bf16x2(c.delta_decayed + r * kLdV + col, d * acc[0][j][e], d * acc[0][j][e + 1]);
+    }
+}
+
+// Phase 3's output (after a barrier: P and Delta are complete): R += P Delta for this warp's tile.
+template <Loads kLoads>
+__device__ __forceinline__ void chunk_output(float (&R)[1][2][4], const ChunkTiles& c, int m0, int n0) {
+  warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, c.P, kLdC, c.delta, kLdV, m0, n0,
+                                                                                   0, (m0 >> 4) + 1);
+}
+
+// Phase 3's state update, this warp's slice of S: S <- exp(G_last) S + K^T (Delta decayed); then the slice's
+// bf16 copy, which only the next chunk's phase 1 reads.
+template <int K, Loads kLoads, int NT>
+__device__ __forceinline__ void chunk_state_update(float (&S)[1][NT][4], const ChunkTiles& c, int s_m0, int s_n0) {
+  scale_tiles(S, __expf(c.G[kChunk - 1]));
+  warp_mma_k_loop<kLoads, 1, NT, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(S, c.k, K + 8, c.delta_decayed,
+                                                                                      kLdV, s_m0, s_n0, 0);
+  store_state_copy(S, c.S, kLdV, s_m0, s_n0);
+}
+
 template <int K, Loads kLoads>
 __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const Problem p, const bf16* wy) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kLdK = Layout<K>::kLdK;
 
   const Layout<K> L{smem};
   const int T = p.T, H = p.H, V = p.V;
@@ -86,74 +167,19 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
     if (n + 1 < chunks) load_chunk<K>(L, stage ^ 1, p, wy, b, h, n + 1, v0);
     cp_async_commit();
 
-    const bf16* q_s = L.q(stage);
-    const bf16* k_s = L.k(stage);
-    const bf16* v_s = L.v(stage);
-    const float* beta = L.beta(stage);
     warp_chunk_cumsum(G, L.g(stage), p.g != nullptr);  // every warp its own copy of G: no barrier
     __syncwarp();
-    const float G_last = G[kChunk - 1];
 
-    // ---- phase 1: P; R = diag(exp(G)) Q S; X = diag(beta) (V - diag(exp(G)) K S)
-    float QK[1][2][4], R[1][2][4], KS[1][2][4];
-    zero(QK);
-    zero(R);
-    zero(KS);
-    const bool below_diagonal = n0 < m0 + 16;
-    if constexpr (kLoads == Loads::kFusedPipelined) {
-      warp_phase1_pipelined<K / 16, true>(QK, R, KS, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
-      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
-    } else if constexpr (kLoads == Loads::kFused) {
-      warp_phase1_fused<K / 16, true>(QK, R, KS, q_s, k_s, kLdK, L.S(), kLdV, m0, n0, below_diagonal);
-      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
-    } else {
-      if (below_diagonal)
-        warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kTransposed, K / 16>(QK, q_s, kLdK, k_s, kLdK, m0, n0, 0);
-      store_decayed_scores(QK, G, L.P(), kLdC, m0, n0);
-      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(R, q_s, kLdK, L.S(), kLdV, m0, n0, 0);
-      warp_mma_unrolled<1, 2, Stored::kRowMajor, Stored::kRowMajor, K / 16>(KS, k_s, kLdK, L.S(), kLdV, m0, n0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-        const float decay = __expf(G[r]);
-        R[0][j][e] *= decay;
-        R[0][j][e + 1] *= decay;
-        const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v_s + r * kLdV + c));
-        store_bf16x2(L.X() + r * kLdV + c, beta[r] * (v2.x - decay * KS[0][j][e]),
-                     beta[r] * (v2.y - decay * KS[0][j][e + 1]));
-      }
+    const ChunkTiles tiles{L.q(stage), L.k(stage), L.v(stage), L.wy(stage), G,          L.beta(stage),
+                           L.P(),      L.S(),      L.X(),      L.delta(),   L.delta_decayed()};
+    float R[1][2][4];
+    chunk_phase1<K, kLoads>(R, tiles, m0, n0);
     __syncthreads();
-
-    // ---- phase 2: Delta = T X (T lower triangular), and Delta decayed to the chunk's end
-    {
-      float acc[1][2][4];
-      zero(acc);
-      warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, L.wy(stage), kLdC, L.X(),
-                                                                                       kLdV, m0, n0, 0, (m0 >> 4) + 1);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-          const float d = __expf(G_last - G[r]);
-          store_bf16x2(L.delta() + r * kLdV + c, acc[0][j][e], acc[0][j][e + 1]);
-          store_bf16x2(L.delta_decayed() + r * kLdV + c, d * acc[0][j][e], d * acc[0][j][e + 1]);
-        }
-    }
+    chunk_phase2<kLoads>(tiles, m0, n0);
     __syncthreads();
-
-    // ---- phase 3: O = R + P Delta; S <- exp(G_last) S + K^T (Delta decayed); rewrite this warp's slice
-    warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(R, L.P(), kLdC, L.delta(), kLdV,
-                                                                                     m0, n0, 0, (m0 >> 4) + 1);
+    chunk_output<kLoads>(R, tiles, m0, n0);
     store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, scale);
-    const float decay = __expf(G_last);
-    scale_tiles(S, decay);
-    warp_mma_k_loop<kLoads, 1, kStateTiles<K>, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
-        S, k_s, kLdK, L.delta_decayed(), kLdV, s_m0, s_n0, 0);
-    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+    chunk_state_update<K, kLoads>(S, tiles, s_m0, s_n0);
   }
 
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);

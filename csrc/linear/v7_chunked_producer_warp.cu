@@ -14,6 +14,7 @@
 // A first attempt copied each row with one Hopper bulk copy (cp.async.bulk, 192 per chunk; commit
 // d542d2f): 2x slower than v6, the copy engine taking ~7 us a chunk for requests of 128-256 bytes.
 #include "../common/mbarrier.cuh"
+#include "../common/producer.cuh"
 #include "chunk_mma_wide.cuh"
 
 namespace minilin {
@@ -53,60 +54,32 @@ struct Layout {
   __device__ uint64_t* empty(int s) const { return full(kStages) + s; }
 };
 
-// The producer warp: every chunk of head (b, h) and value block v0 into the ring, 16 bytes per cp.async
-// (rows past T zero-filled), each lane's copies reported to the stage's `full` barrier as they land
-// (cp.async.mbarrier.arrive.noinc), then G = cumsum(g), published by lane 0's arrival. Each lane walks one
-// 16-byte column down the rows (pointers stepped, no index arithmetic per copy), and the gates of chunk
-// n + 1 are read into registers while chunk n's copies fly: the producer's own chain per chunk is then
-// its ~100 copy instructions, not a global load's latency.
+// The producer warp: every chunk of head (b, h) and value block v0 into the ring (common/producer.cuh:
+// 16-byte cp.async by stepped pointers, rows past T zero-filled), each lane's copies reported to the stage's
+// `full` barrier as they land (cp.async.mbarrier.arrive.noinc); then G = cumsum(g), published by lane 0's
+// arrival. The gates of chunk n + 1 are read into registers while chunk n's copies fly: the producer's own
+// chain per chunk is then its ~100 copy instructions, not a global load's latency.
 template <int K>
 __device__ void produce(const Layout<K>& L, const Problem& p, int b, int h, int v0, int chunks) {
-  constexpr int kLdK = Layout<K>::kLdK;
-  constexpr int kKeyPieces = K / 8, kValuePieces = kBlockV / 8;           // 16-byte pieces per row
-  constexpr int kKeyRowStep = 32 / kKeyPieces, kValueRowStep = 32 / kValuePieces;  // rows per warp step
   const int lane = threadIdx.x & 31;
-  const int key_row = lane / kKeyPieces, key_col = (lane % kKeyPieces) * 8;
-  const int value_row = lane / kValuePieces, value_col = (lane % kValuePieces) * 8;
   const long long token_stride = p.H;  // consecutive tokens of one head, in rows of the [B, T, H, .] tensors
-  const bf16* q = static_cast<const bf16*>(p.q);
-  const bf16* k = static_cast<const bf16*>(p.k);
-  const bf16* v = static_cast<const bf16*>(p.v);
-  auto gates = [&](int n, float& g_even, float& g_odd) {  // a padded token's gate is 0: it decays nothing
-    const int t0 = n * kChunk, valid = min(kChunk, p.T - t0);
-    const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-    g_even = p.g && n < chunks && 2 * lane < valid ? p.g[first + (2 * lane) * token_stride] : 0.0f;
-    g_odd = p.g && n < chunks && 2 * lane + 1 < valid ? p.g[first + (2 * lane + 1) * token_stride] : 0.0f;
-  };
-  float g_even, g_odd;
-  gates(0, g_even, g_odd);
+  auto first_token = [&](int n) { return (static_cast<long long>(b) * p.T + n * kChunk) * p.H + h; };
+  auto valid_tokens = [&](int n) { return min(kChunk, p.T - n * kChunk); };
+  float2 gates = producer_token_pair(p.g, first_token(0), token_stride, valid_tokens(0), lane);
   for (int n = 0; n < chunks; ++n) {
-    const int s = n % kStages, t0 = n * kChunk, valid = min(kChunk, p.T - t0);
+    const int s = n % kStages, valid = valid_tokens(n);
+    const long long first = first_token(n);
     if (n >= kStages) mbarrier_wait(L.empty(s), (n / kStages - 1) & 1);
-    const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-    const long long key_step = kKeyRowStep * token_stride * K;
-    const bf16* q_src = q + (first + key_row * token_stride) * K + key_col;
-    const bf16* k_src = k + (first + key_row * token_stride) * K + key_col;
-    bf16* q_dst = L.q(s) + key_row * kLdK + key_col;
-    bf16* k_dst = L.k(s) + key_row * kLdK + key_col;
-#pragma unroll 8
-    for (int r = key_row; r < kChunk; r += kKeyRowStep) {
-      cp_async_16(q_dst, r < valid ? q_src : q, r < valid);
-      cp_async_16(k_dst, r < valid ? k_src : k, r < valid);
-      q_src += key_step, k_src += key_step, q_dst += kKeyRowStep * kLdK, k_dst += kKeyRowStep * kLdK;
-    }
-    const long long value_step = kValueRowStep * token_stride * p.V;
-    const bf16* v_src = v + (first + value_row * token_stride) * p.V + v0 + value_col;
-    bf16* v_dst = L.v(s) + value_row * kLdV + value_col;
-#pragma unroll 8
-    for (int r = value_row; r < kChunk; r += kValueRowStep) {
-      cp_async_16(v_dst, r < valid ? v_src : v, r < valid);
-      v_src += value_step, v_dst += kValueRowStep * kLdV;
-    }
+    producer_copy_rows<K>(L.q(s), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, token_stride * K, valid,
+                          lane);
+    producer_copy_rows<K>(L.k(s), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid,
+                          lane);
+    producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
+                                valid, lane);
     cp_async_arrive(L.full(s));
-    const float2 G2 = chunk_cumsum_64(g_even, g_odd);
-    gates(n + 1, g_even, g_odd);  // in flight while the next chunk's copies are issued
-    L.G(s)[2 * lane] = G2.x;
-    L.G(s)[2 * lane + 1] = G2.y;
+    const float2 these = gates;
+    gates = producer_token_pair(p.g, first_token(n + 1), token_stride, n + 1 < chunks ? valid_tokens(n + 1) : 0, lane);
+    producer_store_cumsum(L.G(s), these, lane);
     __syncwarp();
     if (lane == 0) mbarrier_arrive(L.full(s));
   }
