@@ -70,10 +70,8 @@ __device__ void produce(const Layout<K>& L, const Problem& p, int b, int h, int 
     const int s = n % kStages, valid = valid_tokens(n);
     const long long first = first_token(n);
     if (n >= kStages) mbarrier_wait(L.empty(s), (n / kStages - 1) & 1);
-    producer_copy_rows<K>(L.q(s), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K, token_stride * K, valid,
-                          lane);
-    producer_copy_rows<K>(L.k(s), Layout<K>::kLdK, static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid,
-                          lane);
+    producer_copy_row_pair<K>(L.q(s), L.k(s), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K,
+                              static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
     producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
                                 valid, lane);
     cp_async_arrive(L.full(s));
