@@ -1,5 +1,5 @@
 // minilin._cuda: the pybind11 module around the kernels. It takes raw device pointers (Python ints),
-// sizes, a dtype code and a stream handle, so it needs neither CUDA nor CuPy headers; minilin/cuda.py
+// sizes, a dtype code and a stream handle, so it needs neither CUDA nor CuPy headers; minilin/cuda/front.py
 // validates CuPy arrays and passes their pointers here. Errors: ArgumentError -> ValueError,
 // KernelError -> RuntimeError, both naming the kernel.
 #include <pybind11/pybind11.h>

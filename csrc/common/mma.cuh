@@ -167,7 +167,7 @@ __device__ __forceinline__ void warp_phase1_fused(float (&qk)[1][2][4], float (&
   }
 }
 
-// ---- software-pipelined k loops (linear v6, delta v7) ------------------------------------------------
+// ---- software-pipelined k loops (linear v6-v7, delta v7-v8) ------------------------------------
 // The loops above leave the order of loads and mma to ptxas, and ncu's source view of linear v5 shows what it
 // chose: each k-step's ldmatrix issued right before the mma that needs it, so every step waits out the
 // shared-memory latency (short-scoreboard stalls on the mma: ~20% of the chunk kernel's stall samples). The
@@ -177,7 +177,7 @@ __device__ __forceinline__ void warp_phase1_fused(float (&qk)[1][2][4], float (&
 enum class Loads {
   kPerProduct,      // one k loop per product (linear v4, delta v4 / v5)
   kFused,           // the products of phase 1 in one k loop, each shared fragment loaded once (linear v5, delta v6)
-  kFusedPipelined,  // kFused, and every k loop loads step s + 1 while step s multiplies (linear v6, delta v7)
+  kFusedPipelined,  // kFused, and every k loop loads step s + 1 while step s multiplies (linear v6-v7, delta v7-v8)
 };
 
 // One k-step's fragments of a warp's MT x NT tile of C = A B (stored as kA / kB say, see warp_mma_step).

@@ -1,4 +1,4 @@
-// The WY step of the chunked delta rule (shared by delta v2 and v3): for every chunk at once, in parallel
+// The WY step of the chunked delta rule (shared by delta v2, v3 and v4): for every chunk at once, in parallel
 // over (batch, head, chunk), the unit lower-triangular matrix
 //     T = (I + A)^-1,   A_ij = beta_i (k_i . k_j) exp(G_i - G_j)  for j < i, else 0        [64 x 64]
 // which does not depend on the state, so it is taken off the sequential chunk loop. The chunk kernel then

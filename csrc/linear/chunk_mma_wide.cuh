@@ -1,5 +1,6 @@
-// The chunk kernel of linear v4, v5 and v6 (they differ in the template's `Loads`: v5 fuses phase 1's
-// fragment loads, v6 also pipelines every k loop's loads one step ahead). One block of 16 warps per
+// The chunk kernel of linear v4, v5 and v6, and its phases for v7 (they differ in the template's `Loads`: v5
+// fuses phase 1's fragment loads, v6 and v7 also pipeline every k loop's loads one step ahead; v7 has its own
+// kernel around the phases, fed by a producer warp). One block of 16 warps per
 // (batch, head, 64 value columns), sequential over 64-token chunks:
 //   phase 1 (after the chunk lands):   P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;
 //                                      V decayed to the chunk's end
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
 }
 
-// The argument checks of every wide linear kernel (v4-v6); `name` is the version's kernel name.
+// The argument checks of every wide linear kernel (v4-v7); `name` is the version's kernel name.
 inline void check_problem(const Problem& p, const std::string& name) {
   check_common(p, name.c_str(), false);
   require(p.dtype == kBFloat16, name + ": bfloat16 inputs only (tensor cores multiply bf16), got float32");

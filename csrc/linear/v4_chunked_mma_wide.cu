@@ -3,7 +3,7 @@
 // tensor-core loops unrolled at compile time, because v3 measured ~9000 cycles per chunk for ~1000 cycles of
 // tensor-core issue: with one block of 8 warps per SM it waits on latencies and barriers, not on the units.
 //
-// The chunk kernel, shared with v5, is in chunk_mma_wide.cuh.
+// The chunk kernel, shared with v5 and v6 (and its phases with v7), is in chunk_mma_wide.cuh.
 #include "chunk_mma_wide.cuh"
 
 namespace minilin {

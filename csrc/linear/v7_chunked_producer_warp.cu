@@ -2,9 +2,10 @@
 // and v into a ring of three stages guarded by mbarriers and scanning the chunk's gate once for all, because
 // ncu's source view of v5 put ~21% of the stall samples on the first barrier and the cp.async issue (~190
 // instructions per warp and chunk) and 5% on the gate's scan, which each of the 16 warps repeated.
-// Measured on the H200: ~1% faster than v6 (0.480 vs 0.485 ms at T = 8192, 1.755 vs 1.777 at 32768,
-// alternating rounds), so the loads were not what bounded the chunk (csrc/NOTES.md). It is the Hopper
-// producer/consumer pattern in its smallest form, kept as the step that shows it.
+// Measured on the H200: 7-9% faster than v6 (0.443 vs 0.476 ms at T = 8192, 1.597 vs 1.746 at 32768, same
+// run), once the producer read the next chunk's gates ahead and walked its copies by stepped pointers (its
+// first form, issuing the same copies with index math and a blocking gate load, was ~1% faster: csrc/NOTES.md).
+// It is the Hopper producer/consumer pattern in its smallest form.
 //
 // Per chunk n (stage n % 3, its barriers waited with parity (n / 3) & 1):
 //   producer warp:  wait on the stage's `empty` barrier; cp.async q, k and v (each lane's copies arrive on
@@ -144,7 +145,7 @@ void forward(const Problem& p) {
 
 extern const Version linear_v7 = {
     "linear", 7, "chunked_producer_warp",
-    "v6 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan.",
+    "v6 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan. 7-9% faster than v6 on an H200.",
     false, true, 90, nullptr, linear_producer::forward};
 
 }  // namespace minilin

@@ -169,7 +169,7 @@ def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=Non
     """Scalar-gated linear attention on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
 
     g: None (no decay) or [B, T, H] float32 log-decays <= 0. scale: default K ** -0.5.
-    version: None (the fastest for the dtype) or 1, 2, 3, ... (`versions('linear')`).
+    version: None (`default_version`: the last rung for the dtype and this GPU) or 1, 2, 3, ... (`versions('linear')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
     shapes = _check_common(q, k, v, initial_state)
