@@ -10,8 +10,11 @@
 // block); the off-diagonal blocks follow in three waves by distance i - j = 1, 2, 3, one warp per block,
 // each a sum of 16 x 16 x 16 fp32 products. The dependent chain is 16 + 3 short steps instead of the
 // 2016 dependent multiply-adds per thread of wy_prepare.cuh, which ncu measured at 263 us, 29% of delta v4.
-// Measured: 162 us at T = 8192 (ncu, H200), now waiting mostly on its own barriers: in the waves only 1 to 3
-// of the 8 warps work (csrc/NOTES.md says what could come next).
+// Measured: 162 us at T = 8192 (ncu, H200), waiting mostly on its own barriers: in the waves only 1 to 3 of
+// the 8 warps work. Since the sixth session more blocks share an SM instead, to fill those idle slots: the key
+// tile and T share their bytes (the keys are dead once A is formed), the waves' partial sums live in A's
+// blocks above the diagonal (never read as A), and 40 registers: 35 KB and 6 blocks per SM instead of 56 KB
+// and 4. The shared-memory reads are 16 bytes wide, the pipe then being the limit (csrc/NOTES.md).
 // The solve stays fp32 (CUDA cores): T is rounded to bf16 once, when it is stored, as in v3 and v4.
 // Output layout as wy_prepare.cuh: T of chunk n of head (b, h) at out[((b * H + h) * N + n) * 64 * 64 + i * 64 + j].
 #pragma once
@@ -29,47 +32,58 @@ constexpr int kThreads = 256;
 constexpr int kBlock = 16;                // the solve's block size
 constexpr int kBlocks = kChunk / kBlock;  // 4 x 4 blocks
 constexpr int kLd = kChunk + 4;           // fp32 rows of A and T: 16-byte aligned for the float4 reads
-constexpr int kLdM = kBlock + 4;          // one warp's 16 x 16 partial sum
+
+constexpr int kBlocksPerSM = 6;           // 35 KB of shared memory and at most 40 registers per thread each
+
+// The key tile (bf16, until A is formed) and T (fp32, from then on) share their bytes.
+__host__ __device__ inline constexpr size_t keys_or_T_bytes(int K) {
+  return size_t(kChunk) * (K + 8) * sizeof(__nv_bfloat16) > size_t(kChunk) * kLd * sizeof(float)
+             ? size_t(kChunk) * (K + 8) * sizeof(__nv_bfloat16)
+             : size_t(kChunk) * kLd * sizeof(float);
+}
 
 inline size_t shared_bytes(int K) {
-  return size_t(kChunk) * (K + 8) * sizeof(__nv_bfloat16)       // the chunk's keys, bf16
-         + 2 * size_t(kChunk) * kLd * sizeof(float)              // A and T
-         + size_t(kBlocks - 1) * kBlock * kLdM * sizeof(float)   // one partial sum per warp of a wave
-         + 2 * kChunk * sizeof(float);                           // G and beta
+  return keys_or_T_bytes(K)                     // the chunk's keys (bf16), then T (fp32) in the same bytes
+         + size_t(kChunk) * kLd * sizeof(float)  // A; its blocks above the diagonal hold the waves' partial sums
+         + 2 * kChunk * sizeof(float);           // G and beta
 }
 
 // acc (rows r0 and r0 + 8, columns c0 + 0..3 of the lane's micro-tile) += X[row][k_begin..k_end) Y[k_begin..k_end)[col]
-// for fp32 row-major X (stride ldx) and Y (stride ldy, 16-byte aligned rows). Rows 8 apart, so that the 8
-// rows a warp reads at once (r0 = lane / 4) fall into 8 different banks.
+// for fp32 row-major X (stride ldx) and Y (stride ldy), rows 16-byte aligned and k_begin, k_end multiples of 4.
+// Rows 8 apart, so that the 8 rows a warp reads at once (r0 = lane / 4) fall into 8 different banks; X read 4
+// steps at a time (one 16-byte load per row instead of four), the shared-memory pipe being this kernel's limit.
 __device__ __forceinline__ void micro_tile_2x4(float (&acc)[2][4], const float* X, int ldx, const float* Y, int ldy,
                                                int r0, int c0, int k_begin, int k_end) {
-#pragma unroll 4
-  for (int kk = k_begin; kk < k_end; ++kk) {
-    const float x0 = X[r0 * ldx + kk], x1 = X[(r0 + 8) * ldx + kk];
-    const float4 y = *reinterpret_cast<const float4*>(Y + kk * ldy + c0);
-    acc[0][0] = fmaf(x0, y.x, acc[0][0]);
-    acc[0][1] = fmaf(x0, y.y, acc[0][1]);
-    acc[0][2] = fmaf(x0, y.z, acc[0][2]);
-    acc[0][3] = fmaf(x0, y.w, acc[0][3]);
-    acc[1][0] = fmaf(x1, y.x, acc[1][0]);
-    acc[1][1] = fmaf(x1, y.y, acc[1][1]);
-    acc[1][2] = fmaf(x1, y.z, acc[1][2]);
-    acc[1][3] = fmaf(x1, y.w, acc[1][3]);
+  for (int kk = k_begin; kk < k_end; kk += 4) {
+    const float4 x0 = *reinterpret_cast<const float4*>(X + r0 * ldx + kk);
+    const float4 x1 = *reinterpret_cast<const float4*>(X + (r0 + 8) * ldx + kk);
+    const float row0[4] = {x0.x, x0.y, x0.z, x0.w}, row1[4] = {x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float4 y = *reinterpret_cast<const float4*>(Y + (kk + u) * ldy + c0);
+      acc[0][0] = fmaf(row0[u], y.x, acc[0][0]);
+      acc[0][1] = fmaf(row0[u], y.y, acc[0][1]);
+      acc[0][2] = fmaf(row0[u], y.z, acc[0][2]);
+      acc[0][3] = fmaf(row0[u], y.w, acc[0][3]);
+      acc[1][0] = fmaf(row1[u], y.x, acc[1][0]);
+      acc[1][1] = fmaf(row1[u], y.y, acc[1][1]);
+      acc[1][2] = fmaf(row1[u], y.z, acc[1][2]);
+      acc[1][3] = fmaf(row1[u], y.w, acc[1][3]);
+    }
   }
 }
 
 template <int K>
-__global__ void __launch_bounds__(kThreads) delta_wy_prepare_blocked(const Problem p, __nv_bfloat16* out) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_blocked(const Problem p, __nv_bfloat16* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * kChunk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int ld_k = K + 8;
-  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem);                          // [kChunk][K + 8]
-  float* A = reinterpret_cast<float*>(smem + size_t(kChunk) * ld_k * sizeof(__nv_bfloat16));  // [kChunk][kLd]
-  float* Tm = A + kChunk * kLd;                                                          // [kChunk][kLd]
-  float* partial = Tm + kChunk * kLd;                                                    // [3][kBlock][kLdM]
-  float* G = partial + (kBlocks - 1) * kBlock * kLdM;                                    // [kChunk]
-  float* beta = G + kChunk;                                                              // [kChunk]
+  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem);            // [kChunk][K + 8], until A is formed
+  float* Tm = reinterpret_cast<float*>(smem);                              // [kChunk][kLd], from then on
+  float* A = reinterpret_cast<float*>(smem + keys_or_T_bytes(K));          // [kChunk][kLd]
+  float* G = A + kChunk * kLd;                                             // [kChunk]
+  float* beta = G + kChunk;                                                // [kChunk]
 
   const __nv_bfloat16* k = static_cast<const __nv_bfloat16*>(p.k) + ((static_cast<long long>(b) * p.T + t0) * p.H + h) * K;
   cp_async_rows(k_s, ld_k, k, static_cast<long long>(p.H) * K, kChunk, K, min(kChunk, p.T - t0));
@@ -102,8 +116,15 @@ __global__ void __launch_bounds__(kThreads) delta_wy_prepare_blocked(const Probl
 #pragma unroll
     for (int i = 0; i < kBlock; ++i) {
       float xi = i == c ? 1.0f : 0.0f;
+      const float* row = A + (base + i) * kLd + base;
 #pragma unroll
-      for (int j = 0; j < i; ++j) xi = fmaf(-A[(base + i) * kLd + base + j], x[j], xi);
+      for (int j4 = 0; j4 < i; j4 += 4) {  // A's row 4 entries per 16-byte load (the shared-memory pipe is the limit)
+        const float4 a4 = *reinterpret_cast<const float4*>(row + j4);
+        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (j4 + u < i) xi = fmaf(-a[u], x[j4 + u], xi);
+      }
       x[i] = xi;
       Tm[(base + i) * kLd + base + c] = xi;
     }
@@ -116,17 +137,17 @@ __global__ void __launch_bounds__(kThreads) delta_wy_prepare_blocked(const Probl
   for (int d = 1; d < kBlocks; ++d) {
     if (warp < kBlocks - d) {
       const int i = warp + d, j = warp;
-      float* M = partial + warp * kBlock * kLdM;
+      float* M = A + kBlock * (warp + 1);  // block (0, warp + 1) of A: above the diagonal, never read as A
       float acc[2][4] = {};
       // M = sum_{k = j}^{i - 1} A_ik T_kj: the rows of block row i of A against block column j of T
       micro_tile_2x4(acc, A + kBlock * i * kLd, kLd, Tm + kBlock * j, kLd, r0, c0, kBlock * j, kBlock * i);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float4*>(M + (r0 + 8 * r) * kLdM + c0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        *reinterpret_cast<float4*>(M + (r0 + 8 * r) * kLd + c0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
       __syncwarp();
       // T_ij = -D_i M
       float t[2][4] = {};
-      micro_tile_2x4(t, Tm + kBlock * i * kLd + kBlock * i, kLd, M, kLdM, r0, c0, 0, kBlock);
+      micro_tile_2x4(t, Tm + kBlock * i * kLd + kBlock * i, kLd, M, kLd, r0, c0, 0, kBlock);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float4*>(Tm + (kBlock * i + r0 + 8 * r) * kLd + kBlock * j + c0) =
@@ -140,11 +161,13 @@ __global__ void __launch_bounds__(kThreads) delta_wy_prepare_blocked(const Probl
   for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
     const int r = e / kChunk, c = e % kChunk;
     const bool above = c / kBlock > r / kBlock;
+    const float4 lo = above ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : *reinterpret_cast<const float4*>(Tm + r * kLd + c);
+    const float4 hi = above ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : *reinterpret_cast<const float4*>(Tm + r * kLd + c + 4);
+    const float t[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     unsigned packed[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const __nv_bfloat162 pair = above ? __floats2bfloat162_rn(0.0f, 0.0f)
-                                        : __floats2bfloat162_rn(Tm[r * kLd + c + 2 * q], Tm[r * kLd + c + 2 * q + 1]);
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(t[2 * q], t[2 * q + 1]);
       packed[q] = *reinterpret_cast<const unsigned*>(&pair);
     }
     *reinterpret_cast<uint4*>(T_out + e) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
