@@ -1,15 +1,70 @@
-// The moves of a producer warp (linear v7, delta v8): one warp loads every chunk for the block's compute
-// warps, so its own chain per chunk must stay short. Each lane walks one 16-byte column down the rows by
-// stepped pointers (no index arithmetic per copy), and a chunk's per-token scalars (gates, betas) are read
-// into registers one chunk ahead, so their global-load latency hides behind the next chunk's copies.
+// A producer-warp chunk kernel (linear v7, delta v8): one warp loads every chunk for the block's 16 compute
+// warps, into a ring of kStages stages guarded by two mbarriers each, so the compute warps only compute.
+//
+//   producer (the last warp), chunk n into stage s = n % kStages:
+//     wait_empty(n)                 the compute warps are done with the stage's previous chunk (n - kStages)
+//     cp.async the tiles; each lane's cp_async_arrive(full): its copies arrive on `full` as they land
+//     the per-token scalars (G = cumsum(g), betas) stored by the warp; lane 0 arrives on `full`
+//   compute warps:
+//     wait_full(n)                  all 33 arrivals are in: the stage holds chunk n
+//     the chunk's phases, between named barriers over the 16 compute warps (kComputeBarrier)
+//     release_stage(n)              lane 0 of each warp arrives on `empty` (16 arrivals free the stage)
+//
+// The producer's own chain per chunk must stay short: each lane walks one 16-byte column down the rows by
+// stepped pointers (no index arithmetic per copy), and a chunk's per-token scalars are read into registers
+// one chunk ahead, so their global-load latency hides behind the next chunk's copies.
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include "chunk_tiles.cuh"  // wide:: (the 16 compute warps), kChunk
 #include "device.cuh"
-#include "simt.cuh"  // kChunk
+#include "mbarrier.cuh"
 
 namespace minilin {
+
+namespace producer_block {
+
+constexpr int kComputeWarps = wide::kWarps;
+constexpr int kComputeThreads = wide::kThreads;
+constexpr int kThreads = kComputeThreads + 32;  // the producer is the last warp
+constexpr int kStages = 3;
+constexpr int kComputeBarrier = 1;              // named barrier id of the compute warps
+
+// By the whole block, before the warps part: thread 0 sets up every stage's two barriers.
+template <class Layout>
+__device__ __forceinline__ void init_ring(const Layout& L) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(L.full(s), 32 + 1);          // the producer's copies, lane by lane, and its scalars
+      mbarrier_init(L.empty(s), kComputeWarps);  // lane 0 of every compute warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+}
+
+// The producer, before filling chunk n's stage: its previous chunk (n - kStages) has been released.
+template <class Layout>
+__device__ __forceinline__ void wait_empty(const Layout& L, int n) {
+  if (n >= kStages) mbarrier_wait(L.empty(n % kStages), (n / kStages - 1) & 1);
+}
+
+// A compute warp, before reading chunk n's stage: every copy has landed and the scalars are stored.
+template <class Layout>
+__device__ __forceinline__ void wait_full(const Layout& L, int n) {
+  mbarrier_wait(L.full(n % kStages), (n / kStages) & 1);
+}
+
+// A compute warp, done with chunk n's stage: one arrival per warp hands it back to the producer.
+template <class Layout>
+__device__ __forceinline__ void release_stage(const Layout& L, int n) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbarrier_arrive(L.empty(n % kStages));
+}
+
+}  // namespace producer_block
+
 
 // Rows [0, 64) of a chunk into shared rows (stride ld): row r from src + r * src_stride, kRowElems bf16 each
 // (a multiple of 8: 16-byte pieces); rows r >= valid are zero-filled (cp.async with no source bytes).

@@ -9,7 +9,6 @@
 //   compute warps:  wait on `full`; v7's three phases (chunk_wy_mma_wide.cuh), each after a named barrier
 //                   over the 16 compute warps; each warp arrives on `empty` when done with the stage
 // The WY step T = (I + A)^-1 is prepared by v5's blocked kernel (wy_prepare_blocked.cuh), as in v5 - v7.
-#include "../common/mbarrier.cuh"
 #include "../common/producer.cuh"
 #include "chunk_wy_mma_wide.cuh"
 #include "wy_prepare_blocked.cuh"
@@ -23,11 +22,7 @@ using wide::kLdC;
 using wide::kLdV;
 using bf16 = __nv_bfloat16;
 
-constexpr int kComputeWarps = wide::kWarps;
-constexpr int kComputeThreads = wide::kThreads;
-constexpr int kThreads = kComputeThreads + 32;  // the producer is the last warp
-constexpr int kStages = 3;
-constexpr int kComputeBarrier = 1;              // named barrier id of the compute warps
+using namespace producer_block;  // the block (16 compute warps + the producer), the ring's kStages and its waits
 
 template <int K>
 struct Layout {
@@ -70,7 +65,7 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
   for (int n = 0; n < chunks; ++n) {
     const int s = n % kStages, valid = valid_tokens(n);
     const long long first = first_token(n);
-    if (n >= kStages) mbarrier_wait(L.empty(s), (n / kStages - 1) & 1);
+    wait_empty(L, n);
     producer_copy_row_pair<K>(L.q(s), L.k(s), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K,
                               static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
     producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
@@ -97,14 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_producer_warp(co
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(L.full(s), 32 + 1);          // the producer's copies, lane by lane, and its scalars
-      mbarrier_init(L.empty(s), kComputeWarps);  // lane 0 of every compute warp
-    }
-    fence_barrier_init();
-  }
-  __syncthreads();
+  init_ring(L);
   if (warp == kComputeWarps) {
     produce<K>(L, p, wy, b, h, v0, chunks);
     return;  // the compute warps meet on their own named barrier from here on
@@ -118,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_producer_warp(co
   bf16* o = static_cast<bf16*>(p.o);
   for (int n = 0; n < chunks; ++n) {
     const int stage = n % kStages, t0 = n * kChunk;
-    mbarrier_wait(L.full(stage), (n / kStages) & 1);
+    wait_full(L, n);
     named_barrier_sync(kComputeBarrier, kComputeThreads);  // the bf16 copy of S is whole; chunk n - 1 read P, Delta
 
     const ChunkTiles tiles{L.q(stage), L.k(stage), L.v(stage), L.wy(stage), L.G(stage),         L.beta(stage),
@@ -131,8 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_producer_warp(co
     delta_wide::chunk_output<kLoads>(R, tiles, m0, n0);
     store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, p.scale);
     delta_wide::chunk_state_update<K, kLoads>(S, tiles, s_m0, s_n0);
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbarrier_arrive(L.empty(stage));  // this warp is done with the stage
+    release_stage(L, n);
   }
 
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
