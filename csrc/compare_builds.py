@@ -2,9 +2,10 @@
 
 The bench compares the versions of one build; a change to an existing version (a refactor, a tuning
 constant) needs the old build beside the new one, timed in the same run, because this machine's times drift
-by more than such changes (csrc/NOTES.md). On the GPU machine, from this checkout:
+by more than such changes (csrc/NOTES.md). In this checkout, the base commit's tree beside it (_base/ is
+git-ignored: carry it to the GPU machine), then on the GPU machine both builds and the comparison:
 
-    git archive BASE | tar -x -C _base      # here: the base commit's tree in _base/ (git-ignored; carry it)
+    mkdir _base && git archive BASE | tar -x -C _base
     (cd _base && python setup.py build_ext --inplace) & python setup.py build_ext --inplace; wait
     python3 csrc/compare_builds.py _base linear:7 delta:8 --lengths 8192 32768
 
