@@ -95,13 +95,19 @@ __device__ __forceinline__ float2 chunk_cumsum_64(float g_even, float g_odd) {
   return make_float2(pair_inclusive - g_odd, pair_inclusive);
 }
 
+// G[0..63] = chunk_cumsum_64 of the chunk's gates, lane l holding g[2l] and g[2l + 1]; stored by the warp.
+__device__ __forceinline__ void store_chunk_cumsum(float* G, float g_even, float g_odd) {
+  const int lane = threadIdx.x & 31;
+  const float2 G2 = chunk_cumsum_64(g_even, g_odd);
+  G[2 * lane] = G2.x;
+  G[2 * lane + 1] = G2.y;
+}
+
 // G[0..63] = chunk_cumsum_64 of the chunk's 64 log-gates staged in g, written by the calling warp; all zeros
 // when the op has no gate (gated false: g is then not read).
 __device__ __forceinline__ void warp_chunk_cumsum(float* G, const float* g, bool gated) {
   const int lane = threadIdx.x & 31;
-  const float2 G2 = chunk_cumsum_64(gated ? g[2 * lane] : 0.0f, gated ? g[2 * lane + 1] : 0.0f);
-  G[2 * lane] = G2.x;
-  G[2 * lane + 1] = G2.y;
+  store_chunk_cumsum(G, gated ? g[2 * lane] : 0.0f, gated ? g[2 * lane + 1] : 0.0f);
 }
 
 // Reduce N values per lane (N = 8 or 16) over the warp's 32 lanes in log2(N) + (5 - log2(N)) steps

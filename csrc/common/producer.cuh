@@ -118,11 +118,4 @@ __device__ __forceinline__ float2 producer_token_pair(const float* x, long long 
   return pair;
 }
 
-// G[0..63] = the chunk-local cumulative gate from lane-held pairs of gates (chunk_cumsum_64), stored by the warp.
-__device__ __forceinline__ void producer_store_cumsum(float* G, float2 gates, int lane) {
-  const float2 G2 = chunk_cumsum_64(gates.x, gates.y);
-  G[2 * lane] = G2.x;
-  G[2 * lane + 1] = G2.y;
-}
-
 }  // namespace minilin

@@ -69,9 +69,7 @@ __device__ __forceinline__ void load_chunk_cumsum(float* G, const float* g, cons
   const long long at = (static_cast<long long>(b) * p.T + t) * p.H + h;
   const float g_even = (g && t < p.T) ? g[at] : 0.0f;
   const float g_odd = (g && t + 1 < p.T) ? g[at + p.H] : 0.0f;
-  const float2 G2 = chunk_cumsum_64(g_even, g_odd);
-  G[2 * lane] = G2.x;
-  G[2 * lane + 1] = G2.y;
+  store_chunk_cumsum(G, g_even, g_odd);
 }
 
 // S <- exp(G_last) S + K^T X for the block's [K, kCols] fp32 state in shared rows S (stride ld), with K the

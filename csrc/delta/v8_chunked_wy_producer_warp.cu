@@ -75,7 +75,7 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
     const float2 these_gates = gates, these_betas = betas;
     gates = producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
     betas = producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-    producer_store_cumsum(L.G(s), these_gates, lane);
+    store_chunk_cumsum(L.G(s), these_gates.x, these_gates.y);
     L.beta(s)[2 * lane] = these_betas.x;
     L.beta(s)[2 * lane + 1] = these_betas.y;
     __syncwarp();

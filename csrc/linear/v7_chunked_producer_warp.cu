@@ -73,7 +73,7 @@ __device__ void produce(const Layout<K>& L, const Problem& p, int b, int h, int 
     cp_async_arrive(L.full(s));
     const float2 these = gates;
     gates = producer_token_pair(p.g, first_token(n + 1), token_stride, n + 1 < chunks ? valid_tokens(n + 1) : 0, lane);
-    producer_store_cumsum(L.G(s), these, lane);
+    store_chunk_cumsum(L.G(s), these.x, these.y);
     __syncwarp();
     if (lane == 0) mbarrier_arrive(L.full(s));
   }
