@@ -27,7 +27,8 @@ from .front import default_version, delta_rule, extension, gated_linear, version
 from .mixers import deltanet, gated_deltanet, lightning, linear_attention, mamba2, retnet, simple_gla
 
 __all__ = ["available", "default_version", "delta_rule", "deltanet", "extension", "from_bf16", "gated_deltanet",
-           "gated_linear", "lightning", "linear_attention", "mamba2", "native_dtype", "retnet", "simple_gla", "to_bf16", "versions"]
+           "gated_linear", "lightning", "linear_attention", "mamba2", "native_dtype", "retnet", "simple_gla",
+           "to_bf16", "versions"]
 
 # Which engine each GPU mixer runs on: "linear" (scalar-gated linear family) or "delta".
 OPS = {"linear_attention": "linear", "simple_gla": "linear", "retnet": "linear", "lightning": "linear",

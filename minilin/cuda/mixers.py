@@ -2,7 +2,8 @@
 
 Same signatures as the NumPy reference (minilin/mixers/<name>.py, CONVENTIONS.md), plus `version=` (which
 kernel: None picks `default_version`, the last rung that takes the dtype and runs on this GPU) and
-`check_values=` (value checks that cost a device sync; False for timing). All return (o, final_state) as CuPy arrays, the state float32.
+`check_values=` (value checks that cost a device sync; False for timing). All return (o, final_state) as
+CuPy arrays, the state float32.
 
     scalar-gated linear family -> front.gated_linear:
         linear_attention   g = none
