@@ -104,6 +104,16 @@ def decay_state(S, g):
     return S * (decay[..., None, None] if g.ndim == S.ndim - 2 else decay[..., None])
 
 
+def transposed(x):
+    """x with its last two axes swapped, as a contiguous copy: [..., C, K] -> [..., K, C].
+
+    For `a @ transposed(b)` rather than `a @ b.swapaxes(-1, -2)`: on a batch of small matrices NumPy
+    multiplies by a swapped view at about half the speed of a plain product (256 products of 64 x 64
+    in float32 on the 2-core dev box: 3.4 ms against 1.4 ms), and the copy costs less than the difference.
+    """
+    return array_module(x).ascontiguousarray(x.swapaxes(-1, -2))
+
+
 def gated_gram(x, y, G, *, strict: bool = False):
     """A_ij = sum_k x_ik y_jk exp(G_ik - G_jk) for j <= i (j < i when strict), else 0.
 
@@ -112,11 +122,11 @@ def gated_gram(x, y, G, *, strict: bool = False):
     """
     xp = array_module(x)
     if G is None:
-        A = x @ y.swapaxes(-1, -2)
+        A = x @ transposed(y)
         A *= causal_mask(x.shape[-2], xp, strict=strict)
         return A
     if G.ndim == y.ndim - 1:  # scalar gate (x may carry extra leading axes; y and G never do)
-        A = x @ y.swapaxes(-1, -2)
+        A = x @ transposed(y)
         A *= decay_matrix(G, strict=strict)
         return A
     return _channel_gram(x, y, G, strict)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import from_chunks, num_chunks, to_chunks
+from ..chunking import from_chunks, num_chunks, to_chunks, transposed
 from ..validation import check_chunk_size, check_scale, check_tensors, state_name
 
 
@@ -96,6 +96,7 @@ def chunked(q, k, v, *, scale=None, initial_state=None, chunk_size=64):
     T, total = q.shape[1], k.shape[1]
     prefix = total - T
     qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)  # [B, H, Nq or Nk, C, .]
+    kc_T = transposed(kc)                                           # [B, H, Nk, K, C]
     q_pos = prefix + xp.arange(qc.shape[2] * C).reshape(-1, C)     # absolute positions [Nq, C]
     k_pos = xp.arange(kc.shape[2] * C).reshape(-1, C)              # [Nk, C]; padding lies past every query
 
@@ -106,7 +107,7 @@ def chunked(q, k, v, *, scale=None, initial_state=None, chunk_size=64):
     for j in range(num_chunks(total, C)):
         first = max(0, (j * C - prefix) // C)                       # query blocks before it see none of block j
         visible = k_pos[j][None, None, :] <= q_pos[first:, :, None]  # [Nq', C, C]
-        scores = qc[:, :, first:] @ kc[:, :, j, None].swapaxes(-1, -2)
+        scores = qc[:, :, first:] @ kc_T[:, :, j, None]
         scores = xp.where(visible, scores, -xp.inf)
         m_new = xp.maximum(m[:, :, first:], scores.max(-1))
         # Key 0 is visible to every query and block 0 comes first, so m_new is finite from the start.

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import causal_mask, from_chunks, num_chunks, pass_states, to_chunks
+from ..chunking import causal_mask, from_chunks, num_chunks, pass_states, to_chunks, transposed
 from ..validation import check_chunk_size, check_min, check_scale, check_tensors, state_name
 from . import _gated_linear
 
@@ -85,7 +85,7 @@ def chunked(q, k, v, *, slope=None, scale=None, initial_state=None, chunk_size=6
     k_decay = xp.where(to_end >= 0, xp.exp(-s * xp.maximum(to_end, 0)), 0)[..., None]  # [H, N, C, 1]
 
     qc, kc, vc = (to_chunks(x, C) for x in (q, k, v))               # [B, H, N, C, .]
-    o = ((qc @ kc.swapaxes(-1, -2)) * M[:, None]) @ vc              # O_intra, all blocks at once
+    o = ((qc @ transposed(kc)) * M[:, None]) @ vc                    # O_intra, all blocks at once
     dKV = (kc * k_decay).swapaxes(-1, -2) @ vc                      # what each block writes into KV
     block_log_decay = xp.broadcast_to(-slope[:, None] * block_len, dKV.shape[:3])   # log lambda^L
     KV_in, KV = pass_states(dKV, block_log_decay, S0)
