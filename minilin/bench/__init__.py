@@ -1,6 +1,8 @@
 """`minilin bench`: time every form of every mixer, after checking it against the reference.
 
     minilin bench --device cpu      NumPy on this CPU (bench/cpu.py)
+    minilin bench --device cpu --floor
+                                    the chunked forms' matrix products alone, a bound (bench/cpu_floor.py)
     minilin bench [--device gpu]    the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
 """
@@ -21,6 +23,9 @@ def register(subparsers) -> None:
                    help="GPU only: sequence lengths (default 2048 8192 32768)")
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
+    p.add_argument("--floor", action="store_true",
+                   help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
+                        "alone against their token loops (a bound on the chunked speed-up)")
     p.set_defaults(func=_run)
 
 
@@ -28,6 +33,13 @@ def _run(args) -> int:
     if args.against and args.device == "cpu":
         print("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
         return 2
+    if args.floor and args.device != "cpu":
+        print("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")
+        return 2
+    if args.floor:
+        from . import cpu_floor
+
+        return cpu_floor.main(args)
     if args.device == "cpu":
         from . import cpu
 

@@ -1,0 +1,126 @@
+"""`minilin bench --device cpu --floor`: how fast could a chunked form be on this CPU? Its matrix products alone.
+
+The CPU bench's targets (issue 2: chunked linear attention 5x, chunked Gated DeltaNet 10x faster than the
+token loop) ask how much of the chunked form's time is arithmetic that cannot go away. This times only the
+batched matrix products that every chunked form of the mixer does at chunk size C, on random float32
+operands of the CPU bench's problem (B=1, H=4, T=4096, K=V=64; the mixer's own example inputs, so the
+products see the values the chunked form sees), contiguous and with preallocated outputs:
+no gates, masks, feature maps, input checks, layout copies or triangular solve. Any chunked NumPy form at
+that C does at least these products, so the token loop's time over this floor bounds its speed-up from
+above. The loop is the mixer's real `recurrent` form, timed in the same alternating rounds.
+
+Per chunk n of C tokens (Q, K [C, K], V [C, V], state S_n [K, V]; shapes per head):
+    linear attention:  Q K^T, (masked) A V, K^T V (the chunk's write), Q S_n (the read of the state),
+                       and the sum of the two outputs
+    Gated DeltaNet:    (beta K) K^T and Q K^T, T [beta K | beta V] (W and U in one product), and in order
+                       over the chunks W S_n and K^T Delta_n (Delta_n = U - W S_n), then Q S_n and P Delta_n
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import catalog
+from ..chunking import causal_mask, to_chunks, transposed, unit_lower_inverse
+from .cpu import PROBLEM, machine
+from .timing import interleaved_median_ms
+
+CHUNK_SIZES = (16, 32, 64)
+TARGETS = {"linear_attention": 5.0, "gated_deltanet": 10.0}  # issue 2's speed-ups over the token loop
+ROUNDS = 5
+
+
+def _chunks(args, C):
+    """The mixer's own float32 inputs, in the chunked layout [B, H, N, C, .] (contiguous)."""
+    return [to_chunks(x, C) for x in args]
+
+
+def linear_attention_products(args, C: int):
+    """A closure running the products of chunked linear attention at chunk size C on q, k, v = args."""
+    Q, Kc, Vc = _chunks(args[:3], C)
+    K_T = transposed(Kc)
+    A = Q @ K_T
+    O, O_inter, dS = np.empty_like(Vc), np.empty_like(Vc), K_T @ Vc
+
+    def run():
+        np.matmul(Q, K_T, out=A)                   # Q K^T
+        np.matmul(A, Vc, out=O)                    # A V
+        np.matmul(K_T, Vc, out=dS)                 # K^T V: what each chunk writes
+        # (The prefix sum that turns the writes into the states S_n is an addition, left out of the floor.)
+        np.matmul(Q, dS, out=O_inter)              # Q S_n
+        np.add(O, O_inter, out=O)
+        return dS  # (for the tests: summed over the chunks, the final state)
+    return run
+
+
+def gated_deltanet_products(args, C: int):
+    """A closure running the products of chunked Gated DeltaNet at chunk size C on (q, k, v, g, beta) = args.
+
+    The operands are the real W, U and T of these inputs (gates left out), so that the state pass stays
+    bounded as it does in the chunked form."""
+    q, k, v, g, beta = args
+    Q, Kc, Vc = _chunks((q, k, v), C)
+    beta_c = to_chunks(beta, C)[..., None]
+    K_T = transposed(Kc)
+    QK = np.stack([Kc * beta_c, Q])                              # [beta K; Q]
+    grams = QK @ K_T
+    T_inv = unit_lower_inverse(grams[0] * causal_mask(C, np, strict=True))
+    KV_beta = np.concatenate([Kc * beta_c, Vc * beta_c], axis=-1)  # [beta K | beta V]
+    WU = T_inv @ KV_beta
+    W, U = np.ascontiguousarray(WU[..., :Kc.shape[-1]]), np.ascontiguousarray(WU[..., Kc.shape[-1]:])
+    S_in = np.empty(Vc.shape[:3] + (Kc.shape[-1], Vc.shape[-1]), np.float32)
+    delta, O, O_intra = np.empty_like(Vc), np.empty_like(Vc), np.empty_like(Vc)
+    WS, dS = np.empty_like(Vc[:, :, 0]), np.empty_like(S_in[:, :, 0])
+
+    def run():
+        np.matmul(QK, K_T, out=grams)              # (beta K) K^T and Q K^T
+        np.matmul(T_inv, KV_beta, out=WU)          # W and U
+        S = np.zeros_like(dS)
+        for n in range(Q.shape[2]):                # the state pass: chunk after chunk
+            S_in[:, :, n] = S
+            np.matmul(W[:, :, n], S, out=WS)
+            np.subtract(U[:, :, n], WS, out=delta[:, :, n])
+            np.matmul(K_T[:, :, n], delta[:, :, n], out=dS)
+            S = S + dS
+        np.matmul(Q, S_in, out=O)                  # Q S_n
+        np.matmul(grams[1], delta, out=O_intra)    # P Delta_n
+        np.add(O, O_intra, out=O)
+        return S  # (for the tests: the final state, exact when the gates are all zero)
+    return run
+
+
+PRODUCTS = {"linear_attention": linear_attention_products, "gated_deltanet": gated_deltanet_products}
+
+
+def floor_rows(rounds: int = ROUNDS, chunk_sizes=CHUNK_SIZES, problem=None) -> list[dict]:
+    """For each mixer of PRODUCTS: its token loop's median ms and, per chunk size, the products' median ms,
+    all timed in the same alternating rounds (problem: the CPU bench's unless given)."""
+    rows = []
+    for name, products in PRODUCTS.items():
+        mod = catalog.module(name)
+        args, kwargs = mod.example_inputs(**(problem or PROBLEM), dtype=np.float32)
+        fns = {"loop": lambda: mod.recurrent(*args, **kwargs)}
+        fns.update({C: products(args, C) for C in chunk_sizes})
+        times = interleaved_median_ms(fns, {key: 1 if key == "loop" else 3 for key in fns}, rounds=rounds)
+        rows.append({"mixer": name, "loop_ms": times["loop"], "target": TARGETS[name],
+                     "floor_ms": {C: times[C] for C in chunk_sizes}})
+    return rows
+
+
+def format_floor(rows: list[dict]) -> str:
+    sizes = list(rows[0]["floor_ms"])
+    lines = ["| mixer | loop ms | " + " | ".join(f"products only, C = {C}: ms (loop / floor)" for C in sizes)
+             + " | target |",
+             "| --- | ---: | " + " | ".join("---:" for _ in sizes) + " | ---: |"]
+    for r in rows:
+        cells = " | ".join(f"{ms:.1f} ({r['loop_ms'] / ms:.1f}x)" for ms in r["floor_ms"].values())
+        lines.append(f"| {r['mixer']} | {r['loop_ms']:.1f} | {cells} | {r['target']:.0f}x |")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    print(f"minilin bench --device cpu --floor: the matrix products of each chunked form alone (no gates, copies "
+          f"or solve), against the token loop; B={PROBLEM['B']} H={PROBLEM['H']} T={PROBLEM['T']} "
+          f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, {args.repeats or ROUNDS} alternating rounds; {machine()}",
+          flush=True)
+    print(format_floor(floor_rows(args.repeats or ROUNDS)))
+    return 0
