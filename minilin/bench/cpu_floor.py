@@ -2,17 +2,18 @@
 
 The CPU bench's targets (issue 2: chunked linear attention 5x, chunked Gated DeltaNet 10x faster than the
 token loop) ask how much of the chunked form's time is arithmetic that cannot go away. This times only the
-batched matrix products that every chunked form of the mixer does at chunk size C, on random float32
-operands of the CPU bench's problem (B=1, H=4, T=4096, K=V=64; the mixer's own example inputs, so the
-products see the values the chunked form sees), contiguous and with preallocated outputs:
-no gates, masks, feature maps, input checks, layout copies or triangular solve. Any chunked NumPy form at
-that C does at least these products, so the token loop's time over this floor bounds its speed-up from
-above. The loop is the mixer's real `recurrent` form, timed in the same alternating rounds.
+batched matrix products that every chunked form of the mixer does at chunk size C, in float32 on the CPU
+bench's problem (B=1, H=4, T=4096, K=V=64; the mixer's own example inputs, so that the products see the
+values the chunked form sees), contiguous and with preallocated outputs: no gates, masks, feature maps,
+input checks, layout copies or triangular solve. Any chunked NumPy form at that C does at least these
+products, so the token loop's time over this floor bounds its speed-up from above, for matrix products as
+NumPy runs them here (`np.matmul` over a batch, with the BLAS's own threads). The loop is the mixer's real
+`recurrent` form, timed in the same alternating rounds.
 
 Per chunk n of C tokens (Q, K [C, K], V [C, V], state S_n [K, V]; shapes per head):
     linear attention:  Q K^T, (masked) A V, K^T V (the chunk's write), Q S_n (the read of the state),
                        and the sum of the two outputs
-    Gated DeltaNet:    (beta K) K^T and Q K^T, T [beta K | beta V] (W and U in one product), and in order
+    Gated DeltaNet:    (beta K) K^T and Q K^T, W = T (beta K) and U = T (beta V), and in order
                        over the chunks W S_n and K^T Delta_n (Delta_n = U - W S_n), then Q S_n and P Delta_n
 """
 from __future__ import annotations
@@ -61,26 +62,27 @@ def gated_deltanet_products(args, C: int):
     Q, Kc, Vc = _chunks((q, k, v), C)
     beta_c = to_chunks(beta, C)[..., None]
     K_T = transposed(Kc)
-    QK = np.stack([Kc * beta_c, Q])                              # [beta K; Q]
+    K_beta, V_beta = Kc * beta_c, Vc * beta_c
+    QK = np.stack([K_beta, Q])                                   # [beta K; Q]
     grams = QK @ K_T
     T_inv = unit_lower_inverse(grams[0] * causal_mask(C, np, strict=True))
-    KV_beta = np.concatenate([Kc * beta_c, Vc * beta_c], axis=-1)  # [beta K | beta V]
-    WU = T_inv @ KV_beta
-    W, U = np.ascontiguousarray(WU[..., :Kc.shape[-1]]), np.ascontiguousarray(WU[..., Kc.shape[-1]:])
+    # (Two products, not one over [beta K | beta V]: on the dev box the wider one took 1.2x as long.)
+    W, U = T_inv @ K_beta, T_inv @ V_beta
     S_in = np.empty(Vc.shape[:3] + (Kc.shape[-1], Vc.shape[-1]), np.float32)
     delta, O, O_intra = np.empty_like(Vc), np.empty_like(Vc), np.empty_like(Vc)
     WS, dS = np.empty_like(Vc[:, :, 0]), np.empty_like(S_in[:, :, 0])
 
     def run():
         np.matmul(QK, K_T, out=grams)              # (beta K) K^T and Q K^T
-        np.matmul(T_inv, KV_beta, out=WU)          # W and U
+        np.matmul(T_inv, K_beta, out=W)            # W
+        np.matmul(T_inv, V_beta, out=U)            # U
         S = np.zeros_like(dS)
         for n in range(Q.shape[2]):                # the state pass: chunk after chunk
             S_in[:, :, n] = S
             np.matmul(W[:, :, n], S, out=WS)
             np.subtract(U[:, :, n], WS, out=delta[:, :, n])
             np.matmul(K_T[:, :, n], delta[:, :, n], out=dS)
-            S = S + dS
+            np.add(S, dS, out=S)
         np.matmul(Q, S_in, out=O)                  # Q S_n
         np.matmul(grams[1], delta, out=O_intra)    # P Delta_n
         np.add(O, O_intra, out=O)
