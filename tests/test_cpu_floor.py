@@ -1,6 +1,8 @@
 """`minilin bench --device cpu --floor`: the products it times are the chunked forms' own, on a small problem."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -40,3 +42,21 @@ def test_floor_rows_and_table():
 def test_floor_is_a_cpu_measurement(capsys):
     assert main(["bench", "--floor"]) == 2
     assert "--device cpu" in capsys.readouterr().out
+
+
+def test_floor_options_are_checked(capsys):
+    assert main(["bench", "--device", "cpu", "--floor", "--mixers", "kda"]) == 2
+    assert "kda" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--floor", "--chunk-sizes", "0"]) == 2
+    assert "--chunk-sizes" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--chunk-sizes", "32"]) == 2
+    assert "--floor" in capsys.readouterr().out
+
+
+def test_floor_json(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_floor, "PROBLEM", SMALL)
+    destination = tmp_path / "floor.json"
+    assert main(["bench", "--device", "cpu", "--floor", "--mixers", "linear_attention", "--chunk-sizes", "16",
+                 "--repeats", "1", "--json", str(destination)]) == 0
+    rows = json.loads(destination.read_text())["floor"]
+    assert [r["mixer"] for r in rows] == ["linear_attention"] and list(rows[0]["floor_ms"]) == ["16"]

@@ -26,12 +26,17 @@ def register(subparsers) -> None:
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
+    p.add_argument("--chunk-sizes", nargs="+", type=int, metavar="C",
+                   help="with --floor: the chunk sizes to time (default 16 32 64)")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     if args.against and args.device == "cpu":
         print("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
+        return 2
+    if args.chunk_sizes and not args.floor:
+        print("--chunk-sizes goes with --floor (the chunked forms run at their default chunk size otherwise)")
         return 2
     if args.floor and args.device != "cpu":
         print("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")

@@ -18,10 +18,13 @@ Per chunk n of C tokens (Q, K [C, K], V [C, V], state S_n [K, V]; shapes per hea
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .. import catalog
 from ..chunking import causal_mask, to_chunks, transposed, unit_lower_inverse
+from . import write_json
 from .cpu import PROBLEM, machine
 from .timing import interleaved_median_ms
 
@@ -93,11 +96,12 @@ def gated_deltanet_products(args, C: int):
 PRODUCTS = {"linear_attention": linear_attention_products, "gated_deltanet": gated_deltanet_products}
 
 
-def floor_rows(rounds: int = ROUNDS, chunk_sizes=CHUNK_SIZES, problem=None) -> list[dict]:
-    """For each mixer of PRODUCTS: its token loop's median ms and, per chunk size, the products' median ms,
-    all timed in the same alternating rounds (problem: the CPU bench's unless given)."""
+def floor_rows(rounds: int = ROUNDS, chunk_sizes=CHUNK_SIZES, problem=None, names=None) -> list[dict]:
+    """For each mixer of PRODUCTS (or of `names`): its token loop's median ms and, per chunk size, the
+    products' median ms, all timed in the same alternating rounds (problem: the CPU bench's unless given)."""
     rows = []
-    for name, products in PRODUCTS.items():
+    for name in names or PRODUCTS:
+        products = PRODUCTS[name]
         mod = catalog.module(name)
         args, kwargs = mod.example_inputs(**(problem or PROBLEM), dtype=np.float32)
         fns = {"loop": lambda: mod.recurrent(*args, **kwargs)}
@@ -120,9 +124,21 @@ def format_floor(rows: list[dict]) -> str:
 
 
 def main(args) -> int:
+    names = args.mixers or list(PRODUCTS)
+    unknown = [name for name in names if name not in PRODUCTS]
+    if unknown:
+        print(f"--mixers: the floor knows the products of {list(PRODUCTS)} only, got {unknown}", file=sys.stderr)
+        return 2
+    chunk_sizes = tuple(args.chunk_sizes or CHUNK_SIZES)
+    if any(C <= 0 for C in chunk_sizes):
+        print(f"--chunk-sizes: expected positive integers, got {list(chunk_sizes)}", file=sys.stderr)
+        return 2
+    rounds = args.repeats or ROUNDS
     print(f"minilin bench --device cpu --floor: the matrix products of each chunked form alone (no gates, copies "
           f"or solve), against the token loop; B={PROBLEM['B']} H={PROBLEM['H']} T={PROBLEM['T']} "
-          f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, {args.repeats or ROUNDS} alternating rounds; {machine()}",
-          flush=True)
-    print(format_floor(floor_rows(args.repeats or ROUNDS)))
+          f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, {rounds} alternating rounds; {machine()}", flush=True)
+    rows = floor_rows(rounds, chunk_sizes, names=names)
+    print(format_floor(rows))
+    if args.json:
+        write_json(args.json, {"device": "cpu", "machine": machine(), "problem": PROBLEM, "floor": rows})
     return 0
