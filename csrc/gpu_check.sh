@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Build, check and time the CUDA extension on a GPU machine in one go (METHOD.md: one script per lease).
+# Build, check and time the CUDA extension on a GPU machine, in as few device calls as it allows.
 #   bash csrc/gpu_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default /tmp/minilin_gpu)
 # Steps: a capability probe (GPU, nvcc, CuPy + bfloat16, torch SDPA), the build (MINILIN_CUDA=1: a failed
-# build stops here), the GPU tests, `minilin bench --json`, then `minilin bench --against fla` when FLA
-# imports. Each step is time-limited so that the logs written so far always come back.
+# build stops here), the GPU tests, `minilin bench --json` one mixer at a time (with FLA's rows when FLA
+# imports), then `minilin bench --against fla` when FLA imports (SKIP_FLA=1 skips this last step). Each step
+# is time-limited so that the logs written so far always come back.
 # On a machine without network, FLA travels as wheels: put fla-core and einops wheels in .whl/ (see the
 # README); they are installed into a temporary directory on PYTHONPATH, never into the environment.
 # Knobs: PYTEST_ARGS (e.g. "-n 8"), BENCH_LENGTHS ("8192"), BENCH_MIXERS ("gated_deltanet"), SKIP_BENCH=1,
-# SKIP_TESTS=1, SKIP_FLA=1, FLA_LENGTHS, FLA_MIXERS, and BUILD_ / TEST_ / BENCH_ / FLA_TIMEOUT (seconds; BENCH_TIMEOUT is per
-# mixer). The whole script with FLA's rows takes longer than one 10-minute device call: SKIP_ what ran already.
+# SKIP_TESTS=1, SKIP_FLA=1, FLA_LENGTHS, FLA_MIXERS, and BUILD_ / TEST_ / BENCH_ / FLA_TIMEOUT (seconds;
+# BENCH_TIMEOUT is per mixer). With FLA's rows the whole script takes longer than one 10-minute device call:
+# give each part its own call (SKIP_ the others).
 set -uo pipefail
 OUT="${1:-/tmp/minilin_gpu}"
 mkdir -p "$OUT"
@@ -63,7 +65,7 @@ fi
 # their JSON is merged into bench.json.
 if [ -z "${SKIP_BENCH:-}" ]; then
   MIXERS="${BENCH_MIXERS:-$("$PY" -c 'from minilin.bench import gpu; print(*gpu.DEFAULT_MIXERS)')}"
-  : >"$OUT/bench.md"; : >"$OUT/bench_progress.log"
+  : >"$OUT/bench.md"; : >"$OUT/bench_progress.log"; rm -f "$OUT/bench.json"
   for mixer in $MIXERS; do
     timeout "${BENCH_TIMEOUT:-300}" "$PY" -m minilin bench --json "$OUT/bench_$mixer.json" \
       ${BENCH_LENGTHS:+--lengths $BENCH_LENGTHS} --mixers "$mixer" 2>>"$OUT/bench_progress.log" | tee -a "$OUT/bench.md"
