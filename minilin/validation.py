@@ -9,6 +9,7 @@ first argument that disagrees is the one named.
 """
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
@@ -27,16 +28,30 @@ class Shapes:
 
     def bind(self, name: str, shape, dims: str) -> None:
         """Check `shape` against the letters in `dims` and bind the letters not seen before."""
-        letters = dims.split()
-        shape = tuple(int(s) for s in shape)
-        known = [self.sizes.get(letter) for letter in letters]
-        if len(shape) != len(letters) or any(k is not None and k != s for k, s in zip(known, shape)):
-            expected = ", ".join(str(k) if k is not None else letter for k, letter in zip(known, letters))
-            raise ValueError(
-                f"{name}: expected shape [{', '.join(letters)}] = [{expected}], got {list(shape)}"
-            )
-        for letter, size in zip(letters, shape):
-            self.sizes.setdefault(letter, size)
+        # Plain loops, no generators: every GPU call runs this five times before its launch (minilin.cuda).
+        letters = _letters(dims)
+        sizes = self.sizes
+        if len(shape) == len(letters):
+            for letter, size in zip(letters, shape):
+                known = sizes.get(letter)
+                if known is not None and known != size:
+                    break
+            else:
+                for letter, size in zip(letters, shape):
+                    if letter not in sizes:
+                        sizes[letter] = int(size)
+                return
+        known = [sizes.get(letter) for letter in letters]
+        expected = ", ".join(str(k) if k is not None else letter for k, letter in zip(known, letters))
+        raise ValueError(
+            f"{name}: expected shape [{', '.join(letters)}] = [{expected}], got {[int(s) for s in shape]}"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _letters(dims: str) -> tuple[str, ...]:
+    """'B T H K' -> ('B', 'T', 'H', 'K'), split once per distinct string."""
+    return tuple(dims.split())
 
 
 def _type_name(x) -> str:
