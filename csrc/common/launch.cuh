@@ -46,23 +46,31 @@ inline void allow_shared_memory(Kernel kernel, size_t bytes, const char* name) {
                name, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
 }
 
-inline void require(bool ok, const std::string& message) {
-  if (!ok) throw ArgumentError("minilin._cuda: " + message);
+// `message` is a callable that builds the text (`[&] { return ...; }`), called only when the check fails:
+// every launch runs these checks, and building their strings each time cost microseconds per call.
+template <typename Message>
+inline void require(bool ok, Message&& message) {
+  if (!ok) throw ArgumentError("minilin._cuda: " + std::string(message()));
 }
 
 // Checks every version shares: positive sizes, pointers present, the gate/beta an op needs.
 inline void check_common(const Problem& p, const char* kernel, bool needs_beta) {
-  const std::string k = kernel;
-  require(p.B > 0 && p.T > 0 && p.H > 0 && p.K > 0 && p.V > 0,
-          k + ": sizes must be positive, got B=" + std::to_string(p.B) + " T=" + std::to_string(p.T) +
-              " H=" + std::to_string(p.H) + " K=" + std::to_string(p.K) + " V=" + std::to_string(p.V));
-  require(p.q && p.k && p.v && p.o && p.ht, k + ": q, k, v, o and ht must be device pointers, got a null one");
-  require(!needs_beta || p.beta, k + ": beta must be a device pointer, got null");
-  require(p.dtype == kFloat32 || p.dtype == kBFloat16,
-          k + ": dtype code must be 0 (float32) or 1 (bfloat16), got " + std::to_string(p.dtype));
-  require(p.K % 8 == 0 && p.V % 8 == 0,
-          k + ": K and V must be multiples of 8 (16-byte rows for cp.async), got K=" + std::to_string(p.K) +
-              " V=" + std::to_string(p.V));
+  const auto k = [kernel] { return std::string(kernel); };
+  require(p.B > 0 && p.T > 0 && p.H > 0 && p.K > 0 && p.V > 0, [&] {
+    return k() + ": sizes must be positive, got B=" + std::to_string(p.B) + " T=" + std::to_string(p.T) + " H=" +
+           std::to_string(p.H) + " K=" + std::to_string(p.K) + " V=" + std::to_string(p.V);
+  });
+  require(p.q && p.k && p.v && p.o && p.ht, [&] {
+    return k() + ": q, k, v, o and ht must be device pointers, got a null one";
+  });
+  require(!needs_beta || p.beta, [&] { return k() + ": beta must be a device pointer, got null"; });
+  require(p.dtype == kFloat32 || p.dtype == kBFloat16, [&] {
+    return k() + ": dtype code must be 0 (float32) or 1 (bfloat16), got " + std::to_string(p.dtype);
+  });
+  require(p.K % 8 == 0 && p.V % 8 == 0, [&] {
+    return k() + ": K and V must be multiples of 8 (16-byte rows for cp.async), got K=" + std::to_string(p.K) + " V=" +
+           std::to_string(p.V);
+  });
 }
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -129,8 +129,9 @@ void launch_recurrent(const Problem& p, const char* name) {
 template <typename Kernels>
 void forward_recurrent(const Problem& p, const char* name, bool needs_beta) {
   check_common(p, name, needs_beta);
-  require(p.K <= 256, std::string(name) + ": K must be <= 256 (the state rows live in registers), got K=" +
-                          std::to_string(p.K));
+  require(p.K <= 256, [&] {
+    return std::string(name) + ": K must be <= 256 (the state rows live in registers), got K=" + std::to_string(p.K);
+  });
   const auto launch_rows = [&](auto elem) {
     using Elem = decltype(elem);
     if (p.K <= 32) return launch_recurrent<Kernels, Elem, 1>(p, name);

@@ -123,8 +123,10 @@ void launch(const Problem& p) {
 
 void forward(const Problem& p) {
   check_common(p, "linear_v2_chunked", false);
-  require(p.K <= 128, "linear_v2_chunked: K must be <= 128 (q, k and the state share one block's shared memory), got K=" +
-                          std::to_string(p.K));
+  require(p.K <= 128, [&] {
+    return "linear_v2_chunked: K must be <= 128 (q, k and the state share one block's shared memory), got K=" +
+           std::to_string(p.K);
+  });
   if (p.dtype == kFloat32) launch<float>(p);
   else launch<__nv_bfloat16>(p);
 }

@@ -142,13 +142,16 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     o = cupy.empty(v.shape, v.dtype)
     final_state = cupy.empty((B, H, K, V), cupy.float32)
     workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
-    workspace = cupy.empty(workspace_size, cupy.uint8) if workspace_size else None
+    # Scratch bytes from CuPy's pool, without an array around them (a few microseconds less per call); held
+    # here until the launch is queued, after which the pool may hand them to later work on the same stream.
+    workspace = cupy.cuda.alloc(workspace_size) if workspace_size else None
 
     def address(x):
         return 0 if x is None else x.data.ptr
 
     cuda.forward(op, info["version"], address(q), address(k), address(v), address(g), address(beta),
-                 address(initial_state), address(o), address(final_state), address(workspace), workspace_size,
+                 address(initial_state), address(o), address(final_state),
+                 workspace.ptr if workspace is not None else 0, workspace_size,
                  B, T, H, K, V, float(scale), 1 if is_bf16 else 0, cupy.cuda.get_current_stream().ptr)
     return o, final_state
 
