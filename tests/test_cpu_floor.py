@@ -20,23 +20,24 @@ def test_linear_attention_floor_writes_what_the_chunked_form_writes():
     np.testing.assert_allclose(writes.sum(axis=2), final_state, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("C", [16, 32])
-def test_gated_deltanet_floor_runs_the_real_state_pass(C):
-    """With every gate zero, the floor's state pass (real W and U, no gates) is the whole recurrence."""
+@pytest.mark.parametrize("C, with_solve", [(16, False), (32, True)])
+def test_gated_deltanet_floor_runs_the_real_state_pass(C, with_solve):
+    """With every gate zero, the floor's state pass (the real T, no gates) is the whole recurrence."""
     (q, k, v, g, beta), _ = gated_deltanet.example_inputs(**SMALL, dtype=np.float32)
     g = np.zeros_like(g)
-    state = cpu_floor.gated_deltanet_products((q, k, v, g, beta), C)()
+    state = cpu_floor.gated_deltanet_products((q, k, v, g, beta), C, with_solve=with_solve)()
     _, final_state = gated_deltanet.recurrent(q, k, v, g, beta)
     np.testing.assert_allclose(state, final_state, rtol=1e-4, atol=1e-4)
 
 
 def test_floor_rows_and_table():
     rows = cpu_floor.floor_rows(rounds=1, chunk_sizes=(16, 32), problem=SMALL)
-    assert [r["mixer"] for r in rows] == ["linear_attention", "gated_deltanet"]
+    assert [(r["mixer"], r["part"]) for r in rows] == [
+        ("linear_attention", "products"), ("gated_deltanet", "products"), ("gated_deltanet", "products + solve")]
     for r in rows:
         assert r["loop_ms"] > 0 and all(ms > 0 for ms in r["floor_ms"].values())
     table = cpu_floor.format_floor(rows).splitlines()
-    assert len(table) == 2 + len(rows) and "C = 32" in table[0] and table[3].endswith("| 10x |")
+    assert len(table) == 2 + len(rows) and "C = 32" in table[0] and table[4].endswith("| 10x |")
 
 
 def test_floor_is_a_cpu_measurement(capsys):
