@@ -73,6 +73,28 @@ inline void check_common(const Problem& p, const char* kernel, bool needs_beta) 
   });
 }
 
+// The checks of every tensor-core version (linear and delta v3 onwards) on top of check_common: bf16 inputs, K = 64
+// or 128 (the two sizes their kernels are instantiated for), V a whole number of block_v-column value blocks.
+inline void check_tensor_core_problem(const Problem& p, const char* kernel, bool needs_beta, int block_v) {
+  check_common(p, kernel, needs_beta);
+  const auto k = [kernel] { return std::string(kernel); };
+  require(p.dtype == kBFloat16, [&] {
+    return k() + ": bfloat16 inputs only (tensor cores multiply bf16), got float32";
+  });
+  require(p.K == 64 || p.K == 128, [&] { return k() + ": K must be 64 or 128, got K=" + std::to_string(p.K); });
+  require(p.V % block_v == 0, [&] {
+    return k() + ": V must be a multiple of " + std::to_string(block_v) + ", got V=" + std::to_string(p.V);
+  });
+}
+
+// The delta versions' scratch space (the WY step's T for every chunk): present and at least `bytes` long.
+inline void check_workspace(const Problem& p, const char* kernel, size_t bytes) {
+  require(p.workspace && p.workspace_size >= bytes, [&] {
+    return std::string(kernel) + ": workspace must hold " + std::to_string(bytes) + " bytes, got " +
+           std::to_string(p.workspace_size);
+  });
+}
+
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace minilin

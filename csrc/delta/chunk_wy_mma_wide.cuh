@@ -201,16 +201,8 @@ inline size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspa
 
 // The argument checks v4 - v8 share; `name` is the version's kernel name for the messages.
 inline void check_problem(const Problem& p, const std::string& name) {
-  check_common(p, name.c_str(), true);
-  require(p.dtype == kBFloat16, [&] {
-    return name + ": bfloat16 inputs only (tensor cores multiply bf16), got float32";
-  });
-  require(p.K == 64 || p.K == 128, [&] { return name + ": K must be 64 or 128, got K=" + std::to_string(p.K); });
-  require(p.V % kBlockV == 0, [&] { return name + ": V must be a multiple of 64, got V=" + std::to_string(p.V); });
-  require(p.workspace && p.workspace_size >= workspace_bytes(p.B, p.T, p.H, p.K, p.V), [&] {
-    return name + ": workspace must hold " + std::to_string(workspace_bytes(p.B, p.T, p.H, p.K, p.V)) + " bytes, got " +
-           std::to_string(p.workspace_size);
-  });
+  check_tensor_core_problem(p, name.c_str(), true, kBlockV);
+  check_workspace(p, name.c_str(), workspace_bytes(p.B, p.T, p.H, p.K, p.V));
 }
 
 }  // namespace delta_wide

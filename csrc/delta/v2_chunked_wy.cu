@@ -166,10 +166,7 @@ void forward(const Problem& p) {
     return "delta_v2_chunked: K must be <= 128 (q, k and the state share one block's shared memory), got K=" +
            std::to_string(p.K);
   });
-  require(p.workspace && p.workspace_size >= workspace_bytes(p.B, p.T, p.H, p.K, p.V), [&] {
-    return "delta_v2_chunked: workspace must hold " + std::to_string(workspace_bytes(p.B, p.T, p.H, p.K, p.V)) +
-           " bytes, got " + std::to_string(p.workspace_size);
-  });
+  check_workspace(p, "delta_v2_chunked", workspace_bytes(p.B, p.T, p.H, p.K, p.V));
   if (p.dtype == kFloat32) launch<float>(p);
   else launch<__nv_bfloat16>(p);
 }

@@ -180,20 +180,8 @@ void launch(const Problem& p) {
 }
 
 void forward(const Problem& p) {
-  check_common(p, "delta_v3_chunked_wy_mma", true);
-  require(p.dtype == kBFloat16, [&] {
-    return "delta_v3_chunked_wy_mma: bfloat16 inputs only (tensor cores multiply bf16), got float32";
-  });
-  require(p.K == 64 || p.K == 128, [&] {
-    return "delta_v3_chunked_wy_mma: K must be 64 or 128, got K=" + std::to_string(p.K);
-  });
-  require(p.V % kBlockV == 0, [&] {
-    return "delta_v3_chunked_wy_mma: V must be a multiple of 64, got V=" + std::to_string(p.V);
-  });
-  require(p.workspace && p.workspace_size >= workspace_bytes(p.B, p.T, p.H, p.K, p.V), [&] {
-    return "delta_v3_chunked_wy_mma: workspace must hold " + std::to_string(workspace_bytes(p.B, p.T, p.H, p.K, p.V)) +
-           " bytes, got " + std::to_string(p.workspace_size);
-  });
+  check_tensor_core_problem(p, "delta_v3_chunked_wy_mma", true, kBlockV);
+  check_workspace(p, "delta_v3_chunked_wy_mma", workspace_bytes(p.B, p.T, p.H, p.K, p.V));
   if (p.K == 64) launch<64>(p);
   else launch<128>(p);
 }

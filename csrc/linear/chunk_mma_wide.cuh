@@ -164,12 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_mma_wide(const Pro
 
 // The argument checks of every wide linear kernel (v4-v7); `name` is the version's kernel name.
 inline void check_problem(const Problem& p, const std::string& name) {
-  check_common(p, name.c_str(), false);
-  require(p.dtype == kBFloat16, [&] {
-    return name + ": bfloat16 inputs only (tensor cores multiply bf16), got float32";
-  });
-  require(p.K == 64 || p.K == 128, [&] { return name + ": K must be 64 or 128, got K=" + std::to_string(p.K); });
-  require(p.V % kBlockV == 0, [&] { return name + ": V must be a multiple of 64, got V=" + std::to_string(p.V); });
+  check_tensor_core_problem(p, name.c_str(), false, kBlockV);
 }
 
 // Checks and launch for K = 64 or 128 on p's stream.

@@ -147,16 +147,7 @@ void launch(const Problem& p) {
 }
 
 void forward(const Problem& p) {
-  check_common(p, "linear_v3_chunked_mma", false);
-  require(p.dtype == kBFloat16, [&] {
-    return "linear_v3_chunked_mma: bfloat16 inputs only (tensor cores multiply bf16), got float32";
-  });
-  require(p.K == 64 || p.K == 128, [&] {
-    return "linear_v3_chunked_mma: K must be 64 or 128, got K=" + std::to_string(p.K);
-  });
-  require(p.V % kBlockV == 0, [&] {
-    return "linear_v3_chunked_mma: V must be a multiple of 64, got V=" + std::to_string(p.V);
-  });
+  check_tensor_core_problem(p, "linear_v3_chunked_mma", false, kBlockV);
   if (p.K == 64) launch<64>(p);
   else launch<128>(p);
 }
