@@ -92,12 +92,13 @@ def main(argv=None) -> int:
             base_o, base_state = gpu.cuda_out_as_float(runs["base"]())
             new_o, new_state = gpu.cuda_out_as_float(runs["new"]())
             diff = max(float(cupy.abs(new_o - base_o).max()), float(cupy.abs(new_state - base_state).max()))
-            (base_ms, base_rounds, _), (new_ms, new_rounds, _) = alternating_medians(
+            (base_ms, base_rounds, _, base_call), (new_ms, new_rounds, _, new_call) = alternating_medians(
                 [(runs["base"], "cupy"), (runs["new"], "cupy")], repeats=args.repeats, rounds=args.rounds,
                 budget_ms=3000.0)
             print(f"{op} v{version} T={T}: max |new - base| {diff:.3g}; base {base_ms:.4f} ms, new {new_ms:.4f} ms, "
                   f"new / base {new_ms / base_ms:.3f}  (rounds base {[round(r, 4) for r in base_rounds]}, "
-                  f"new {[round(r, 4) for r in new_rounds]})", flush=True)
+                  f"new {[round(r, 4) for r in new_rounds]}; one call from idle: base {base_call:.4f}, "
+                  f"new {new_call:.4f} ms)", flush=True)
     return 0
 
 

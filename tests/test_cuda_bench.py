@@ -97,13 +97,15 @@ def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=No
 
     monkeypatch.setattr(gpu, "fla_call", fla_call)
     timings = iter([1.0, 2.0] * against_fla.ROUNDS)
-    monkeypatch.setattr(gpu_timing, "median_ms", lambda fn, **kw: gpu_timing.Timing(next(timings), 50))
+    monkeypatch.setattr(gpu_timing, "median_ms", lambda fn, **kw: gpu_timing.Timing(next(timings), 50,
+                                                                                      call_ms=4.0))
     return against_fla.compare("gated_deltanet", 64, repeats=50), freed
 
 
 def test_against_fla_times_both_sides_alternately_when_both_are_right(monkeypatch):
     row, freed = _fake_comparison(monkeypatch)
     assert row["minilin_ms"] == 1.0 and row["fla_ms"] == 2.0 and row["ratio"] == 0.5 and freed
+    assert row["minilin_call_ms"] == 4.0 and row["call_ratio"] == 1.0
 
 
 @pytest.mark.parametrize("case", ["ours wrong", "fla wrong", "fla raises"])
@@ -121,11 +123,11 @@ def test_fla_call_names_the_forms_it_knows():
 
 
 def test_implementations_are_timed_in_alternating_rounds(monkeypatch):
-    calls, per_round_ms = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 9.0, 4.0])}
+    calls, per_round_ms = [], {"a": iter([3.0, 3.1, 1.0, 1.1, 2.0, 2.1]), "b": iter([5.0, 5.1, 9.0, 9.1, 4.0, 4.1])}
 
     def fake_median_ms(fn, *, repeats, events, budget_ms):
         calls.append((fn(), events, repeats, budget_ms))
-        return gpu_timing.Timing(next(per_round_ms[fn()]), 7)
+        return gpu_timing.Timing(next(per_round_ms[fn()]), 7, call_ms=next(per_round_ms[fn()]) * 10)
 
     monkeypatch.setattr(gpu_timing, "median_ms", fake_median_ms)
     a = gpu.Row("simple_gla", 2048, "bfloat16", "cuda v1 recurrent")
@@ -135,3 +137,60 @@ def test_implementations_are_timed_in_alternating_rounds(monkeypatch):
     assert {c[1] for c in calls if c[0] == "b"} == {"torch"} and {c[2] for c in calls} == {50}
     assert {c[3] for c in calls} == {gpu.ROW_BUDGET_MS / gpu.ROUNDS}  # a slow row's budget is split, not tripled
     assert (a.ms, a.runs) == (2.0, 21) and (b.ms, b.runs) == (5.0, 21)  # median of the rounds' medians
+    assert (a.call_ms, b.call_ms) == (21.0, 51.0)  # and of the rounds' single-call medians
+
+
+# ---- the timer itself, on a scripted stream --------------------------------------------------------------
+class ScriptedStream:
+    """A stand-in for a CUDA stream and its events: each fn() puts `host_ms` on the host clock and `device_ms`
+    of work on the stream; the stream starts work no earlier than it is enqueued, and an event's time is when
+    the stream reaches it. Enough to tell a timer that waits between runs from one that queues them."""
+
+    def __init__(self, host_ms: float, device_ms: float):
+        self.host_ms, self.device_ms = host_ms, device_ms
+        self.host = self.stream = 0.0
+        self.log = []
+
+    def fn(self):
+        self.host += self.host_ms
+        self.stream = max(self.stream, self.host) + self.device_ms
+        self.log.append("fn")
+
+    def timer(self):
+        def record(event):
+            self.stream = max(self.stream, self.host)
+            event["t"] = self.stream
+            self.log.append("record")
+
+        def sync(event):
+            self.host = max(self.host, event["t"])
+            self.log.append("sync")
+
+        def make_flush(nbytes):
+            return lambda: self.log.append("flush")
+
+        return (dict, record, sync, lambda a, b: b["t"] - a["t"], make_flush)
+
+
+def test_queued_runs_hide_the_host_dispatch_and_single_calls_include_it():
+    stream = ScriptedStream(host_ms=0.05, device_ms=0.4)
+    t = gpu_timing.median_ms(stream.fn, repeats=20, warmup=2, calls=3, timer=stream.timer())
+    assert t.runs == 20
+    assert t.median_ms == pytest.approx(0.4)  # the kernels alone: the host ran ahead of the stream
+    assert t.call_ms == pytest.approx(0.45)  # a call from an idle stream waits for the host's 0.05 ms
+    queued = stream.log[stream.log.index("flush"):]
+    assert queued == ["flush", "record", "fn", "record"] * 20 + ["sync"]  # no wait between queued runs
+
+
+def test_a_host_slower_than_its_kernels_shows_in_the_device_time_too():
+    # The queued runs cannot hide a dispatch longer than the work (0.3 ms of host per 0.1 ms of kernels): the
+    # stream idles between kernels, and the device time is the host's pace, never the kernels' 0.1 ms.
+    stream = ScriptedStream(host_ms=0.3, device_ms=0.1)
+    t = gpu_timing.median_ms(stream.fn, repeats=10, warmup=1, calls=1, timer=stream.timer())
+    assert t.median_ms == pytest.approx(0.3) and t.call_ms == pytest.approx(0.4)
+
+
+def test_a_slow_run_lowers_the_count_of_queued_runs():
+    stream = ScriptedStream(host_ms=0.0, device_ms=100.0)
+    t = gpu_timing.median_ms(stream.fn, repeats=50, warmup=0, calls=1, budget_ms=1000.0, timer=stream.timer())
+    assert t.runs == 10 and t.median_ms == pytest.approx(100.0)

@@ -18,14 +18,18 @@ Rows, per mixer, length and dtype:
 Each implementation is checked first against the float64 reference (minilin's chunked form on CuPy in
 float64, on the same inputs): output and final state within 1e-4 (float32) or 1e-2 (bfloat16) relative
 error; a wrong one is reported and not timed. Inputs are drawn once per length, rounded to the bfloat16 grid,
-so the float32 and bfloat16 rows read the same numbers. Timing: CUDA events; the implementations of one
-mixer, length and dtype that passed their check are timed in 3 alternating rounds (each round: 3 warm-up runs,
-then the median of --repeats runs, default 50; fewer for a row whose runs would exceed 3 s over the rounds,
-and the table says how many), and the median of the rounds is reported. Alternating, a drift of the machine
-falls on every column instead of on whichever was being timed: one after the other, one run once had linear
-v5 12% slower than v6 at T = 8192 where other runs had them within 1%.
-Columns: ms; tokens/s (B T / time); GB/s achieved on the I/O floor (q, k, v read and o written once), with
-its share of the measured device copy bandwidth; relative error of o; speed-up over cuda v1 (recurrent).
+so the float32 and bfloat16 rows read the same numbers. Timing: CUDA events (bench/gpu_timing.py); the
+implementations of one mixer, length and dtype that passed their check are timed in 3 alternating rounds
+(each round: 3 warm-up runs, 5 single calls from an idle stream, then --repeats runs queued back to back,
+default 50, the L2 cache overwritten between them; fewer for a row whose runs would exceed 3 s over the
+rounds, and the table says how many), and the median of the rounds is reported. Alternating, a drift of the
+machine falls on every column instead of on whichever was being timed: one after the other, one run once had
+linear v5 12% slower than v6 at T = 8192 where other runs had them within 1%.
+Columns: ms, the device time (queued runs: the host's dispatch of run i + 1 hides behind run i's kernels);
+call ms, one call from an idle stream (the ~50 us of Python checks and launch before the kernel starts are
+inside it; before 2026-11-29 this bench reported that as ms); tokens/s (B T / device time); GB/s
+achieved on the I/O floor (q, k, v read and o written once), with its share of the measured device copy
+bandwidth; relative error of o; speed-up over cuda v1 (recurrent), in device time.
 """
 from __future__ import annotations
 
@@ -57,8 +61,9 @@ class Row:
     T: int
     dtype: str
     implementation: str
-    ms: float | None = None
+    ms: float | None = None  # device time, runs queued (gpu_timing.py)
     runs: int = 0
+    call_ms: float | None = None  # one call from an idle stream, the host's dispatch included
     error: float | None = None
     state_error: float | None = None
     note: str = ""
@@ -212,19 +217,20 @@ ROUNDS = 3
 
 def _timed(row: Row, run, repeats: int, events: str = "cupy") -> Row:
     t = median_ms(run, repeats=repeats, events=events, budget_ms=ROW_BUDGET_MS)
-    row.ms, row.runs = t.median_ms, t.runs
+    row.ms, row.runs, row.call_ms = t.median_ms, t.runs, t.call_ms
     return row
 
 
 def time_alternating(candidates: list, repeats: int, rounds: int = ROUNDS) -> None:
     """Time each (row, run, events) of `candidates` in `rounds` alternating rounds; fill row.ms and row.runs.
 
-    A row's run budget is split over the rounds; row.ms is the median of its rounds' medians.
+    A row's run budget is split over the rounds; row.ms is the median of its rounds' medians, row.call_ms
+    the median of its rounds' single-call medians.
     """
     timed = alternating_medians([(run, events) for _, run, events in candidates], repeats=repeats, rounds=rounds,
                                 budget_ms=ROW_BUDGET_MS / rounds)
-    for (row, _, _), (ms, _, runs) in zip(candidates, timed):
-        row.ms, row.runs = ms, row.runs + runs
+    for (row, _, _), (ms, _, runs, call_ms) in zip(candidates, timed):
+        row.ms, row.runs, row.call_ms = ms, row.runs + runs, call_ms
 
 
 def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, log) -> list[Row]:
@@ -335,16 +341,18 @@ def format_tables(rows: list[Row], copy_gbs: float) -> str:
             if not sel:
                 continue
             out.append(f"\n{mixer}, {dtype} (B={PROBLEM['B']} H={PROBLEM['H']} K={PROBLEM['K']} V={PROBLEM['V']})")
-            out.append("| T | implementation | ms | tokens/s | GB/s on I/O floor (of copy BW) | rel. error | vs recurrent |")
-            out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+            out.append("| T | implementation | ms | call ms | tokens/s | GB/s on I/O floor (of copy BW) | rel. error "
+                       "| vs recurrent |")
+            out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
             for r in sel:
                 ms = f"{r.ms:.3f}" + (f" ({r.runs} runs)" if r.runs and r.runs < 50 else "") if r.ms else "-"
+                call = f"{r.call_ms:.3f}" if r.call_ms else "-"
                 tok = f"{r.extra['tokens_per_s'] / 1e6:.1f} M" if "tokens_per_s" in r.extra else "-"
                 gbs = f"{r.extra['io_floor_gbs']:.0f} ({100 * r.extra['copy_share']:.0f}%)" if "io_floor_gbs" in r.extra else "-"
                 err = f"{r.error:.1e}" if r.error is not None else "-"
                 sp = f"{r.extra['speedup_vs_recurrent']:.1f}x" if "speedup_vs_recurrent" in r.extra else "-"
                 name = r.implementation + (f" [{r.note}]" if r.note else "")
-                out.append(f"| {r.T} | {name} | {ms} | {tok} | {gbs} | {err} | {sp} |")
+                out.append(f"| {r.T} | {name} | {ms} | {call} | {tok} | {gbs} | {err} | {sp} |")
             floors = ", ".join(f"T={T}: {io_floor_bytes(T, dtype) / (copy_gbs * 1e9) * 1e3:.3f} ms" for T in
                                sorted({r.T for r in sel}))
             out.append(f"I/O floor at the copy bandwidth: {floors}")
