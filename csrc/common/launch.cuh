@@ -46,6 +46,25 @@ inline void allow_shared_memory(Kernel kernel, size_t bytes, const char* name) {
                name, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
 }
 
+// Every launch: the kernel's dynamic shared memory allowed, the launch on p's stream, the launch checked.
+// `args` follow the Problem in the kernel's parameters.
+template <typename Kernel, typename... Args>
+inline void launch_checked(const Problem& p, const char* name, Kernel kernel, dim3 grid, int threads, size_t smem,
+                           Args... args) {
+  allow_shared_memory(kernel, smem, name);
+  kernel<<<grid, threads, smem, stream_of(p)>>>(p, args...);
+  check_launch(name, p);
+}
+
+// The wide chunk kernels' launch: their K = 64 or K = 128 instance (the two sizes they are compiled for) with
+// its shared memory, one block per (value block of block_v columns, head, batch).
+template <typename Kernel, typename... Args>
+inline void launch_per_value_block(const Problem& p, const char* name, int block_v, int threads, Kernel kernel_k64,
+                                   size_t smem_k64, Kernel kernel_k128, size_t smem_k128, Args... args) {
+  launch_checked(p, name, p.K == 64 ? kernel_k64 : kernel_k128, dim3(p.V / block_v, p.H, p.B), threads,
+                 p.K == 64 ? smem_k64 : smem_k128, args...);
+}
+
 // `message` is a callable that builds the text (`[&] { return ...; }`), called only when the check fails:
 // every launch runs these checks, and building their strings each time cost microseconds per call.
 template <typename Message>

@@ -118,12 +118,8 @@ inline size_t recurrent_shared_bytes(int K) {
 // op's kernel.
 template <typename Kernels, typename Elem, int ROWS>
 void launch_recurrent(const Problem& p, const char* name) {
-  const auto kernel = Kernels::template get<Elem, ROWS>();
-  const size_t smem = recurrent_shared_bytes<Elem>(p.K);
-  allow_shared_memory(kernel, smem, name);
-  const dim3 grid(ceil_div(p.V, kTileColumns), p.H, p.B);
-  kernel<<<grid, kRecurrentWarps * 32, smem, stream_of(p)>>>(p);
-  check_launch(name, p);
+  launch_checked(p, name, Kernels::template get<Elem, ROWS>(), dim3(ceil_div(p.V, kTileColumns), p.H, p.B),
+                 kRecurrentWarps * 32, recurrent_shared_bytes<Elem>(p.K));
 }
 
 template <typename Kernels>

@@ -189,12 +189,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_mma_wide(const P
 // Launch the chunk kernel for K = 64 or 128 on p's stream, reading T from `wy`.
 template <Loads kLoads>
 void launch_chunks(const Problem& p, const bf16* wy, const char* name) {
-  auto kernel = p.K == 64 ? delta_chunked_wy_mma_wide<64, kLoads> : delta_chunked_wy_mma_wide<128, kLoads>;
-  const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
-  allow_shared_memory(kernel, smem, name);
-  const dim3 grid(p.V / kBlockV, p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p, wy);
-  check_launch(name, p);
+  launch_per_value_block(p, name, kBlockV, kThreads, delta_chunked_wy_mma_wide<64, kLoads>, Layout<64>::kBytes,
+                         delta_chunked_wy_mma_wide<128, kLoads>, Layout<128>::kBytes, wy);
 }
 
 inline size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspace_elements(B, T, H) * sizeof(bf16); }

@@ -152,12 +152,8 @@ template <typename Elem>
 void launch(const Problem& p) {
   float* wy = static_cast<float*>(p.workspace);
   launch_wy_prepare<Elem, float, false>(p, wy, "delta_v2_wy_prepare");
-  const size_t smem = shared_floats(p.K) * sizeof(float);
-  auto kernel = delta_v2_chunked<Elem>;
-  allow_shared_memory(kernel, smem, "delta_v2_chunked");
-  const dim3 grid(ceil_div(p.V, kBlockV), p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p, wy);
-  check_launch("delta_v2_chunked", p);
+  launch_checked(p, "delta_v2_chunked", delta_v2_chunked<Elem>, dim3(ceil_div(p.V, kBlockV), p.H, p.B), kThreads,
+                 shared_floats(p.K) * sizeof(float), wy);
 }
 
 void forward(const Problem& p) {

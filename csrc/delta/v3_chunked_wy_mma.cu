@@ -171,12 +171,8 @@ template <int K>
 void launch(const Problem& p) {
   bf16* wy = static_cast<bf16*>(p.workspace);
   launch_wy_prepare<bf16, bf16, true>(p, wy, "delta_v3_wy_prepare_mma");
-  const size_t smem = Layout<K>::kBytes;
-  auto kernel = delta_v3_chunked_wy_mma<K>;
-  allow_shared_memory(kernel, smem, "delta_v3_chunked_wy_mma");
-  const dim3 grid(p.V / kBlockV, p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p, wy);
-  check_launch("delta_v3_chunked_wy_mma", p);
+  launch_checked(p, "delta_v3_chunked_wy_mma", delta_v3_chunked_wy_mma<K>, dim3(p.V / kBlockV, p.H, p.B), kThreads,
+                 Layout<K>::kBytes, wy);
 }
 
 void forward(const Problem& p) {

@@ -130,12 +130,8 @@ void forward(const Problem& p) {
   delta_wide::check_problem(p, name);
   auto* wy = static_cast<bf16*>(p.workspace);
   launch_wy_prepare_blocked(p, wy, "delta_v8_wy_prepare_blocked");
-  auto kernel = p.K == 64 ? delta_chunked_wy_producer_warp<64> : delta_chunked_wy_producer_warp<128>;
-  const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
-  allow_shared_memory(kernel, smem, name.c_str());
-  const dim3 grid(p.V / kBlockV, p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p, wy);
-  check_launch(name.c_str(), p);
+  launch_per_value_block(p, name.c_str(), kBlockV, kThreads, delta_chunked_wy_producer_warp<64>, Layout<64>::kBytes,
+                         delta_chunked_wy_producer_warp<128>, Layout<128>::kBytes, wy);
 }
 
 }  // namespace delta_producer

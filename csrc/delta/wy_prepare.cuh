@@ -93,12 +93,8 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_prepare(const Problem p, 
 
 template <typename Elem, typename Out, bool kTensorCores>
 void launch_wy_prepare(const Problem& p, Out* out, const char* name) {
-  const size_t smem = wy_shared_bytes(p.K, kTensorCores);
-  auto kernel = delta_wy_prepare<Elem, Out, kTensorCores>;
-  allow_shared_memory(kernel, smem, name);
-  const dim3 grid(ceil_div(p.T, kChunk), p.H, p.B);
-  kernel<<<grid, kWyThreads, smem, stream_of(p)>>>(p, out);
-  check_launch(name, p);
+  launch_checked(p, name, delta_wy_prepare<Elem, Out, kTensorCores>, dim3(ceil_div(p.T, kChunk), p.H, p.B), kWyThreads,
+                 wy_shared_bytes(p.K, kTensorCores), out);
 }
 
 }  // namespace minilin

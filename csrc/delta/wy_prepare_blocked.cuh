@@ -178,12 +178,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_block
 
 // For K = 64 or 128 (the callers check).
 inline void launch_wy_prepare_blocked(const Problem& p, __nv_bfloat16* out, const char* name) {
-  const size_t smem = wy_blocked::shared_bytes(p.K);
-  auto kernel = p.K == 64 ? wy_blocked::delta_wy_prepare_blocked<64> : wy_blocked::delta_wy_prepare_blocked<128>;
-  allow_shared_memory(kernel, smem, name);
-  const dim3 grid(ceil_div(p.T, kChunk), p.H, p.B);
-  kernel<<<grid, wy_blocked::kThreads, smem, stream_of(p)>>>(p, out);
-  check_launch(name, p);
+  using wy_blocked::delta_wy_prepare_blocked;
+  launch_checked(p, name, p.K == 64 ? delta_wy_prepare_blocked<64> : delta_wy_prepare_blocked<128>,
+                 dim3(ceil_div(p.T, kChunk), p.H, p.B), wy_blocked::kThreads, wy_blocked::shared_bytes(p.K), out);
 }
 
 }  // namespace minilin

@@ -171,12 +171,8 @@ inline void check_problem(const Problem& p, const std::string& name) {
 template <Loads kLoads>
 void forward(const Problem& p, const std::string& name) {
   check_problem(p, name);
-  auto kernel = p.K == 64 ? linear_chunked_mma_wide<64, kLoads> : linear_chunked_mma_wide<128, kLoads>;
-  const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
-  allow_shared_memory(kernel, smem, name.c_str());
-  const dim3 grid(p.V / kBlockV, p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p);
-  check_launch(name.c_str(), p);
+  launch_per_value_block(p, name.c_str(), kBlockV, kThreads, linear_chunked_mma_wide<64, kLoads>, Layout<64>::kBytes,
+                         linear_chunked_mma_wide<128, kLoads>, Layout<128>::kBytes);
 }
 
 }  // namespace linear_wide

@@ -113,12 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_v2_chunked(const Problem p
 
 template <typename Elem>
 void launch(const Problem& p) {
-  const size_t smem = shared_floats(p.K) * sizeof(float);
-  auto kernel = linear_v2_chunked<Elem>;
-  allow_shared_memory(kernel, smem, "linear_v2_chunked");
-  const dim3 grid(ceil_div(p.V, kBlockV), p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p);
-  check_launch("linear_v2_chunked", p);
+  launch_checked(p, "linear_v2_chunked", linear_v2_chunked<Elem>, dim3(ceil_div(p.V, kBlockV), p.H, p.B), kThreads,
+                 shared_floats(p.K) * sizeof(float));
 }
 
 void forward(const Problem& p) {

@@ -138,12 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_v3_chunked_mma(const Probl
 
 template <int K>
 void launch(const Problem& p) {
-  const size_t smem = Layout<K>::kBytes;
-  auto kernel = linear_v3_chunked_mma<K>;
-  allow_shared_memory(kernel, smem, "linear_v3_chunked_mma");
-  const dim3 grid(p.V / kBlockV, p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p);
-  check_launch("linear_v3_chunked_mma", p);
+  launch_checked(p, "linear_v3_chunked_mma", linear_v3_chunked_mma<K>, dim3(p.V / kBlockV, p.H, p.B), kThreads,
+                 Layout<K>::kBytes);
 }
 
 void forward(const Problem& p) {

@@ -120,12 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_producer_warp(cons
 void forward(const Problem& p) {
   const std::string name = "linear_v7_chunked_producer_warp";
   linear_wide::check_problem(p, name);
-  auto kernel = p.K == 64 ? linear_chunked_producer_warp<64> : linear_chunked_producer_warp<128>;
-  const size_t smem = p.K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
-  allow_shared_memory(kernel, smem, name.c_str());
-  const dim3 grid(p.V / kBlockV, p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream_of(p)>>>(p);
-  check_launch(name.c_str(), p);
+  launch_per_value_block(p, name.c_str(), kBlockV, kThreads, linear_chunked_producer_warp<64>, Layout<64>::kBytes,
+                         linear_chunked_producer_warp<128>, Layout<128>::kBytes);
 }
 
 }  // namespace linear_producer
