@@ -54,6 +54,12 @@ def test_floor_options_are_checked(capsys):
     assert "--floor" in capsys.readouterr().out
 
 
+def test_gpu_only_lengths_are_refused_on_the_cpu_not_ignored(capsys):
+    for extra in ([], ["--floor"]):
+        assert main(["bench", "--device", "cpu", *extra, "--lengths", "2048"]) == 2
+        assert "--lengths" in capsys.readouterr().out
+
+
 def test_floor_json(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_floor, "PROBLEM", SMALL)
     destination = tmp_path / "floor.json"

@@ -38,6 +38,10 @@ def _run(args) -> int:
     if args.chunk_sizes and not args.floor:
         print("--chunk-sizes goes with --floor (the chunked forms run at their default chunk size otherwise)")
         return 2
+    if args.lengths and args.device == "cpu":
+        print(f"--lengths picks the GPU bench's sequence lengths; the CPU bench runs its one problem size "
+              f"(bench/cpu.py's PROBLEM), got --lengths {' '.join(map(str, args.lengths))} with --device cpu")
+        return 2
     if args.floor and args.device != "cpu":
         print("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")
         return 2

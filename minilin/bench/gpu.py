@@ -280,8 +280,9 @@ def bench_mixer_length(mixer: str, T: int, repeats: int, softmax_cache: dict, lo
                 _timed(row, run, repeats, events)
                 row.note = "different function: no error column"
             softmax_cache[key] = row
-        softmax_row = Row(mixer, T, dtype, softmax_cache[key].implementation, softmax_cache[key].ms,
-                          softmax_cache[key].runs, note=softmax_cache[key].note)
+        cached = softmax_cache[key]
+        softmax_row = Row(mixer, T, dtype, cached.implementation, cached.ms, cached.runs, cached.call_ms,
+                          note=cached.note)
         for form in FLA_FORMS:
             try:
                 fla = fla_call(mixer, inputs, dtype, form)
