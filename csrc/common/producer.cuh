@@ -31,6 +31,22 @@ constexpr int kThreads = kComputeThreads + 32;  // the producer is the last warp
 constexpr int kStages = 3;
 constexpr int kComputeBarrier = 1;              // named barrier id of the compute warps
 
+// The compute warps' tiles: wide::warp_tiles with each row block's column blocks permuted. Warp w issues on
+// the SM's sub-partition w % 4, and the producer (warp 16) on sub-partition 0. With wide::warp_tiles that
+// sub-partition also held 4 of the 10 warps whose score tile lies on or below the diagonal (they form Q K^T
+// besides Q S). kColumnBlock[r][w % 4] (a permutation per row block r, so every sub-partition still has one
+// warp of each row block and the products whose length grows with r stay even) leaves it 1, row block 3's,
+// and the other three 3 each. On an H200 (same-run A/B, outputs bit-identical): linear v7 7% and delta v8 3%
+// faster; a rotation that left it 2 (the others 3, 2, 3) gave 5% and 2%. The 16-warp kernels without a
+// producer (linear v4-v6, delta v4-v7) keep warp_tiles: the rotation made linear v5 1% slower.
+template <int K>
+__device__ __forceinline__ wide::WarpTiles compute_warp_tiles(int warp) {
+  constexpr int kColumnBlock[4][4] = {{1, 0, 2, 3}, {2, 3, 0, 1}, {3, 0, 1, 2}, {0, 1, 2, 3}};
+  wide::WarpTiles tiles = wide::warp_tiles<K>(warp);
+  tiles.n0 = 16 * kColumnBlock[warp >> 2][warp & 3];
+  return tiles;
+}
+
 // By the whole block, before the warps part: thread 0 sets up every stage's two barriers.
 template <class Layout>
 __device__ __forceinline__ void init_ring(const Layout& L) {
