@@ -190,7 +190,12 @@ def test_a_host_slower_than_its_kernels_shows_in_the_device_time_too():
     assert t.median_ms == pytest.approx(0.3) and t.call_ms == pytest.approx(0.4)
 
 
-def test_a_slow_run_lowers_the_count_of_queued_runs():
+def test_a_slow_run_lowers_the_count_of_queued_runs_and_of_single_calls():
     stream = ScriptedStream(host_ms=0.0, device_ms=100.0)
     t = gpu_timing.median_ms(stream.fn, repeats=50, warmup=0, calls=1, budget_ms=1000.0, timer=stream.timer())
     assert t.runs == 10 and t.median_ms == pytest.approx(100.0)
+    stream = ScriptedStream(host_ms=0.0, device_ms=300.0)
+    t = gpu_timing.median_ms(stream.fn, repeats=50, warmup=0, calls=5, budget_ms=1000.0, timer=stream.timer())
+    # one wait for the idle stream, two single calls (a third would pass half the budget), one for the queue
+    assert stream.log.count("sync") == 1 + 2 + 1
+    assert t.runs == 3 and t.call_ms == pytest.approx(300.0)

@@ -65,7 +65,8 @@ def median_ms(fn, *, repeats: int = 50, warmup: int = 3, budget_ms: float = 10_0
 
     events: "cupy" (CuPy's current stream) or "torch" (torch's current stream), whichever runs the work;
     timer: the (make, record, sync, elapsed, make_flush) tuple itself, for tests without a GPU.
-    If one run takes longer than budget_ms / repeats, fewer runs are queued (at least 3).
+    If one run takes longer than budget_ms / repeats, fewer runs are queued (at least 3); the single calls
+    after the first stop at half of budget_ms.
     """
     make, record, sync, elapsed, make_flush = timer or _events(events)
     for _ in range(warmup):
@@ -73,15 +74,18 @@ def median_ms(fn, *, repeats: int = 50, warmup: int = 3, budget_ms: float = 10_0
     idle = make()  # the single calls below start from an idle stream, not behind the warm-up's work
     record(idle)
     sync(idle)
-    call_times = []
-    for _ in range(max(1, calls)):
+    def one_call() -> float:
         start, end = make(), make()
         record(start)
         fn()
         record(end)
         sync(end)
-        call_times.append(elapsed(start, end))
-    runs = max(3, min(repeats, int(budget_ms / max(call_times[0], 1e-3))))
+        return elapsed(start, end)
+
+    call_times = [one_call()]
+    first = max(call_times[0], 1e-3)
+    call_times += [one_call() for _ in range(min(calls - 1, int(budget_ms / 2 / first)))]
+    runs = max(3, min(repeats, int(budget_ms / first)))
     flush = make_flush(2 * l2_bytes() if timer is None else 0)
     pairs = [(make(), make()) for _ in range(runs)]
     for start, end in pairs:
