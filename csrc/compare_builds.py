@@ -11,8 +11,10 @@ git-ignored: carry it to the GPU machine), then on the GPU machine both builds a
 
 For each op:version and length, both builds run on the same inputs (the bench's, bf16, B=4 H=16 K=V=128):
 first the largest absolute difference of their outputs and final states (0 when a change is bit-identical),
-then both timed in alternating rounds with the bench's timer (CUDA events, median of each round, median of
-the rounds) and the ratio new / base. Both builds must have the version.
+then both timed in alternating rounds with the bench's timer (bench/gpu_timing.py: device time, runs queued
+back to back with the L2 overwritten between them; median of each round, median of the rounds), the ratio
+new / base of those, and each build's one-call time (host dispatch included) beside them. Both builds must
+have the version.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 // Host-side helpers shared by every version's launcher: argument checks that throw ArgumentError
-// (Python's ValueError), and the launch check that turns any CUDA error into KernelError
+// (Python's ValueError); the launch itself (launch_checked, and launch_per_value_block for the wide chunk
+// kernels' K = 64 / 128 instances); and the launch check that turns any CUDA error into KernelError
 // (Python's RuntimeError) naming the kernel.
 #pragma once
 
@@ -38,7 +39,8 @@ inline void check_launch(const char* kernel, const Problem& p) {
   if (sync_after_launch()) check_cuda(cudaStreamSynchronize(stream_of(p)), kernel, "execution");
 }
 
-// Kernels that need more than 48 KB of dynamic shared memory must say so once per kernel.
+// Kernels that need more than 48 KB of dynamic shared memory must say so before they launch (launch_checked
+// does, at every launch: a per-kernel flag would have to be per device too).
 template <typename Kernel>
 inline void allow_shared_memory(Kernel kernel, size_t bytes, const char* name) {
   if (bytes > 48 * 1024)

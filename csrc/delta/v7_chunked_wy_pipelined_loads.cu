@@ -2,7 +2,7 @@
 // s + 1 into a second register set before the mma of step s issue, and the diagonal test of Q K^T taken
 // outside the loop, because ncu's source view of the linear chunk kernel (the same loops) showed each mma
 // waiting on the ldmatrix that ptxas issued just before it.
-// Measured on the H200: 0-2% faster in most cells, inside the machine's run-to-run noise (csrc/NOTES.md):
+// Measured on the H200: within 2% either way, inside the machine's run-to-run noise (csrc/NOTES.md):
 // with four warps per scheduler the other warps had been hiding most of that wait already.
 #include "chunk_wy_mma_wide.cuh"
 #include "wy_prepare_blocked.cuh"

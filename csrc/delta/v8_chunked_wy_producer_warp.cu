@@ -10,7 +10,7 @@
 //                   over the 16 compute warps; each warp arrives on `empty` when done with the stage
 // The WY step T = (I + A)^-1 is prepared by v5's blocked kernel (wy_prepare_blocked.cuh), as in v5 - v7.
 // The compute warps take their tiles from compute_warp_tiles (producer.cuh), as linear v7's do: 3% faster
-// (eighth session, 0.622 vs 0.644 ms at T = 8192, outputs bit-identical).
+// (device time, eighth session: 0.622 vs 0.644 ms at T = 8192, outputs bit-identical).
 #include "../common/producer.cuh"
 #include "chunk_wy_mma_wide.cuh"
 #include "wy_prepare_blocked.cuh"

@@ -2,7 +2,7 @@
 // second register set before the mma of step s issue, and the diagonal test of Q K^T taken outside the
 // loop, because ncu's source view of v5 showed ptxas issuing each step's ldmatrix right before the mma
 // that needs it: every mma waited out the shared-memory latency (~20% of the kernel's stall samples).
-// Measured on the H200: 0-2% faster in most cells, inside the machine's run-to-run noise (csrc/NOTES.md):
+// Measured on the H200: within 2% either way, inside the machine's run-to-run noise (csrc/NOTES.md):
 // with four warps per scheduler the other warps had been hiding most of that wait already.
 #include "chunk_mma_wide.cuh"
 

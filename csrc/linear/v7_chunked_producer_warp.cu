@@ -2,8 +2,8 @@
 // and v into a ring of three stages guarded by mbarriers and scanning the chunk's gate once for all, because
 // ncu's source view of v5 put ~21% of the stall samples on the first barrier and the cp.async issue (~190
 // instructions per warp and chunk) and 5% on the gate's scan, which each of the 16 warps repeated.
-// Measured on the H200: 7-9% faster than v6 (0.443 vs 0.476 ms at T = 8192, 1.597 vs 1.746 at 32768, same
-// run), once the producer read the next chunk's gates ahead and walked its copies by stepped pointers (its
+// Measured on the H200: 7-9% faster than v6 (call time, fifth session: 0.443 vs 0.476 ms at T = 8192, 1.597
+// vs 1.746 at 32768, same run), once the producer read the next chunk's gates ahead and walked its copies by stepped pointers (its
 // first form, issuing the same copies with index math and a blocking gate load, was ~1% faster: csrc/NOTES.md).
 // It is the Hopper producer/consumer pattern in its smallest form.
 //
@@ -15,8 +15,8 @@
 // A first attempt copied each row with one Hopper bulk copy (cp.async.bulk, 192 per chunk; commit
 // d542d2f): 2x slower than v6, the copy engine taking ~7 us a chunk for requests of 128-256 bytes.
 // The compute warps take their tiles from compute_warp_tiles (producer.cuh), which leaves the producer's
-// sub-partition one of the ten warps that also form Q K^T instead of four: 7% faster again (eighth session,
-// 0.374 vs 0.403 ms at T = 8192, outputs bit-identical).
+// sub-partition one of the ten warps that also form Q K^T instead of four: 7% faster again (device time,
+// eighth session: 0.374 vs 0.403 ms at T = 8192, outputs bit-identical).
 #include "../common/producer.cuh"
 #include "chunk_mma_wide.cuh"
 

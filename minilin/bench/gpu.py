@@ -7,7 +7,8 @@ Default mixers: simple_gla (the scalar-gated linear kernels) and gated_deltanet 
 
 Rows, per mixer, length and dtype:
 - reference (CuPy): minilin's NumPy chunked form running unchanged on CuPy arrays, in float32;
-- cuda vN: each kernel version that takes the dtype (1 recurrent, 2 chunked on CUDA cores, 3 tensor cores);
+- cuda vN: each kernel version that takes the dtype (v1 recurrent, v2 chunked on CUDA cores, v3 onwards
+  bf16 tensor cores, up to linear v7 and delta v8: `minilin.cuda.versions`);
 - softmax SDPA: torch's scaled_dot_product_attention (causal; its own [B, H, T, D] layout) when torch is
   importable, else minilin's flash-style attention on CuPy (T <= 8192); a different function, so no error;
 - fla chunk, fla fused_recurrent: FLA's chunked kernel for the mixer and its token-by-token one, only if
@@ -21,8 +22,9 @@ error; a wrong one is reported and not timed. Inputs are drawn once per length, 
 so the float32 and bfloat16 rows read the same numbers. Timing: CUDA events (bench/gpu_timing.py); the
 implementations of one mixer, length and dtype that passed their check are timed in 3 alternating rounds
 (each round: 3 warm-up runs, 5 single calls from an idle stream, then --repeats runs queued back to back,
-default 50, the L2 cache overwritten between them; fewer for a row whose runs would exceed 3 s over the
-rounds, and the table says how many), and the median of the rounds is reported. Alternating, a drift of the
+default 50, the L2 cache overwritten between them; fewer for a row whose runs would exceed 1 s in a round,
+and the table gives a row's total runs when they are fewer than 50), and the median of the rounds is
+reported; the softmax baseline is timed on its own, in one round. Alternating, a drift of the
 machine falls on every column instead of on whichever was being timed: one after the other, one run once had
 linear v5 12% slower than v6 at T = 8192 where other runs had them within 1%.
 Columns: ms, the device time (queued runs: the host's dispatch of run i + 1 hides behind run i's kernels);

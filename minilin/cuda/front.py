@@ -53,7 +53,7 @@ def extension():
 
 @functools.lru_cache(maxsize=None)
 def _built_versions() -> tuple[dict, ...]:
-    """The extension's list, read once: every call pays for its checks in the time it measures."""
+    """The extension's list, read once: a lone call pays for its checks in its time (the bench's call ms)."""
     return tuple(extension().versions())
 
 
