@@ -166,7 +166,7 @@ class ScriptedStream:
             self.host = max(self.host, event["t"])
             self.log.append("sync")
 
-        def make_flush(nbytes):
+        def make_flush():
             return lambda: self.log.append("flush")
 
         return (dict, record, sync, lambda a, b: b["t"] - a["t"], make_flush)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 
 from . import gpu, write_json
-from .gpu_timing import alternating_medians, copy_bandwidth_gbs
+from .gpu_timing import SINGLE_CALLS, alternating_medians, copy_bandwidth_gbs
 
 MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
 DTYPE = "bfloat16"
@@ -137,7 +137,7 @@ def main(args) -> int:
     copy_gbs = copy_bandwidth_gbs()
     print(f"minilin bench --against fla: {info['gpu']}, {info['date']}, FLA {version}, torch {info.get('torch')}, "
           f"CuPy {info['cupy']}; B={gpu.PROBLEM['B']} H={gpu.PROBLEM['H']} K={gpu.PROBLEM['K']} "
-          f"V={gpu.PROBLEM['V']}, {DTYPE}; per round the median of {repeats} queued runs (and of 5 single calls), "
+          f"V={gpu.PROBLEM['V']}, {DTYPE}; per round the median of {repeats} queued runs (and of {SINGLE_CALLS} single calls), "
           f"reported the median over {ROUNDS} alternating rounds", flush=True)
     rows = []
     for mixer in mixers:

@@ -224,7 +224,8 @@ def _timed(row: Row, run, repeats: int, events: str = "cupy") -> Row:
 
 
 def time_alternating(candidates: list, repeats: int, rounds: int = ROUNDS) -> None:
-    """Time each (row, run, events) of `candidates` in `rounds` alternating rounds; fill row.ms and row.runs.
+    """Time each (row, run, events) of `candidates` in `rounds` alternating rounds; fill row.ms, row.runs and
+    row.call_ms.
 
     A row's run budget is split over the rounds; row.ms is the median of its rounds' medians, row.call_ms
     the median of its rounds' single-call medians.

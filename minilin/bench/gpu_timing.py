@@ -29,22 +29,25 @@ class Timing:
     call_ms: float | None = None  # the median of the calls from an idle stream, host dispatch included
 
 
+SINGLE_CALLS = 5  # calls from an idle stream per median_ms, for call_ms
+
+
 def _events(kind: str):
-    """(make_event, record(event), synchronize(event), elapsed_ms(start, end), make_flush(nbytes)) for CuPy's
-    or torch's current stream; make_flush returns a function that overwrites nbytes of device memory on it."""
+    """(make_event, record(event), synchronize(event), elapsed_ms(start, end), make_flush()) for CuPy's or
+    torch's current stream; make_flush returns a function that overwrites twice the L2 cache on it."""
     if kind == "torch":
         import torch
 
-        def make_flush(nbytes):
-            buffer = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        def make_flush():
+            buffer = torch.empty(2 * l2_bytes(), dtype=torch.uint8, device="cuda")
             return buffer.zero_
 
         return (lambda: torch.cuda.Event(enable_timing=True), lambda e: e.record(), lambda e: e.synchronize(),
                 lambda a, b: a.elapsed_time(b), make_flush)
     import cupy
 
-    def make_flush(nbytes):
-        buffer = cupy.empty(nbytes, dtype=cupy.uint8)
+    def make_flush():
+        buffer = cupy.empty(2 * l2_bytes(), dtype=cupy.uint8)
         return lambda: buffer.fill(0)
 
     return (cupy.cuda.Event, lambda e: e.record(), lambda e: e.synchronize(),
@@ -59,7 +62,7 @@ def l2_bytes() -> int:
 
 
 def median_ms(fn, *, repeats: int = 50, warmup: int = 3, budget_ms: float = 10_000.0, events: str = "cupy",
-              calls: int = 5, timer=None) -> Timing:
+              calls: int = SINGLE_CALLS, timer=None) -> Timing:
     """Device time of `fn()` in milliseconds: the median of up to `repeats` queued runs after `warmup` runs
     and `calls` single calls from an idle stream (their median is `call_ms`; the first also sizes the run).
 
@@ -86,7 +89,7 @@ def median_ms(fn, *, repeats: int = 50, warmup: int = 3, budget_ms: float = 10_0
     first = max(call_times[0], 1e-3)
     call_times += [one_call() for _ in range(min(calls - 1, int(budget_ms / 2 / first)))]
     runs = max(3, min(repeats, int(budget_ms / first)))
-    flush = make_flush(2 * l2_bytes() if timer is None else 0)
+    flush = make_flush()
     pairs = [(make(), make()) for _ in range(runs)]
     for start, end in pairs:
         flush()
