@@ -137,8 +137,8 @@ def main(args) -> int:
     copy_gbs = copy_bandwidth_gbs()
     print(f"minilin bench --against fla: {info['gpu']}, {info['date']}, FLA {version}, torch {info.get('torch')}, "
           f"CuPy {info['cupy']}; B={gpu.PROBLEM['B']} H={gpu.PROBLEM['H']} K={gpu.PROBLEM['K']} "
-          f"V={gpu.PROBLEM['V']}, {DTYPE}; per round the median of {repeats} queued runs (and of {SINGLE_CALLS} single calls), "
-          f"reported the median over {ROUNDS} alternating rounds", flush=True)
+          f"V={gpu.PROBLEM['V']}, {DTYPE}; per round the median of {repeats} queued runs (and of {SINGLE_CALLS} "
+          f"single calls), reported the median over {ROUNDS} alternating rounds", flush=True)
     rows = []
     for mixer in mixers:
         for T in lengths:
