@@ -2,145 +2,28 @@
 // chunk's q, k, v, T's tile and betas, and the gate's cumulative sum, into a ring of three stages guarded by
 // mbarriers, because the same change made the linear chunk kernel 7-9% faster (linear v7, csrc/NOTES.md):
 // the compute warps stop issuing ~200 copy instructions per chunk and scanning the gate 16 times over.
-//
-// Per chunk n (stage n % 3, its barriers waited with parity (n / 3) & 1):
-//   producer warp:  wait on the stage's `empty` barrier; cp.async q, k, v and T's tile (each lane's copies
-//                   arrive on `full` when they land); G = cumsum(g) and beta into the stage; lane 0 arrives
-//   compute warps:  wait on `full`; v7's three phases (chunk_wy_mma_wide.cuh), each after a named barrier
-//                   over the 16 compute warps; each warp arrives on `empty` when done with the stage
-// The WY step T = (I + A)^-1 is prepared by v5's blocked kernel (wy_prepare_blocked.cuh), as in v5 - v7.
+// The kernel is chunk_wy_producer.cuh's (v9 shares it); the WY step T = (I + A)^-1 is prepared by v5's
+// blocked kernel (wy_prepare_blocked.cuh), as in v5 - v7.
 // The compute warps take their tiles from compute_warp_tiles (producer.cuh), as linear v7's do: 3% faster
 // (device time, eighth session: 0.622 vs 0.644 ms at T = 8192, outputs bit-identical).
-#include "../common/producer.cuh"
-#include "chunk_wy_mma_wide.cuh"
+#include "chunk_wy_producer.cuh"
 #include "wy_prepare_blocked.cuh"
 
 namespace minilin {
-namespace delta_producer {
-
-using delta_wide::ChunkTiles;
-using wide::kBlockV;
-using wide::kLdC;
-using wide::kLdV;
-using bf16 = __nv_bfloat16;
-
-using namespace producer_block;  // the block (16 compute warps + the producer), the ring's kStages and its waits
-
-template <int K>
-struct Layout {
-  static constexpr int kLdK = K + 8;
-  static constexpr size_t kStageBytes =
-      (2 * kChunk * kLdK + kChunk * kLdV + kChunk * kLdC) * sizeof(bf16) + 2 * kChunk * sizeof(float);
-  static constexpr size_t kBarrierOffset = kStages * kStageBytes + kChunk * kLdC * sizeof(bf16)  // P
-                                           + K * kLdV * sizeof(bf16)                             // S (bf16 copy)
-                                           + 3 * kChunk * kLdV * sizeof(bf16);  // X, Delta, Delta decayed
-  static constexpr size_t kBytes = kBarrierOffset + 2 * kStages * sizeof(uint64_t);
-  static_assert(kStageBytes % 16 == 0 && kBarrierOffset % 8 == 0,
-                "cp.async needs 16-byte rows, an mbarrier 8-byte alignment");
-  static_assert(kBytes <= 227 * 1024, "three stages must fit in an H100/H200 SM's shared memory");
-  unsigned char* base;
-  __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
-  __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
-  __device__ bf16* v(int s) const { return k(s) + kChunk * kLdK; }
-  __device__ bf16* wy(int s) const { return v(s) + kChunk * kLdV; }
-  __device__ float* G(int s) const { return reinterpret_cast<float*>(wy(s) + kChunk * kLdC); }
-  __device__ float* beta(int s) const { return G(s) + kChunk; }
-  __device__ bf16* P() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }
-  __device__ bf16* S() const { return P() + kChunk * kLdC; }
-  __device__ bf16* X() const { return S() + K * kLdV; }
-  __device__ bf16* delta() const { return X() + kChunk * kLdV; }
-  __device__ bf16* delta_decayed() const { return delta() + kChunk * kLdV; }
-  __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + s; }
-  __device__ uint64_t* empty(int s) const { return full(kStages) + s; }
-};
-
-// The producer warp: every chunk of head (b, h) and value block v0 into the ring; the gates and betas of
-// chunk n + 1 are read into registers while chunk n's copies fly (common/producer.cuh).
-template <int K>
-__device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, int b, int h, int v0, int chunks) {
-  const int lane = threadIdx.x & 31;
-  const long long token_stride = p.H;
-  auto first_token = [&](int n) { return (static_cast<long long>(b) * p.T + n * kChunk) * p.H + h; };
-  auto valid_tokens = [&](int n) { return n < chunks ? min(kChunk, p.T - n * kChunk) : 0; };
-  float2 gates = producer_token_pair(p.g, first_token(0), token_stride, valid_tokens(0), lane);
-  float2 betas = producer_token_pair(p.beta, first_token(0), token_stride, valid_tokens(0), lane);
-  for (int n = 0; n < chunks; ++n) {
-    const int s = n % kStages, valid = valid_tokens(n);
-    const long long first = first_token(n);
-    wait_empty(L, n);
-    producer_copy_row_pair<K>(L.q(s), L.k(s), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K,
-                              static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
-    producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
-                                valid, lane);
-    producer_copy_rows<kChunk>(L.wy(s), kLdC, wy + wy_tile_offset(b, p.H, h, chunks, n), kChunk, kChunk, lane);
-    cp_async_arrive(L.full(s));
-    const float2 these_gates = gates, these_betas = betas;
-    gates = producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-    betas = producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-    store_chunk_cumsum(L.G(s), these_gates.x, these_gates.y);
-    L.beta(s)[2 * lane] = these_betas.x;
-    L.beta(s)[2 * lane + 1] = these_betas.y;
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(L.full(s));
-  }
-}
-
-template <int K>
-__global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_producer_warp(const Problem p, const bf16* wy) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr Loads kLoads = Loads::kFusedPipelined;
-
-  const Layout<K> L{smem};
-  const int T = p.T, H = p.H, V = p.V;
-  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
-  const int warp = threadIdx.x >> 5;
-  init_ring(L);
-  if (warp == kComputeWarps) {
-    produce<K>(L, p, wy, b, h, v0, chunks);
-    return;  // the compute warps meet on their own named barrier from here on
-  }
-
-  const auto [m0, n0, s_m0, s_n0] = compute_warp_tiles<K>(warp);
-  float S[1][wide::kStateTiles<K>][4];
-  const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
-  load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
-
-  bf16* o = static_cast<bf16*>(p.o);
-  for (int n = 0; n < chunks; ++n) {
-    const int stage = n % kStages, t0 = n * kChunk;
-    wait_full(L, n);
-    named_barrier_sync(kComputeBarrier, kComputeThreads);  // the bf16 copy of S is whole; chunk n - 1 read P, Delta
-
-    const ChunkTiles tiles{L.q(stage), L.k(stage), L.v(stage), L.wy(stage), L.G(stage),         L.beta(stage),
-                           L.P(),      L.S(),      L.X(),      L.delta(),   L.delta_decayed()};
-    float R[1][2][4];
-    delta_wide::chunk_phase1<K, kLoads>(R, tiles, m0, n0);
-    named_barrier_sync(kComputeBarrier, kComputeThreads);
-    delta_wide::chunk_phase2<kLoads>(tiles, m0, n0);
-    named_barrier_sync(kComputeBarrier, kComputeThreads);
-    delta_wide::chunk_output<kLoads>(R, tiles, m0, n0);
-    store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, p.scale);
-    delta_wide::chunk_state_update<K, kLoads>(S, tiles, s_m0, s_n0);
-    release_stage(L, n);
-  }
-
-  store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
-}
+namespace {
 
 void forward(const Problem& p) {
-  const std::string name = "delta_v8_chunked_wy_producer_warp";
-  delta_wide::check_problem(p, name);
-  auto* wy = static_cast<bf16*>(p.workspace);
+  delta_wide::check_problem(p, "delta_v8_chunked_wy_producer_warp");
+  auto* wy = static_cast<__nv_bfloat16*>(p.workspace);
   launch_wy_prepare_blocked(p, wy, "delta_v8_wy_prepare_blocked");
-  launch_per_value_block(p, name.c_str(), kBlockV, kThreads, delta_chunked_wy_producer_warp<64>, Layout<64>::kBytes,
-                         delta_chunked_wy_producer_warp<128>, Layout<128>::kBytes, wy);
+  delta_producer::launch_chunks(p, wy, "delta_v8_chunked_wy_producer_warp");
 }
 
-}  // namespace delta_producer
+}  // namespace
 
 extern const Version delta_v8 = {
     "delta", 8, "chunked_wy_producer_warp",
     "v7 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate, as linear v7: that made the linear chunk kernel 7-9% faster. 7-8% faster than v7 on an H200, and 3% more once its tiles spared the producer's sub-partition; outputs bit-identical.",
-    false, true, 90, delta_wide::workspace_bytes, delta_producer::forward};
+    false, true, 90, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin
