@@ -295,4 +295,57 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* dst, float x, float 
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
 }
 
+// ---- fp32 products on tensor cores: mma.sync m16n8k8 in tf32, three times (delta v9's WY solve) ------------
+// tf32 keeps 10 of fp32's 23 mantissa bits. Split each operand into x = hi + lo, hi = tf32(x) and
+// lo = tf32(x - hi); then a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi, missing only a_lo b_lo (about 2^-22
+// relative): fp32 accuracy from three tf32 mma ("3xTF32"). Fragment layouts (PTX ISA, "Matrix Fragments for
+// mma.m16n8k8", .tf32), with g = lane / 4 and t = lane % 4:
+//   A (16 x 8, row-major):  a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]
+//   B (8 x 8, "col"):       b0 = B[t][g]  b1 = B[t+4][g]
+//   C (16 x 8, fp32):       as for m16n8k16 above (c0, c1 = C[g][2t..2t+1], c2, c3 = C[g+8][2t..2t+1])
+__device__ __forceinline__ unsigned to_tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = hi + lo in tf32: hi = tf32(x), lo = tf32(x - hi).
+__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+
+// d += a b for one 16 x 8 x 8 tile, tf32 in, fp32 accumulate (sm_80+).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One warp's 16 x 16 block: acc += X[0..16)[k_begin..k_end) Y[k_begin..k_end)[0..16) for fp32 row-major X
+// (stride ldx) and Y (stride ldy) in shared memory, k_begin and k_end multiples of 8, in 3xTF32. acc[j] is the
+// C fragment of columns 8 j .. 8 j + 7. Scalar loads, each a warp-wide 128-byte read (X's rows g fall into
+// distinct banks when ldx % 32 == 4; Y's may pair up, two ways at most).
+__device__ __forceinline__ void warp_block_product_3xtf32(float (&acc)[2][4], const float* X, int ldx, const float* Y,
+                                                          int ldy, int k_begin, int k_end) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int k0 = k_begin; k0 < k_end; k0 += 8) {
+    const float a[4] = {X[g * ldx + k0 + t], X[(g + 8) * ldx + k0 + t], X[g * ldx + k0 + t + 4],
+                        X[(g + 8) * ldx + k0 + t + 4]};
+    unsigned a_hi[4], a_lo[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) split_tf32(a[e], a_hi[e], a_lo[e]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      unsigned b_hi[2], b_lo[2];
+      split_tf32(Y[(k0 + t) * ldy + 8 * j + g], b_hi[0], b_lo[0]);
+      split_tf32(Y[(k0 + t + 4) * ldy + 8 * j + g], b_hi[1], b_lo[1]);
+      mma_tf32(acc[j], a_lo, b_hi[0], b_hi[1]);  // the small terms first, then the large one
+      mma_tf32(acc[j], a_hi, b_lo[0], b_lo[1]);
+      mma_tf32(acc[j], a_hi, b_hi[0], b_hi[1]);
+    }
+  }
+}
+
 }  // namespace minilin

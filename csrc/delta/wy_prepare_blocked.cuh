@@ -15,7 +15,10 @@
 // tile and T share their bytes (the keys are dead once A is formed), the waves' partial sums live in A's
 // blocks above the diagonal (never read as A), and 40 registers: 35 KB and 6 blocks per SM instead of 56 KB
 // and 4. The shared-memory reads are 16 bytes wide, the pipe then being the limit (csrc/NOTES.md).
-// The solve stays fp32 (CUDA cores): T is rounded to bf16 once, when it is stored, as in v3 and v4.
+// The solve stays fp32: T is rounded to bf16 once, when it is stored, as in v3 and v4. The waves' block
+// products run on CUDA cores (v5 - v8: a 2 x 4 micro-tile per lane, 16-byte reads) or, for delta v9, on
+// tensor cores in 3xTF32 (mma.cuh's warp_block_product_3xtf32: fp32 accuracy from three tf32 mma), which
+// reads each operand once per warp with 4-byte loads instead of once per lane group with 16-byte ones.
 // Output layout as wy_prepare.cuh: T of chunk n of head (b, h) at out[((b * H + h) * N + n) * 64 * 64 + i * 64 + j].
 #pragma once
 
@@ -73,7 +76,41 @@ __device__ __forceinline__ void micro_tile_2x4(float (&acc)[2][4], const float* 
   }
 }
 
-template <int K>
+// Where the waves' 16 x 16 x 16 block products run.
+enum class WaveProducts {
+  kCudaCores,    // micro_tile_2x4 (delta v5 - v8)
+  kTensorCores,  // warp_block_product_3xtf32 (delta v9)
+};
+
+// C = X[0..16)[k_begin..k_end) Y[k_begin..k_end)[0..16) for one warp, stored (times `sign`) as fp32 rows of
+// stride kLd at C: each lane's elements in the layout its product leaves them.
+template <WaveProducts kProducts>
+__device__ __forceinline__ void warp_block_product(float* C, float sign, const float* X, const float* Y, int k_begin,
+                                                   int k_end) {
+  const int lane = threadIdx.x & 31;
+  float acc[2][4] = {};
+  if constexpr (kProducts == WaveProducts::kCudaCores) {
+    // Lane micro-tile: rows lane / 4 and lane / 4 + 8, columns 4 (lane % 4) + 0..3 of the 16 x 16 block.
+    const int r0 = lane >> 2, c0 = 4 * (lane & 3);
+    micro_tile_2x4(acc, X, kLd, Y, kLd, r0, c0, k_begin, k_end);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float4*>(C + (r0 + 8 * r) * kLd + c0) =
+          make_float4(sign * acc[r][0], sign * acc[r][1], sign * acc[r][2], sign * acc[r][3]);
+  } else {
+    // acc[j]: the mma C fragment of columns 8 j..8 j + 7 (rows lane / 4 and lane / 4 + 8, two columns each).
+    warp_block_product_3xtf32(acc, X, kLd, Y, kLd, k_begin, k_end);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(C + (g + 8 * r) * kLd + 8 * j + 2 * t) =
+            make_float2(sign * acc[j][2 * r], sign * acc[j][2 * r + 1]);
+  }
+}
+
+template <int K, WaveProducts kProducts>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_blocked(const Problem p, __nv_bfloat16* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * kChunk;
@@ -138,26 +175,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_block
   __syncthreads();
 
   // The blocks below the diagonal, by distance: warp w of wave d computes T_ij with i = w + d, j = w.
-  // Lane micro-tile: rows lane / 4 and lane / 4 + 8, columns 4 (lane % 4) + 0..3 of the 16 x 16 block.
-  const int r0 = lane >> 2, c0 = 4 * (lane & 3);
   for (int d = 1; d < kBlocks; ++d) {
     if (warp < kBlocks - d) {
       const int i = warp + d, j = warp;
       float* M = A + kBlock * (warp + 1);  // block (0, warp + 1) of A: above the diagonal, never read as A
-      float acc[2][4] = {};
       // M = sum_{k = j}^{i - 1} A_ik T_kj: the rows of block row i of A against block column j of T
-      micro_tile_2x4(acc, A + kBlock * i * kLd, kLd, Tm + kBlock * j, kLd, r0, c0, kBlock * j, kBlock * i);
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float4*>(M + (r0 + 8 * r) * kLd + c0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      warp_block_product<kProducts>(M, 1.0f, A + kBlock * i * kLd, Tm + kBlock * j, kBlock * j, kBlock * i);
       __syncwarp();
       // T_ij = -D_i M
-      float t[2][4] = {};
-      micro_tile_2x4(t, Tm + kBlock * i * kLd + kBlock * i, kLd, M, kLd, r0, c0, 0, kBlock);
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float4*>(Tm + (kBlock * i + r0 + 8 * r) * kLd + kBlock * j + c0) =
-            make_float4(-t[r][0], -t[r][1], -t[r][2], -t[r][3]);
+      warp_block_product<kProducts>(Tm + kBlock * i * kLd + kBlock * j, -1.0f, Tm + kBlock * i * kLd + kBlock * i, M,
+                                    0, kBlock);
     }
     __syncthreads();
   }
@@ -183,9 +210,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_block
 }  // namespace wy_blocked
 
 // For K = 64 or 128 (the callers check).
+template <wy_blocked::WaveProducts kProducts = wy_blocked::WaveProducts::kCudaCores>
 inline void launch_wy_prepare_blocked(const Problem& p, __nv_bfloat16* out, const char* name) {
   using wy_blocked::delta_wy_prepare_blocked;
-  launch_checked(p, name, p.K == 64 ? delta_wy_prepare_blocked<64> : delta_wy_prepare_blocked<128>,
+  launch_checked(p, name,
+                 p.K == 64 ? delta_wy_prepare_blocked<64, kProducts> : delta_wy_prepare_blocked<128, kProducts>,
                  dim3(ceil_div(p.T, kChunk), p.H, p.B), wy_blocked::kThreads, wy_blocked::shared_bytes(p.K), out);
 }
 
