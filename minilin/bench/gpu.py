@@ -8,7 +8,7 @@ Default mixers: simple_gla (the scalar-gated linear kernels) and gated_deltanet 
 Rows, per mixer, length and dtype:
 - reference (CuPy): minilin's NumPy chunked form running unchanged on CuPy arrays, in float32;
 - cuda vN: each kernel version that takes the dtype (v1 recurrent, v2 chunked on CUDA cores, v3 onwards
-  bf16 tensor cores, up to linear v7 and delta v8: `minilin.cuda.versions`);
+  bf16 tensor cores, up to linear v7 and delta v9: `minilin.cuda.versions`);
 - softmax SDPA: torch's scaled_dot_product_attention (causal; its own [B, H, T, D] layout) when torch is
   importable, else minilin's flash-style attention on CuPy (T <= 8192); a different function, so no error;
 - fla chunk, fla fused_recurrent: FLA's chunked kernel for the mixer and its token-by-token one, only if
