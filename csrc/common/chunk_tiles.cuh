@@ -1,4 +1,4 @@
-// The moves the tensor-core chunk kernels of both families share (linear v3-v7, delta v3-v8), and the block
+// The moves the tensor-core chunk kernels of both families share (linear v3-v7, delta v3-v9), and the block
 // layout of the 16-warp ones (namespace wide): one chunk's q, k, v and g copied on chip, and a warp's tiles
 // moved between the mma accumulators (mma.cuh's C layout), shared memory and global memory: the decayed
 // scores P, the output tile, and the warp's slice of the recurrent state S [K, V] (rows s_m0 .. s_m0 + 15,
@@ -12,7 +12,7 @@
 
 namespace minilin {
 
-// The layout every 16-warp ("wide") chunk kernel shares (linear v4-v7, delta v4-v8): one block of 16 warps per
+// The layout every 16-warp ("wide") chunk kernel shares (linear v4-v7, delta v4-v9): one block of 16 warps per
 // (batch, head, 64 value columns); shared rows padded by 8 bf16 so that an ldmatrix's 8 rows hit 8 banks.
 namespace wide {
 constexpr int kWarps = 16;

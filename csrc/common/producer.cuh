@@ -1,4 +1,4 @@
-// A producer-warp chunk kernel (linear v7, delta v8): one warp loads every chunk for the block's 16 compute
+// A producer-warp chunk kernel (linear v7, delta v8 and v9): one warp loads every chunk for the block's 16 compute
 // warps, into a ring of kStages stages guarded by two mbarriers each, so the compute warps only compute.
 //
 //   producer (the last warp), chunk n into stage s = n % kStages:

@@ -1,7 +1,7 @@
-// The chunk kernel of delta v4 - v7, and its phases for v8 (they differ in how the WY step T = (I + A)^-1 is
-// prepared: wy_prepare.cuh for v4, wy_prepare_blocked.cuh for v5 - v8; and in the template's `Loads`: v6 fuses
-// phase 1's fragment loads, v7 and v8 also pipeline every k loop's loads one step ahead; v8 has its own kernel
-// around the phases, fed by a producer warp). One block of 16 warps per (batch, head, 64
+// The chunk kernel of delta v4 - v7, and its phases for v8 and v9 (they differ in how the WY step T = (I + A)^-1 is
+// prepared: wy_prepare.cuh for v4, wy_prepare_blocked.cuh for v5 - v9; and in the template's `Loads`: v6 fuses
+// phase 1's fragment loads, v7 - v9 also pipeline every k loop's loads one step ahead; v8 and v9 have their own
+// kernel around the phases, fed by a producer warp: chunk_wy_producer.cuh). One block of 16 warps per (batch, head, 64
 // value columns), sequential over 64-token chunks, reading each chunk's T (bf16, 64 x 64) from `wy`:
 //   phase 1:  P = (Q K^T) * exp(G_i - G_j) causal;  R = diag(exp(G)) Q S;  X = diag(beta) (V - diag(exp(G)) K S)
 //   phase 2:  Delta = T X  (and Delta decayed to the chunk's end)
@@ -195,7 +195,7 @@ void launch_chunks(const Problem& p, const bf16* wy, const char* name) {
 
 inline size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspace_elements(B, T, H) * sizeof(bf16); }
 
-// The argument checks v4 - v8 share; `name` is the version's kernel name for the messages.
+// The argument checks v4 - v9 share; `name` is the version's kernel name for the messages.
 inline void check_problem(const Problem& p, const std::string& name) {
   check_tensor_core_problem(p, name.c_str(), true, kBlockV);
   check_workspace(p, name.c_str(), workspace_bytes(p.B, p.T, p.H, p.K, p.V));

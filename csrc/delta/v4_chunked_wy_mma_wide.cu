@@ -4,7 +4,7 @@
 // its chain K S -> X -> T X -> (O, S), not by the tensor cores.
 //
 // The WY step T = (I + A)^-1 runs first for all chunks in parallel, as in v3 (wy_prepare.cuh); the chunk
-// kernel, shared with v5 - v7 (and its phases with v8), is in chunk_wy_mma_wide.cuh.
+// kernel, shared with v5 - v7 (and its phases with v8 and v9), is in chunk_wy_mma_wide.cuh.
 #include "chunk_wy_mma_wide.cuh"
 #include "wy_prepare.cuh"
 
