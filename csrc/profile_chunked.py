@@ -1,6 +1,7 @@
 """Launch each tensor-core chunked kernel once (both ops, T = 8192, B = 4, H = 16, K = V = 128, bf16), for a
 profiler to look at:  ncu --clock-control none -k regex:"chunked|wy_prepare" python3 csrc/profile_chunked.py
-Arguments op:version (e.g. linear:5 delta:6) launch only those versions.
+Arguments op:version (e.g. linear:5 delta:6) launch only those versions. csrc/ncu_regions.py splits a
+report's source page by the kernel's block barriers.
 """
 import sys
 from pathlib import Path
