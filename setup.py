@@ -3,7 +3,7 @@
     pip install -e .                                   builds the extension if nvcc is on PATH (or CUDA_HOME)
     MINILIN_CUDA=0 pip install -e .                    never builds it (pure Python)
     MINILIN_CUDA=1 pip install -e .                    must build it: no nvcc or a failed build is an error
-    MINILIN_CUDA_ARCH="90;80" pip install -e .         targets (default "90": sm_90 code + compute_90 PTX)
+    MINILIN_CUDA_ARCH="80;90a" pip install -e .        targets (default "90a": sm_90a code + compute_90 PTX)
 
 The extension: nvcc compiles csrc/**/*.cu to objects (in parallel), the host compiler compiles the pybind11
 bindings (csrc/bindings.cpp, csrc/registry.cpp; no CUDA or CuPy headers needed), and the link adds the
@@ -45,9 +45,10 @@ def parse_arch(spec: str | None) -> tuple[list[str], str]:
     `spec` lists compute capabilities separated by ';', ',' or spaces, written 90, 9.0, sm_90 or 90a.
     Each gets machine code (SASS); the last also gets PTX, so newer GPUs can compile it at load time (the
     PTX of "90a" is plain compute_90: architecture-specific PTX would load nowhere else).
-    Default "90": sm_90 code plus compute_90 PTX (H100, H200). mma.sync bf16 and cp.async need >= 80.
+    Default "90a": sm_90a code, which H100 and H200 run and which the wgmma version (delta v10) needs, plus
+    compute_90 PTX. mma.sync bf16 and cp.async need >= 80.
     """
-    items = [s for s in re.split(r"[;,\s]+", (spec or "90").strip()) if s]
+    items = [s for s in re.split(r"[;,\s]+", (spec or "90a").strip()) if s]
     if not items:
         raise ValueError(f"MINILIN_CUDA_ARCH: expected compute capabilities like '90' or '80;90', got {spec!r}")
     archs = []  # (digits, suffix): ("90", "a") for 90a
@@ -65,6 +66,11 @@ def parse_arch(spec: str | None) -> tuple[list[str], str]:
     flags.append(f"-gencode=arch=compute_{ptx},code=compute_{ptx}")
     summary = ",".join(f"sm_{d}{x}" for d, x in archs) + f",compute_{ptx}"
     return flags, summary
+
+
+def builds_sm90a(arch_summary: str) -> bool:
+    """Whether a build (parse_arch's summary) holds sm_90a code: the wgmma versions are listed only then."""
+    return "sm_90a" in arch_summary.split(",")
 
 
 def find_nvcc(environ=os.environ) -> str | None:
@@ -143,7 +149,8 @@ class BuildExt(build_ext):
         host_sources = [s for s in ext.sources if not s.endswith(".cu")]
         out_dir = os.path.join(self.build_temp, "minilin_cuda")
         os.makedirs(out_dir, exist_ok=True)
-        flags = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC", *gencode]
+        sm90a = [("MINILIN_SM90A", "1")] if builds_sm90a(arch_summary) else []
+        flags = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC", *gencode, *(f"-D{k}={v}" for k, v in sm90a)]
 
         def compile_one(source):
             obj = os.path.join(out_dir, os.path.relpath(source, "csrc").replace(os.sep, "_") + ".o")
@@ -159,7 +166,7 @@ class BuildExt(build_ext):
         ext.sources = host_sources
         ext.extra_objects = [*ext.extra_objects, *objects]
         ext.include_dirs = [*ext.include_dirs, pybind11.get_include(), "csrc"]
-        ext.define_macros = [*ext.define_macros, ("MINILIN_CUDA_ARCH", f'"{arch_summary}"'),
+        ext.define_macros = [*ext.define_macros, *sm90a, ("MINILIN_CUDA_ARCH", f'"{arch_summary}"'),
                              ("MINILIN_NVCC_VERSION", f'"{version}"')]
         ext.library_dirs = [*ext.library_dirs, *cuda_library_dirs(nvcc)]
         ext.libraries = [*ext.libraries, "cudart_static", "rt", "pthread", "dl"]

@@ -53,10 +53,11 @@ PYBIND11_MODULE(_cuda, m) {
       d["float32"] = v.supports_float32;
       d["bfloat16"] = v.supports_bfloat16;
       d["min_compute_capability"] = v.min_compute_capability;
+      d["max_compute_capability"] = v.max_compute_capability;  // 0: no maximum
       out.append(d);
     }
     return out;
-  }, "Every kernel version: op, version, name, summary, dtypes, minimum compute capability.");
+  }, "Every kernel version: op, version, name, summary, dtypes, minimum and maximum (0: none) compute capability.");
 
   m.def("workspace_bytes", [](const std::string& op, int version, int B, int T, int H, int K, int V) -> size_t {
     const auto& v = find_version(op, version);

@@ -54,6 +54,7 @@ struct Version {
   int min_compute_capability;     // e.g. 80 for mma.sync bf16
   size_t (*workspace_bytes)(int B, int T, int H, int K, int V);  // null: needs none
   void (*forward)(const Problem&);                               // throws ArgumentError / KernelError
+  int max_compute_capability = 0;  // 0: any from the minimum up; 90: sm_90a code (wgmma), which runs on 9.0 only
 };
 
 // Every version the extension was built with, in op then version order.

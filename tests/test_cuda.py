@@ -11,6 +11,7 @@ import pytest
 
 from minilin import catalog
 from minilin import cuda as mcuda
+from minilin.cuda import front
 from conftest import rel_err
 
 OK, REASON = mcuda.available()
@@ -31,7 +32,7 @@ def version_cases(mixer):
         return []
     capability = int(cupy.cuda.Device().compute_capability)  # '90' for 9.0
     return [(v["version"], dtype) for v in mcuda.versions(mcuda.OPS[mixer])
-            if v["min_compute_capability"] <= capability for dtype in ("float32", "bfloat16") if v[dtype]]
+            if front._runs_on(v, capability) for dtype in ("float32", "bfloat16") if v[dtype]]
 
 
 @pytest.fixture(autouse=True)

@@ -36,10 +36,11 @@ def test_unknown_build_mode_is_an_error(setup_module_):
         setup_module_.cuda_build_mode({"MINILIN_CUDA": "maybe"})
 
 
-def test_default_arch_is_sm90_code_plus_compute90_ptx(setup_module_):
+def test_default_arch_is_sm90a_code_plus_compute90_ptx(setup_module_):
     flags, summary = setup_module_.parse_arch(None)
-    assert flags == ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
-    assert summary == "sm_90,compute_90"
+    assert flags == ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=compute_90"]
+    assert summary == "sm_90a,compute_90"
+    assert setup_module_.builds_sm90a(summary)
 
 
 @pytest.mark.parametrize("spec, summary", [("80;90", "sm_80,sm_90,compute_90"), ("8.0, 9.0", "sm_80,sm_90,compute_90"),
@@ -47,6 +48,7 @@ def test_default_arch_is_sm90_code_plus_compute90_ptx(setup_module_):
                                            ("86", "sm_86,compute_86")])
 def test_arch_lists(setup_module_, spec, summary):
     assert setup_module_.parse_arch(spec)[1] == summary
+    assert setup_module_.builds_sm90a(summary) == ("sm_90a" in summary)
 
 
 @pytest.mark.parametrize("spec", ["75", "hopper", "9"])

@@ -139,3 +139,15 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
     monkeypatch.setattr(front, "cupy_module", lambda: types.SimpleNamespace(
         cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))))
     assert front.default_version("linear") == 1 and front.default_version("linear", False) == 1
+
+
+def test_an_sm90a_version_runs_on_compute_capability_9_0_only(monkeypatch):
+    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, "max_compute_capability": 0},
+              {"op": "delta", "version": 2, "name": "wgmma", "float32": False, "bfloat16": True,
+               "min_compute_capability": 90, "max_compute_capability": 90})
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    assert front._version_info("delta", None, True, 90)["version"] == 2
+    assert front._version_info("delta", None, True, 100)["version"] == 1  # sm_90a code does not run on 10.0
+    assert front._runs_on(ladder[1], 90) and not front._runs_on(ladder[1], 100) and not front._runs_on(ladder[1], 80)
+    assert front._runs_on(ladder[0], 100)

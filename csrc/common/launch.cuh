@@ -108,6 +108,24 @@ inline void check_tensor_core_problem(const Problem& p, const char* kernel, bool
   });
 }
 
+// Versions written with wgmma run only from sm_90a machine code (setup.py defines MINILIN_SM90A when it builds
+// some), and only compute capability 9.0 runs that.
+inline void require_sm90a(const std::string& name) {
+#ifndef MINILIN_SM90A
+  require(false, [&] { return name + ": this build has no sm_90a code (wgmma); rebuild with MINILIN_CUDA_ARCH=90a"; });
+#endif
+  int device = 0, major = 0, minor = 0;
+  check_cuda(cudaGetDevice(&device), name.c_str(), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), name.c_str(),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), name.c_str(),
+             "cudaDeviceGetAttribute");
+  require(major == 9 && minor == 0, [&] {
+    return name + ": needs a compute capability 9.0 GPU (sm_90a: H100, H200), got " + std::to_string(major) + "." +
+           std::to_string(minor);
+  });
+}
+
 // The delta versions' scratch space (the WY step's T for every chunk): present and at least `bytes` long.
 inline void check_workspace(const Problem& p, const char* kernel, size_t bytes) {
   require(p.workspace && p.workspace_size >= bytes, [&] {

@@ -74,11 +74,16 @@ def default_version(op: str, dtype_is_bf16: bool = True) -> int:
     return _version_info(op, None, dtype_is_bf16, capability)["version"]
 
 
+def _runs_on(info: dict, capability: int) -> bool:
+    """Whether a version's machine code runs on a GPU of this compute capability (10 * major + minor)."""
+    highest = info.get("max_compute_capability", 0)
+    return info["min_compute_capability"] <= capability and (not highest or capability <= highest)
+
+
 def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
     if version is None:  # the last rung of the ladder that takes this dtype and runs on this GPU
-        usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"])
-                  and v["min_compute_capability"] <= capability]
+        usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"]) and _runs_on(v, capability)]
         if not usable:
             raise RuntimeError(f"version: no {op} version runs on compute capability "
                                f"{capability // 10}.{capability % 10} (see versions('{op}'))")
@@ -135,9 +140,10 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     is_bf16 = bf16.is_bf16(q.dtype)
     capability = _compute_capability(cupy.cuda.Device().id)
     info = _version_info(op, version, is_bf16, capability)
-    if capability < info["min_compute_capability"]:
-        raise RuntimeError(f"version: {op} version {info['version']} needs compute capability "
-                           f"{info['min_compute_capability'] / 10:.1f}+, this GPU has {capability // 10}.{capability % 10}")
+    if not _runs_on(info, capability):
+        needs = f"{info['min_compute_capability'] / 10:.1f}" + ("+" if not info.get("max_compute_capability") else "")
+        raise RuntimeError(f"version: {op} version {info['version']} needs compute capability {needs}, "
+                           f"this GPU has {capability // 10}.{capability % 10}")
     B, T, H, K, V = (shapes[d] for d in "BTHKV")
     o = cupy.empty(v.shape, v.dtype)
     final_state = cupy.empty((B, H, K, V), cupy.float32)
