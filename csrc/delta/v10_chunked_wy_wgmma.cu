@@ -62,22 +62,28 @@ struct Layout {
 
 // Rows [0, 64) of kRowElems bf16 (a multiple of 64) into swizzled storage of 64 rows, 16 bytes per cp.async;
 // rows r >= valid are zero-filled. As producer_copy_rows, each lane walks one 16-byte column down the rows,
-// kRowStep rows a step; since the lane's first row is below kRowStep (a power of two), r % 8 = row ^ (kRowStep i
-// % 8), so the swizzle is a per-lane constant xor a per-step one and sw128_index is not recomputed per copy.
+// kRowStep rows a step. The lane's first row is below kRowStep (a power of two), so r % 8 = row ^ (kRowStep i % 8)
+// for step i: the swizzle is a per-lane constant xor a per-step one, which the unrolled inner loop knows (8
+// steps, a multiple of its period 8 / kRowStep). A fully unrolled walk spilled at the kernel's 96 registers.
 template <int kRowElems>
 __device__ __forceinline__ void producer_copy_rows_sw128(bf16* dst, const bf16* src, long long src_stride, int valid,
                                                          int lane) {
-  constexpr int kPieces = kRowElems / 8, kRowStep = 32 / kPieces;
-  static_assert(kRowElems % 64 == 0 && 32 % kPieces == 0 && kRowStep <= 8, "rows of 64 or 128 bf16");
+  constexpr int kPieces = kRowElems / 8, kRowStep = 32 / kPieces, kSteps = kChunk / kRowStep, kInner = 8;
+  static_assert(kRowElems % 64 == 0 && 32 % kPieces == 0 && kRowStep <= 8 && kSteps % kInner == 0,
+                "rows of 64 or 128 bf16");
   const int row = lane / kPieces, col = (lane % kPieces) * 8;
   const int lane_xor = ((col >> 3) & 7) ^ row;
   const bf16* from = src + row * src_stride + col;
   bf16* to = dst + (col >> 6) * kChunk * 64 + row * 64;
+#pragma unroll 1
+  for (int outer = 0; outer < kSteps; outer += kInner) {
 #pragma unroll
-  for (int i = 0; i < kChunk / kRowStep; ++i) {
-    const int r = row + i * kRowStep;
-    cp_async_16(to + i * kRowStep * 64 + ((lane_xor ^ ((i * kRowStep) & 7)) << 3), r < valid ? from : src, r < valid);
-    from += kRowStep * src_stride;
+    for (int i = 0; i < kInner; ++i) {
+      const int r = row + (outer + i) * kRowStep;
+      cp_async_16(to + i * kRowStep * 64 + ((lane_xor ^ ((i * kRowStep) & 7)) << 3), r < valid ? from : src, r < valid);
+      from += kRowStep * src_stride;
+    }
+    to += kInner * kRowStep * 64;
   }
 }
 
@@ -152,12 +158,27 @@ __device__ __forceinline__ void store_state_transposed(const float (&S)[1][NT][4
     }
 }
 
+// Offset of this thread's accumulator element (row m0 + lane / 4, column c, c = c0 + 8 j + 2 (lane % 4)) in
+// swizzled storage of `rows` rows; the element 8 rows further is kLowerHalf beyond. m0 is a multiple of 8, so
+// the row's swizzle is lane / 4.
+constexpr int kLowerHalf = 8 * 64;
+__device__ __forceinline__ int sw128_thread_offset(int rows, int m0, int c) {
+  const int lane = threadIdx.x & 31, quad_row = lane >> 2;
+  return (c >> 6) * rows * 64 + (m0 + quad_row) * 64 + ((((c >> 3) & 7) ^ quad_row) << 3) + (c & 7);
+}
+
+// The warpgroups' roles, phase by phase (columns of the 64 x 64 products; S^T's columns are keys):
+//   phase 1:  0: KS (n64) -> X    1: R = Q S (n64), kept    2, 3: Q K^T's columns 0-31 / 32-63 (n32) -> P
+//   phase 2:  0, 3: Delta = T X, columns 0-31 / 32-63 (n32) -> Delta, Delta decayed
+//   phase 3:  1: O = R + P Delta (n64), stored    2, 3: S^T's key columns 0 .. K/2 - 1 / K/2 .. K - 1
+enum Group : int { kKeys = 0, kQueries = 1, kScoresLow = 2, kScoresHigh = 3 };
+
 template <int K>
 __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_wgmma(const Problem p, const bf16* wy) {
 #if MINILIN_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kKeySteps = K / 16, kTokenSteps = kChunk / 16;
-  constexpr int kStateNT = K / 4 / 8;  // 8-column tiles of S^T per warpgroup
+  constexpr int kStateNT = K / 2 / 8;  // 8-column tiles of S^T per state warpgroup (2 and 3)
 
   const Layout<K> L{align_1024(smem)};
   const int T = p.T, H = p.H, V = p.V;
@@ -172,34 +193,27 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_wgmma(const Prob
   // The warpgroup index from lane 0: the compiler then knows it is warp-uniform and keeps the descriptors,
   // which depend on it, in uniform registers (as CUTLASS's canonical_warp_group_idx).
   const int group = __shfl_sync(kFullMask, warp >> 2, 0);
-  const int m0 = 16 * (warp & 3), n0 = 16 * group, f0 = (K / 4) * group;
-  float S[1][kStateNT][4];
+  const int m0 = 16 * (warp & 3);
+  const bool holds_state = group >= kScoresLow;
+  const int half_col = 32 * (group - kScoresLow), f0 = (K / 2) * (group - kScoresLow);  // warpgroups 2 and 3
+  const int delta_col = group == kKeys ? 0 : 32;                                          // warpgroups 0 and 3
+  // One register array holds warpgroup 1's R = Q S (64 x 64, phases 1 to 3) or a state warpgroup's half of S^T
+  // (64 x K / 2): a 96-register cap (ptxas counts a 544-thread block as 640) leaves no room for both.
+  float held[1][8][4];
+  auto& R = held;
+  auto& S = reinterpret_cast<float(&)[1][kStateNT][4]>(held);
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
-  load_state_transposed(S, p.h0, state_base, V, v0, m0, f0, L.ST());
+  if (holds_state) load_state_transposed(S, p.h0, state_base, V, v0, m0, f0, L.ST());
   fence_async_shared();
-
-  // This thread's elements of a 64 x 64 swizzled tile (P, X, Delta): rows m0 + lane / 4 (+ 8), columns
-  // n0 + 8 j + 2 (lane % 4); the row's swizzle is lane / 4 (m0 is a multiple of 8). And of S^T's copy (64 x K):
-  // columns f0 + 8 j + 2 (lane % 4).
-  const int lane = threadIdx.x & 31, quad_row = lane >> 2, pair_col = 2 * (lane & 3);
-  int tile_at[2], state_at[kStateNT];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) tile_at[j] = (m0 + quad_row) * 64 + ((((n0 >> 3) + j) & 7) ^ quad_row) * 8 + pair_col;
-#pragma unroll
-  for (int j = 0; j < kStateNT; ++j) {
-    const int f = f0 + 8 * j;
-    state_at[j] = (f >> 6) * kBlockV * 64 + (m0 + quad_row) * 64 + (((f >> 3) & 7) ^ quad_row) * 8 + pair_col;
-  }
-  constexpr int kLowerHalf = 8 * 64;  // the accumulator's rows + 8
 
   bf16* o = static_cast<bf16*>(p.o);
   bf16 *const ST = L.ST(), *const P = L.P(), *const X = L.X(), *const delta = L.delta();
   bf16* const delta_decayed = L.delta_decayed();
   constexpr uint64_t kTileMN = mn_major_bits(kChunk);
-  const uint64_t ST_cols = sw128_descriptor(ST, kKMajorBits) + row_offset(n0);  // B^T = S^T's rows n0..
+  const uint64_t ST_rows = sw128_descriptor(ST, kKMajorBits);  // B^T = S^T for K S and Q S
   const uint64_t P_rows = sw128_descriptor(P, kKMajorBits);
-  const uint64_t X_cols = sw128_descriptor(X, kTileMN) + mn_major_offset(0, n0, kChunk);
-  const uint64_t delta_cols = sw128_descriptor(delta, kTileMN) + mn_major_offset(0, n0, kChunk);
+  const uint64_t X_cols = sw128_descriptor(X, kTileMN);
+  const uint64_t delta_cols = sw128_descriptor(delta, kTileMN);
   for (int n = 0; n < chunks; ++n) {
     const int stage = n % kStages, t0 = n * kChunk;
     wait_full(L, n);
@@ -209,106 +223,133 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_wgmma(const Prob
     const float *G = L.G(stage), *beta = L.beta(stage);
     const uint64_t q_rows = sw128_descriptor(L.q(stage), kKMajorBits);
     const uint64_t k_rows = sw128_descriptor(L.k(stage), kKMajorBits);
-    const uint64_t k_cols = sw128_descriptor(L.k(stage), kTileMN) + mn_major_offset(0, f0, kChunk);
-    const uint64_t T_rows = sw128_descriptor(L.wy(stage), kKMajorBits);
 
-    // Phase 1: KS first, in its own group, so that X's epilogue overlaps the other two products.
-    float KS[1][2][4], R[1][2][4], QK[1][2][4];
-    wgmma_fence();
+    // Phase 1.
+    if (group == kKeys) {  // X = diag(beta) (V - diag(exp G) K S)
+      float KS[1][8][4];
+      wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < kKeySteps; ++s)
-      wgmma_ss<false>(KS, k_rows + k_major_offset(16 * s, kChunk), ST_cols + k_major_offset(16 * s, kBlockV), s > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int s = 0; s < kKeySteps; ++s)
-      wgmma_ss<false>(R, q_rows + k_major_offset(16 * s, kChunk), ST_cols + k_major_offset(16 * s, kBlockV), s > 0);
-#pragma unroll
-    for (int s = 0; s < kKeySteps; ++s)  // B^T = K's rows n0..
-      wgmma_ss<false>(QK, q_rows + k_major_offset(16 * s, kChunk), k_rows + row_offset(n0) + k_major_offset(16 * s, kChunk),
-                      s > 0);
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_operand(KS);
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int s = 0; s < kKeySteps; ++s)
+        wgmma_ss<false>(KS, k_rows + k_major_offset(16 * s, kChunk), ST_rows + k_major_offset(16 * s, kBlockV), s > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(KS);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-        const float decay = __expf(G[r]);
-        const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v + r * kLdV + c));
-        store_bf16x2(X + tile_at[j] + (e ? kLowerHalf : 0), beta[r] * (v2.x - decay * KS[0][j][e]),
-                     beta[r] * (v2.y - decay * KS[0][j][e + 1]));
-      }
-    wgmma_wait<0>();
-    fence_operand(R);
-    fence_operand(QK);
+        const int r = m0 + acc_row(0, e);
+        const float decay = __expf(G[r]), beta_r = beta[r];
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 8; ++j) {
+          const int c = acc_col(j, e);
+          const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v + r * kLdV + c));
+          store_bf16x2(X + sw128_thread_offset(kChunk, m0, c) + (e ? kLowerHalf : 0),
+                       beta_r * (v2.x - decay * KS[0][j][e]), beta_r * (v2.y - decay * KS[0][j][e + 1]));
+        }
+      }
+    } else if (group == kQueries) {  // R = diag(exp G) Q S
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kKeySteps; ++s)
+        wgmma_ss<false>(R, q_rows + k_major_offset(16 * s, kChunk), ST_rows + k_major_offset(16 * s, kBlockV), s > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(R);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-        const float decay = __expf(G[r]);
-        R[0][j][e] *= decay;
-        R[0][j][e + 1] *= decay;
-        const float x = c <= r ? QK[0][j][e] * __expf(G[r] - G[c]) : 0.0f;
-        const float y = c + 1 <= r ? QK[0][j][e + 1] * __expf(G[r] - G[c + 1]) : 0.0f;
-        store_bf16x2(P + tile_at[j] + (e ? kLowerHalf : 0), x, y);
+        const float decay = __expf(G[m0 + acc_row(0, e)]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          R[0][j][e] *= decay;
+          R[0][j][e + 1] *= decay;
+        }
       }
-    fence_async_shared();
-    named_barrier_sync(kComputeBarrier, kComputeThreads);
-
-    // Phase 2: Delta = T X, and Delta decayed to the chunk's end.
-    const float G_last = G[kChunk - 1];
-    float D[1][2][4];
-    wgmma_fence();
+    } else {  // P's columns half_col.. = (Q K^T) exp(G_i - G_j) for j <= i, else 0; B^T = K's rows half_col..
+      float QK[1][4][4];
+      wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < kTokenSteps; ++s)
-      wgmma_ss<true>(D, T_rows + k_major_offset(16 * s, kChunk), X_cols + mn_major_offset(16 * s, 0, kChunk), s > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operand(D);
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int s = 0; s < kKeySteps; ++s)
+        wgmma_ss<false>(QK, q_rows + k_major_offset(16 * s, kChunk),
+                        k_rows + row_offset(half_col) + k_major_offset(16 * s, kChunk), s > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(QK);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const int r = m0 + acc_row(0, e), at = tile_at[j] + (e ? kLowerHalf : 0);
-        const float d = __expf(G_last - G[r]);
-        store_bf16x2(delta + at, D[0][j][e], D[0][j][e + 1]);
-        store_bf16x2(delta_decayed + at, d * D[0][j][e], d * D[0][j][e + 1]);
+        const int r = m0 + acc_row(0, e);
+        const float G_r = G[r];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int c = half_col + acc_col(j, e);
+          const float x = c <= r ? QK[0][j][e] * __expf(G_r - G[c]) : 0.0f;
+          const float y = c + 1 <= r ? QK[0][j][e + 1] * __expf(G_r - G[c + 1]) : 0.0f;
+          store_bf16x2(P + sw128_thread_offset(kChunk, m0, c) + (e ? kLowerHalf : 0), x, y);
+        }
       }
-    fence_async_shared();
-    named_barrier_sync(kComputeBarrier, kComputeThreads);
-
-    // Phase 3: O = R + P Delta; S^T <- exp(G_last) S^T + (Delta decayed)^T K, A = (Delta decayed)^T from
-    // registers (ldmatrix.trans of the swizzled tile), B = K's columns f0.. (MN-major).
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kTokenSteps; ++s)
-      wgmma_ss<true>(R, P_rows + k_major_offset(16 * s, kChunk), delta_cols + mn_major_offset(16 * s, 0, kChunk), true);
-    wgmma_commit();
-    unsigned a[kTokenSteps][4];
-#pragma unroll
-    for (int s = 0; s < kTokenSteps; ++s) sw128_load_a_transposed(a[s], delta_decayed, kChunk, m0, 16 * s);
-    scale_tiles(S, __expf(G_last));
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kTokenSteps; ++s) wgmma_rs<true>(S, a[s], k_cols + mn_major_offset(16 * s, 0, kChunk), true);
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_operand(R);
-    store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, p.scale);
-    wgmma_wait<0>();
-    fence_operand(S);
-#pragma unroll
-    for (int j = 0; j < kStateNT; ++j) {
-      store_bf16x2(ST + state_at[j], S[0][j][0], S[0][j][1]);
-      store_bf16x2(ST + state_at[j] + kLowerHalf, S[0][j][2], S[0][j][3]);
     }
     fence_async_shared();
+    named_barrier_sync(kComputeBarrier, kComputeThreads);
+
+    // Phase 2: Delta = T X's columns delta_col.., and Delta decayed to the chunk's end.
+    const float G_last = G[kChunk - 1];
+    if (group == kKeys || group == kScoresHigh) {
+      const uint64_t T_rows = sw128_descriptor(L.wy(stage), kKMajorBits);
+      float D[1][4][4];
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kTokenSteps; ++s)
+        wgmma_ss<true>(D, T_rows + k_major_offset(16 * s, kChunk), X_cols + mn_major_offset(16 * s, delta_col, kChunk),
+                       s > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(D);
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float d = __expf(G_last - G[m0 + acc_row(0, e)]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int at = sw128_thread_offset(kChunk, m0, delta_col + acc_col(j, e)) + (e ? kLowerHalf : 0);
+          store_bf16x2(delta + at, D[0][j][e], D[0][j][e + 1]);
+          store_bf16x2(delta_decayed + at, d * D[0][j][e], d * D[0][j][e + 1]);
+        }
+      }
+    }
+    fence_async_shared();
+    named_barrier_sync(kComputeBarrier, kComputeThreads);
+
+    // Phase 3.
+    if (group == kQueries) {  // O = R + P Delta
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kTokenSteps; ++s)
+        wgmma_ss<true>(R, P_rows + k_major_offset(16 * s, kChunk), delta_cols + mn_major_offset(16 * s, 0, kChunk), true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(R);
+      store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, 0, p.scale);
+    } else if (holds_state) {  // S^T <- exp(G_last) S^T + (Delta decayed)^T K, on key columns f0..
+      const uint64_t k_cols = sw128_descriptor(L.k(stage), kTileMN) + mn_major_offset(0, f0, kChunk);
+      unsigned a[kTokenSteps][4];  // A = (Delta decayed)^T: ldmatrix.trans of the swizzled tile
+#pragma unroll
+      for (int s = 0; s < kTokenSteps; ++s) sw128_load_a_transposed(a[s], delta_decayed, kChunk, m0, 16 * s);
+      scale_tiles(S, __expf(G_last));
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kTokenSteps; ++s) wgmma_rs<true>(S, a[s], k_cols + mn_major_offset(16 * s, 0, kChunk), true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(S);
+#pragma unroll
+      for (int j = 0; j < kStateNT; ++j) {
+        const int at = sw128_thread_offset(kBlockV, m0, f0 + acc_col(j, 0));
+        store_bf16x2(ST + at, S[0][j][0], S[0][j][1]);
+        store_bf16x2(ST + at + kLowerHalf, S[0][j][2], S[0][j][3]);
+      }
+      fence_async_shared();
+    }
     release_stage(L, n);
   }
 
-  store_state_transposed(S, p.ht, state_base, V, v0, m0, f0);
+  if (holds_state) store_state_transposed(S, p.ht, state_base, V, v0, m0, f0);
 #else
   __trap();  // compiled without sm_90a features: forward() refuses to launch this (require_sm90a)
 #endif
