@@ -47,12 +47,13 @@ __device__ __forceinline__ wide::WarpTiles compute_warp_tiles(int warp) {
   return tiles;
 }
 
-// By the whole block, before the warps part: thread 0 sets up every stage's two barriers.
+// By the whole block, before the warps part: thread 0 sets up every stage's two barriers. `full` counts the
+// producer's copies, lane by lane (copying_warps of them), and the arrival that follows its scalars.
 template <class Layout>
-__device__ __forceinline__ void init_ring(const Layout& L) {
+__device__ __forceinline__ void init_ring(const Layout& L, int copying_warps = 1) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(L.full(s), 32 + 1);          // the producer's copies, lane by lane, and its scalars
+      mbarrier_init(L.full(s), 32 * copying_warps + 1);
       mbarrier_init(L.empty(s), kComputeWarps);  // lane 0 of every compute warp
     }
     fence_barrier_init();

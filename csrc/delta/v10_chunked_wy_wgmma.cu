@@ -87,33 +87,50 @@ __device__ __forceinline__ void producer_copy_rows_sw128(bf16* dst, const bf16* 
   }
 }
 
-// The producer warp: v8's (chunk_wy_producer.cuh), writing q, k and T's tile swizzled.
+// The producer: v8's (chunk_wy_producer.cuh) over a warpgroup instead of one warp, one warp per sub-partition,
+// because one warp copying q, k, v and T swizzled (~970 instructions per chunk) fell behind the warpgroups'
+// faster chunk. Producer warp 0 copies q, 1 k, 2 v and T's tile (each lane's copies arrive on `full` when they
+// land), 3 the gates' cumulative sum and the betas (then its lane 0 arrives): 3 x 32 + 1 arrivals.
+constexpr int kProducerWarps = 4, kCopyingWarps = 3;
+constexpr int kBlockThreads = kComputeThreads + 32 * kProducerWarps;
 template <int K>
-__device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, int b, int h, int v0, int chunks) {
+__device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, int b, int h, int v0, int chunks,
+                        int producer_warp) {
   const int lane = threadIdx.x & 31;
   const long long token_stride = p.H;
   auto first_token = [&](int n) { return (static_cast<long long>(b) * p.T + n * kChunk) * p.H + h; };
   auto valid_tokens = [&](int n) { return n < chunks ? min(kChunk, p.T - n * kChunk) : 0; };
-  float2 gates = producer_token_pair(p.g, first_token(0), token_stride, valid_tokens(0), lane);
-  float2 betas = producer_token_pair(p.beta, first_token(0), token_stride, valid_tokens(0), lane);
+  if (producer_warp == kCopyingWarps) {
+    float2 gates = producer_token_pair(p.g, first_token(0), token_stride, valid_tokens(0), lane);
+    float2 betas = producer_token_pair(p.beta, first_token(0), token_stride, valid_tokens(0), lane);
+    for (int n = 0; n < chunks; ++n) {
+      const int s = n % kStages;
+      wait_empty(L, n);
+      const float2 these_gates = gates, these_betas = betas;
+      gates = producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
+      betas = producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
+      store_chunk_cumsum(L.G(s), these_gates.x, these_gates.y);
+      L.beta(s)[2 * lane] = these_betas.x;
+      L.beta(s)[2 * lane + 1] = these_betas.y;
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(L.full(s));
+    }
+    return;
+  }
   for (int n = 0; n < chunks; ++n) {
     const int s = n % kStages, valid = valid_tokens(n);
     const long long first = first_token(n);
     wait_empty(L, n);
-    producer_copy_rows_sw128<K>(L.q(s), static_cast<const bf16*>(p.q) + first * K, token_stride * K, valid, lane);
-    producer_copy_rows_sw128<K>(L.k(s), static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
-    producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
-                                valid, lane);
-    producer_copy_rows_sw128<kChunk>(L.wy(s), wy + wy_tile_offset(b, p.H, h, chunks, n), kChunk, kChunk, lane);
+    if (producer_warp == 0) {
+      producer_copy_rows_sw128<K>(L.q(s), static_cast<const bf16*>(p.q) + first * K, token_stride * K, valid, lane);
+    } else if (producer_warp == 1) {
+      producer_copy_rows_sw128<K>(L.k(s), static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
+    } else {
+      producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
+                                  valid, lane);
+      producer_copy_rows_sw128<kChunk>(L.wy(s), wy + wy_tile_offset(b, p.H, h, chunks, n), kChunk, kChunk, lane);
+    }
     cp_async_arrive(L.full(s));
-    const float2 these_gates = gates, these_betas = betas;
-    gates = producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-    betas = producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-    store_chunk_cumsum(L.G(s), these_gates.x, these_gates.y);
-    L.beta(s)[2 * lane] = these_betas.x;
-    L.beta(s)[2 * lane + 1] = these_betas.y;
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(L.full(s));
   }
 }
 
@@ -174,7 +191,7 @@ __device__ __forceinline__ int sw128_thread_offset(int rows, int m0, int c) {
 enum Group : int { kKeys = 0, kQueries = 1, kScoresLow = 2, kScoresHigh = 3 };
 
 template <int K>
-__global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_wgmma(const Problem p, const bf16* wy) {
+__global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const Problem p, const bf16* wy) {
 #if MINILIN_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kKeySteps = K / 16, kTokenSteps = kChunk / 16;
@@ -184,9 +201,9 @@ __global__ void __launch_bounds__(kThreads, 1) delta_chunked_wy_wgmma(const Prob
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5;
-  init_ring(L);
-  if (warp == kComputeWarps) {
-    produce<K>(L, p, wy, b, h, v0, chunks);
+  init_ring(L, kCopyingWarps);
+  if (warp >= kComputeWarps) {
+    produce<K>(L, p, wy, b, h, v0, chunks, warp - kComputeWarps);
     return;  // the compute warps meet on their own named barrier from here on
   }
 
@@ -361,7 +378,7 @@ void forward(const Problem& p) {
   require_sm90a(name);
   auto* wy = static_cast<bf16*>(p.workspace);
   launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(p, wy, "delta_v10_wy_prepare_tensor_solve");
-  launch_per_value_block(p, name.c_str(), kBlockV, kThreads, delta_chunked_wy_wgmma<64>, Layout<64>::kBytes,
+  launch_per_value_block(p, name.c_str(), kBlockV, kBlockThreads, delta_chunked_wy_wgmma<64>, Layout<64>::kBytes,
                          delta_chunked_wy_wgmma<128>, Layout<128>::kBytes, wy);
 }
 
