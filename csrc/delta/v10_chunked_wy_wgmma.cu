@@ -134,6 +134,14 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
   }
 }
 
+// exp(x) as ex2.approx.ftz(x log2 e): __expf's value wherever the result is a normal float, without the four
+// instructions that __expf spends per call on denormal results (the P epilogue takes 16 per thread and chunk).
+__device__ __forceinline__ float exp_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+
 // Keeps the compiler from reading an accumulator before the wgmma_wait that completes it: the registers
 // count as rewritten here, after the wait (CUTLASS's warpgroup_fence_operand).
 template <int NT>
@@ -254,7 +262,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int r = m0 + acc_row(0, e);
-        const float decay = __expf(G[r]), beta_r = beta[r];
+        const float decay = exp_ftz(G[r]), beta_r = beta[r];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int c = acc_col(j, e);
@@ -263,24 +271,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
                        beta_r * (v2.x - decay * KS[0][j][e]), beta_r * (v2.y - decay * KS[0][j][e + 1]));
         }
       }
-    } else if (group == kQueries) {  // R = diag(exp G) Q S
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kKeySteps; ++s)
-        wgmma_ss<false>(R, q_rows + k_major_offset(16 * s, kChunk), ST_rows + k_major_offset(16 * s, kBlockV), s > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(R);
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const float decay = __expf(G[m0 + acc_row(0, e)]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          R[0][j][e] *= decay;
-          R[0][j][e + 1] *= decay;
-        }
-      }
-    } else {  // P's columns half_col.. = (Q K^T) exp(G_i - G_j) for j <= i, else 0; B^T = K's rows half_col..
+    } else if (group != kQueries) {  // P's columns half_col..: (Q K^T) exp(G_i - G_j), j <= i; B^T = K's rows there
       float QK[1][4][4];
       wgmma_fence();
 #pragma unroll
@@ -297,8 +288,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int c = half_col + acc_col(j, e);
-          const float x = c <= r ? QK[0][j][e] * __expf(G_r - G[c]) : 0.0f;
-          const float y = c + 1 <= r ? QK[0][j][e + 1] * __expf(G_r - G[c + 1]) : 0.0f;
+          const float x = c <= r ? QK[0][j][e] * exp_ftz(G_r - G[c]) : 0.0f;
+          const float y = c + 1 <= r ? QK[0][j][e + 1] * exp_ftz(G_r - G[c + 1]) : 0.0f;
           store_bf16x2(P + sw128_thread_offset(kChunk, m0, c) + (e ? kLowerHalf : 0), x, y);
         }
       }
@@ -306,9 +297,28 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
     fence_async_shared();
     named_barrier_sync(kComputeBarrier, kComputeThreads);
 
-    // Phase 2: Delta = T X's columns delta_col.., and Delta decayed to the chunk's end.
+    // Phase 2: Delta = T X's columns delta_col.., and Delta decayed to the chunk's end; R = diag(exp G) Q S
+    // (S's copy changes only in phase 3; here warpgroup 1 would otherwise wait, and phase 1's tensor cores have
+    // one product fewer to serve).
     const float G_last = G[kChunk - 1];
-    if (group == kKeys || group == kScoresHigh) {
+    if (group == kQueries) {
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kKeySteps; ++s)
+        wgmma_ss<false>(R, q_rows + k_major_offset(16 * s, kChunk), ST_rows + k_major_offset(16 * s, kBlockV), s > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(R);
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float decay = exp_ftz(G[m0 + acc_row(0, e)]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          R[0][j][e] *= decay;
+          R[0][j][e + 1] *= decay;
+        }
+      }
+    } else if (group == kKeys || group == kScoresHigh) {
       const uint64_t T_rows = sw128_descriptor(L.wy(stage), kKMajorBits);
       float D[1][4][4];
       wgmma_fence();
@@ -321,7 +331,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
       fence_operand(D);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const float d = __expf(G_last - G[m0 + acc_row(0, e)]);
+        const float d = exp_ftz(G_last - G[m0 + acc_row(0, e)]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int at = sw128_thread_offset(kChunk, m0, delta_col + acc_col(j, e)) + (e ? kLowerHalf : 0);
@@ -348,7 +358,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
       unsigned a[kTokenSteps][4];  // A = (Delta decayed)^T: ldmatrix.trans of the swizzled tile
 #pragma unroll
       for (int s = 0; s < kTokenSteps; ++s) sw128_load_a_transposed(a[s], delta_decayed, kChunk, m0, 16 * s);
-      scale_tiles(S, __expf(G_last));
+      scale_tiles(S, exp_ftz(G_last));
       wgmma_fence();
 #pragma unroll
       for (int s = 0; s < kTokenSteps; ++s) wgmma_rs<true>(S, a[s], k_cols + mn_major_offset(16 * s, 0, kChunk), true);
