@@ -1,4 +1,4 @@
-// The moves the tensor-core chunk kernels of both families share (linear v3-v7, delta v3-v9), and the block
+// The moves the tensor-core chunk kernels of both families share (linear v3-v7, delta v3-v10), and the block
 // layout of the 16-warp ones (namespace wide): one chunk's q, k, v and g copied on chip, and a warp's tiles
 // moved between the mma accumulators (mma.cuh's C layout), shared memory and global memory: the decayed
 // scores P, the output tile, and the warp's slice of the recurrent state S [K, V] (rows s_m0 .. s_m0 + 15,

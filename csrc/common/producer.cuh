@@ -1,5 +1,6 @@
 // A producer-warp chunk kernel (linear v7, delta v8 and v9): one warp loads every chunk for the block's 16 compute
-// warps, into a ring of kStages stages guarded by two mbarriers each, so the compute warps only compute.
+// warps, into a ring of kStages stages guarded by two mbarriers each, so the compute warps only compute. Delta
+// v10 uses the same ring with a producer warpgroup (four warps, 3 x 32 + 1 arrivals on `full`).
 //
 //   producer (the last warp), chunk n into stage s = n % kStages:
 //     wait_empty(n)                 the compute warps are done with the stage's previous chunk (n - kStages)

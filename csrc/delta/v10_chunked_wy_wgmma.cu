@@ -1,22 +1,27 @@
-// delta v10 (wgmma, sm_90a): v9's WY step and producer warp, with the chunk's products on Hopper warpgroup
-// tensor cores, every warpgroup taking an equal 16-column slice of every product, because v9's chunk kernel
-// (~480 of its ~595 us at T = 8192) is one ldmatrix -> mma.sync chain per SM in which each 16 x 16 warp tile
-// reloads its fragments (~380 KB of shared-memory reads per chunk) and the 10 warps on or below the
-// diagonal do half as much again as the other 6 in phase 1. wgmma reads its operands from shared memory
-// without ldmatrix or registers, issues a whole k loop at once, and a column slice gives each warpgroup the
-// same work (the third session's wgmma attempt, linear v6, gave each warpgroup its own product instead, and
-// lost to the waits of the warpgroups with the longer chains).
+// delta v10 (wgmma, sm_90a): v9's WY step with the chunk's products on Hopper warpgroup tensor cores, one or two
+// warpgroups per product at N = 64 or 32, and a producer warpgroup, because v9's chunk kernel (~480 of its ~595 us
+// at T = 8192) is one ldmatrix -> mma.sync chain per SM in which each 16 x 16 warp tile reloads its fragments
+// (~380 KB of shared-memory reads per chunk). wgmma reads its operands from shared memory without ldmatrix or
+// registers and issues a whole k loop at once.
+// Measured on the H200 (device time, ladder run): 0.464 ms at T = 8192 against v9's 0.595 and v1's 4.684 (10.1x),
+// 1.825 ms at 32768 (10.2x); outputs bit-identical to v9's (the same fp32 operations in the same order). The steps
+// there, each measured (csrc/NOTES.md): every warpgroup a 16-column slice of every product, 0.819 ms, the wgmma
+// descriptors rebuilt from pointers at every k-step (~14 instructions each); built once per chunk, 0.619 (slower
+// than v9: an m64n16k16 reads a 2 KB A tile for 8 cycles of math); warpgroup roles at N = 64 / 32, 0.855, its
+// producer warp spilling at ptxas's 96-register cap; the spill removed, 0.542; four producer warps, 0.524; Q S
+// moved to phase 2 and ftz exponentials, 0.465.
 //
-// One block per (batch, head, 64 value columns): 4 warpgroups (warps 0-15) + a producer warp (warp 16, as v8)
-// that loads q, k, T's tile (in the 128-byte-swizzled layout wgmma reads, common/wgmma.cuh), v, G = cumsum(g)
-// and beta into a ring of 3 stages. The state is kept transposed, S^T [64 value rows, K], in fp32 registers:
-// warpgroup w holds its columns w K/4 .. (w + 1) K/4 - 1, and a bf16 copy sits in shared memory. Per chunk,
-// warpgroup w computing columns 16 w .. 16 w + 15 (n0) of each 64 x 64 product:
-//   phase 1:  KS = K S, then R = Q S and QK = Q K^T   (8 + 8 + 8 k-steps of m64n16k16 for K = 128)
-//             X = diag(beta) (V - diag(exp G) KS);  R *= diag(exp G);  P = QK * exp(G_i - G_j) causal
-//   phase 2:  Delta = T X;  Delta decayed to the chunk's end, diag(exp(G_last - G)) Delta
-//   phase 3:  O = R + P Delta, stored;  S^T <- exp(G_last) S^T + (Delta decayed)^T K (A from registers)
-// with a barrier over the 16 compute warps before each phase (X, P, Delta and S's copy are the block's).
+// One block per (batch, head, 64 value columns): 4 compute warpgroups (warps 0-15) and a producer warpgroup
+// (warps 16-19: q; k; v and T's tile; G = cumsum(g) and beta) that fills a ring of 3 stages, q, k and T in the
+// 128-byte-swizzled layout wgmma reads (common/wgmma.cuh). The state is kept transposed, S^T [64 value rows, K],
+// in the fp32 registers of warpgroups 2 and 3 (key columns 0 .. K/2 - 1 and K/2 .. K - 1), with a bf16 copy in
+// shared memory. Per chunk, after a barrier over the 16 compute warps before each phase:
+//   phase 1:  0: KS = K S (n64), X = diag(beta) (V - diag(exp G) KS)
+//             2, 3: Q K^T's columns 0-31 / 32-63 (n32), P = Q K^T * exp(G_i - G_j) causal
+//   phase 2:  1: R = diag(exp G) Q S (n64, kept in registers until phase 3)
+//             0, 3: Delta = T X's columns 0-31 / 32-63 (n32), and Delta decayed, diag(exp(G_last - G)) Delta
+//   phase 3:  1: O = R + P Delta (n64), stored
+//             2, 3: S^T <- exp(G_last) S^T + (Delta decayed)^T K on their key columns (A from registers)
 #include "../common/producer.cuh"
 #include "../common/wgmma.cuh"
 #include "chunk_wy_mma_wide.cuh"  // delta_wide::check_problem, workspace_bytes
@@ -396,7 +401,7 @@ void forward(const Problem& p) {
 
 extern const Version delta_v10 = {
     "delta", 10, "chunked_wy_wgmma",
-    "v9 with the chunk's products on Hopper warpgroup tensor cores (wgmma, sm_90a), each warpgroup an equal column slice of every product: v9's chunk was one ldmatrix -> mma.sync chain per SM with unequal warps.",
+    "v9 with the chunk's products on Hopper warpgroup tensor cores (wgmma, sm_90a), one or two warpgroups per product, fed by a producer warpgroup: v9's chunk was one ldmatrix -> mma.sync chain per SM. 22% faster than v9 on an H200.",
     false, true, 90, delta_wide::workspace_bytes, forward, 90};
 
 }  // namespace minilin

@@ -79,7 +79,7 @@ __device__ __forceinline__ void micro_tile_2x4(float (&acc)[2][4], const float* 
 // Where the waves' 16 x 16 x 16 block products run.
 enum class WaveProducts {
   kCudaCores,    // micro_tile_2x4 (delta v5 - v8)
-  kTensorCores,  // warp_block_product_3xtf32 (delta v9)
+  kTensorCores,  // warp_block_product_3xtf32 (delta v9 and v10)
 };
 
 // C = X[0..16)[k_begin..k_end) Y[k_begin..k_end)[0..16) for one warp, stored (times `sign`) as fp32 rows of
