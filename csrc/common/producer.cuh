@@ -125,6 +125,21 @@ __device__ __forceinline__ void producer_copy_row_pair(__nv_bfloat16* dst_a, __n
   }
 }
 
+// A delta chunk's per-token scalars into stage s (G = cumsum(g) and the betas, which the lanes have held since the
+// previous chunk), then the next chunk's (already read by the caller, so their loads were issued first) kept in
+// their place, and lane 0's arrival on `full`. delta v8 - v10's producers.
+template <class Layout>
+__device__ __forceinline__ void producer_store_scalars(const Layout& L, int s, float2& gates, float2& betas,
+                                                       float2 next_gates, float2 next_betas, int lane) {
+  store_chunk_cumsum(L.G(s), gates.x, gates.y);
+  L.beta(s)[2 * lane] = betas.x;
+  L.beta(s)[2 * lane + 1] = betas.y;
+  gates = next_gates;
+  betas = next_betas;
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(L.full(s));
+}
+
 // Tokens 2 lane and 2 lane + 1 of a chunk from a [B, T, H] tensor of per-token scalars, `first` being the
 // element of the chunk's first token and `stride` (= H) the step between tokens: 0 past the chunk's `valid`
 // tokens (a padded token's gate decays nothing, its beta writes nothing) and when x is null.

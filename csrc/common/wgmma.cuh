@@ -175,6 +175,29 @@ __device__ __forceinline__ void wgmma_rs(float (&acc)[1][NT][4], const unsigned 
 #endif
 }
 
+// Keeps the compiler from reading an accumulator before the wgmma_wait that completes it: the registers
+// count as rewritten here, after the wait (CUTLASS's warpgroup_fence_operand).
+template <int NT>
+__device__ __forceinline__ void fence_operand(float (&acc)[1][NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[0][j][e])::"memory");
+}
+
+// acc (+)= the sum over kSteps k-steps s of A_s B_s, A and B from shared memory through the descriptors a(s) and
+// b(s) (callables: s is a compile-time constant once the loop unrolls), then waited for, so the accumulator can be
+// read on return. accumulate = false: acc = the sum.
+template <bool kTransB, int kSteps, int NT, class ADescriptors, class BDescriptors>
+__device__ __forceinline__ void wgmma_ss_product(float (&acc)[1][NT][4], ADescriptors a, BDescriptors b, bool accumulate) {
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) wgmma_ss<kTransB>(acc, a(s), b(s), accumulate || s > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(acc);
+}
+
 #undef MINILIN_ACC8
 #undef MINILIN_ACC16
 #undef MINILIN_ACC32

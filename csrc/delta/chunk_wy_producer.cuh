@@ -73,14 +73,9 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
                                 valid, lane);
     producer_copy_rows<kChunk>(L.wy(s), kLdC, wy + wy_tile_offset(b, p.H, h, chunks, n), kChunk, kChunk, lane);
     cp_async_arrive(L.full(s));
-    const float2 these_gates = gates, these_betas = betas;
-    gates = producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-    betas = producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-    store_chunk_cumsum(L.G(s), these_gates.x, these_gates.y);
-    L.beta(s)[2 * lane] = these_betas.x;
-    L.beta(s)[2 * lane + 1] = these_betas.y;
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(L.full(s));
+    producer_store_scalars(L, s, gates, betas,
+                           producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane),
+                           producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane), lane);
   }
 }
 

@@ -111,14 +111,10 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
     for (int n = 0; n < chunks; ++n) {
       const int s = n % kStages;
       wait_empty(L, n);
-      const float2 these_gates = gates, these_betas = betas;
-      gates = producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-      betas = producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane);
-      store_chunk_cumsum(L.G(s), these_gates.x, these_gates.y);
-      L.beta(s)[2 * lane] = these_betas.x;
-      L.beta(s)[2 * lane + 1] = these_betas.y;
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(L.full(s));
+      producer_store_scalars(L, s, gates, betas,
+                             producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane),
+                             producer_token_pair(p.beta, first_token(n + 1), token_stride, valid_tokens(n + 1), lane),
+                             lane);
     }
     return;
   }
@@ -147,16 +143,6 @@ __device__ __forceinline__ float exp_ftz(float x) {
   return y;
 }
 
-// Keeps the compiler from reading an accumulator before the wgmma_wait that completes it: the registers
-// count as rewritten here, after the wait (CUTLASS's warpgroup_fence_operand).
-template <int NT>
-__device__ __forceinline__ void fence_operand(float (&acc)[1][NT][4]) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[0][j][e])::"memory");
-}
-
 // S^T's slice of this thread (rows m0.. of the 64 value columns, columns f0.. of the K keys) from h0 [K, V]
 // (zeros when h0 is null), and its bf16 copy into the block's swizzled S^T.
 template <int NT>
@@ -174,6 +160,7 @@ __device__ __forceinline__ void load_state_transposed(float (&S)[1][NT][4], cons
     }
 }
 
+// The final state: this thread's slice of S^T, fp32, into ht [K, V].
 template <int NT>
 __device__ __forceinline__ void store_state_transposed(const float (&S)[1][NT][4], float* ht, long long state_base,
                                                        int V, int v0, int m0, int f0) {
@@ -198,8 +185,8 @@ __device__ __forceinline__ int sw128_thread_offset(int rows, int m0, int c) {
 }
 
 // The warpgroups' roles, phase by phase (columns of the 64 x 64 products; S^T's columns are keys):
-//   phase 1:  0: KS (n64) -> X    1: R = Q S (n64), kept    2, 3: Q K^T's columns 0-31 / 32-63 (n32) -> P
-//   phase 2:  0, 3: Delta = T X, columns 0-31 / 32-63 (n32) -> Delta, Delta decayed
+//   phase 1:  0: KS (n64) -> X    2, 3: Q K^T's columns 0-31 / 32-63 (n32) -> P
+//   phase 2:  1: R = Q S (n64), kept    0, 3: Delta = T X, columns 0-31 / 32-63 (n32) -> Delta, Delta decayed
 //   phase 3:  1: O = R + P Delta (n64), stored    2, 3: S^T's key columns 0 .. K/2 - 1 / K/2 .. K - 1
 enum Group : int { kKeys = 0, kQueries = 1, kScoresLow = 2, kScoresHigh = 3 };
 
@@ -227,8 +214,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
   const bool holds_state = group >= kScoresLow;
   const int half_col = 32 * (group - kScoresLow), f0 = (K / 2) * (group - kScoresLow);  // warpgroups 2 and 3
   const int delta_col = group == kKeys ? 0 : 32;                                          // warpgroups 0 and 3
-  // One register array holds warpgroup 1's R = Q S (64 x 64, phases 1 to 3) or a state warpgroup's half of S^T
-  // (64 x K / 2): a 96-register cap (ptxas counts a 544-thread block as 640) leaves no room for both.
+  // One register array holds warpgroup 1's R = Q S (64 x 64, phases 2 and 3) or a state warpgroup's half of S^T
+  // (64 x K / 2): the 96 registers a 640-thread block gets leave no room for both.
   float held[1][8][4];
   auto& R = held;
   auto& S = reinterpret_cast<float(&)[1][kStateNT][4]>(held);
@@ -253,17 +240,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
     const float *G = L.G(stage), *beta = L.beta(stage);
     const uint64_t q_rows = sw128_descriptor(L.q(stage), kKMajorBits);
     const uint64_t k_rows = sw128_descriptor(L.k(stage), kKMajorBits);
+    // k-step s of the operands phases 1 and 2 share: Q or K as A, and S^T as B^T (K S and Q S).
+    const auto queries = [&](int s) { return q_rows + k_major_offset(16 * s, kChunk); };
+    const auto keys = [&](int s) { return k_rows + k_major_offset(16 * s, kChunk); };
+    const auto state_rows = [&](int s) { return ST_rows + k_major_offset(16 * s, kBlockV); };
 
     // Phase 1.
     if (group == kKeys) {  // X = diag(beta) (V - diag(exp G) K S)
       float KS[1][8][4];
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kKeySteps; ++s)
-        wgmma_ss<false>(KS, k_rows + k_major_offset(16 * s, kChunk), ST_rows + k_major_offset(16 * s, kBlockV), s > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(KS);
+      wgmma_ss_product<false, kKeySteps>(KS, keys, state_rows, false);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int r = m0 + acc_row(0, e);
@@ -276,16 +261,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
                        beta_r * (v2.x - decay * KS[0][j][e]), beta_r * (v2.y - decay * KS[0][j][e + 1]));
         }
       }
-    } else if (group != kQueries) {  // P's columns half_col..: (Q K^T) exp(G_i - G_j), j <= i; B^T = K's rows there
+    } else if (group != kQueries) {  // P's columns half_col..: (Q K^T) exp(G_i - G_j) for j <= i, else 0
       float QK[1][4][4];
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kKeySteps; ++s)
-        wgmma_ss<false>(QK, q_rows + k_major_offset(16 * s, kChunk),
-                        k_rows + row_offset(half_col) + k_major_offset(16 * s, kChunk), s > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(QK);
+      const auto keys_from_half = [&](int s) { return keys(s) + row_offset(half_col); };  // B^T: K's rows half_col..
+      wgmma_ss_product<false, kKeySteps>(QK, queries, keys_from_half, false);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int r = m0 + acc_row(0, e);
@@ -307,13 +286,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
     // one product fewer to serve).
     const float G_last = G[kChunk - 1];
     if (group == kQueries) {
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kKeySteps; ++s)
-        wgmma_ss<false>(R, q_rows + k_major_offset(16 * s, kChunk), ST_rows + k_major_offset(16 * s, kBlockV), s > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(R);
+      wgmma_ss_product<false, kKeySteps>(R, queries, state_rows, false);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const float decay = exp_ftz(G[m0 + acc_row(0, e)]);
@@ -326,14 +299,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
     } else if (group == kKeys || group == kScoresHigh) {
       const uint64_t T_rows = sw128_descriptor(L.wy(stage), kKMajorBits);
       float D[1][4][4];
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kTokenSteps; ++s)
-        wgmma_ss<true>(D, T_rows + k_major_offset(16 * s, kChunk), X_cols + mn_major_offset(16 * s, delta_col, kChunk),
-                       s > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(D);
+      wgmma_ss_product<true, kTokenSteps>(
+          D, [&](int s) { return T_rows + k_major_offset(16 * s, kChunk); },
+          [&](int s) { return X_cols + mn_major_offset(16 * s, delta_col, kChunk); }, false);
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const float d = exp_ftz(G_last - G[m0 + acc_row(0, e)]);
@@ -350,13 +318,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
 
     // Phase 3.
     if (group == kQueries) {  // O = R + P Delta
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kTokenSteps; ++s)
-        wgmma_ss<true>(R, P_rows + k_major_offset(16 * s, kChunk), delta_cols + mn_major_offset(16 * s, 0, kChunk), true);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(R);
+      wgmma_ss_product<true, kTokenSteps>(
+          R, [&](int s) { return P_rows + k_major_offset(16 * s, kChunk); },
+          [&](int s) { return delta_cols + mn_major_offset(16 * s, 0, kChunk); }, true);
       store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, 0, p.scale);
     } else if (holds_state) {  // S^T <- exp(G_last) S^T + (Delta decayed)^T K, on key columns f0..
       const uint64_t k_cols = sw128_descriptor(L.k(stage), kTileMN) + mn_major_offset(0, f0, kChunk);
