@@ -295,7 +295,7 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* dst, float x, float 
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
 }
 
-// ---- fp32 products on tensor cores: mma.sync m16n8k8 in tf32, three times (delta v9's WY solve) ------------
+// ---- fp32 products on tensor cores: mma.sync m16n8k8 in tf32, three times (delta v9's and v10's WY solve) --
 // tf32 keeps 10 of fp32's 23 mantissa bits (the mma reads an operand's top 19 bits). Split each operand into
 // x = hi + lo: hi = x with its low 13 bits cleared (a tf32 value), lo = x - hi (exact in fp32; the mma keeps
 // lo's top 10 mantissa bits). Then a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi ("3xTF32"), off by a_lo b_lo and

@@ -3,7 +3,7 @@
 // B 16 x N, bf16 in, fp32 accumulate. B (and optionally A) is read by the tensor cores straight from shared
 // memory through a 64-bit matrix descriptor, not through registers; the instruction is asynchronous (fence,
 // issue, commit, wait). First written for linear v6 (third session, b1e596f), checked case by case against a CPU
-// product by that commit's csrc/dev/wgmma_probe.cu; used by delta v10 with N = 16 added.
+// product by that commit's csrc/dev/wgmma_probe.cu; used by delta v10 (N = 16 added for its first form).
 //
 // Shared operands use the 128-byte-swizzled layout (PTX ISA, "Shared Memory Matrix Layout"; CUTLASS's
 // Layout_K_SW128 / Layout_MN_SW128): a bf16 matrix X with `rows` x `cols` (cols a multiple of 64) is cut into
@@ -189,7 +189,8 @@ __device__ __forceinline__ void fence_operand(float (&acc)[1][NT][4]) {
 // b(s) (callables: s is a compile-time constant once the loop unrolls), then waited for, so the accumulator can be
 // read on return. accumulate = false: acc = the sum.
 template <bool kTransB, int kSteps, int NT, class ADescriptors, class BDescriptors>
-__device__ __forceinline__ void wgmma_ss_product(float (&acc)[1][NT][4], ADescriptors a, BDescriptors b, bool accumulate) {
+__device__ __forceinline__ void wgmma_ss_product(float (&acc)[1][NT][4], ADescriptors a, BDescriptors b,
+                                                 bool accumulate) {
   wgmma_fence();
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) wgmma_ss<kTransB>(acc, a(s), b(s), accumulate || s > 0);

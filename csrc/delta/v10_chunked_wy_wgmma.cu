@@ -1,6 +1,6 @@
 // delta v10 (wgmma, sm_90a): v9's WY step with the chunk's products on Hopper warpgroup tensor cores, one or two
 // warpgroups per product at N = 64 or 32, and a producer warpgroup, because v9's chunk kernel (~480 of its ~595 us
-// at T = 8192) is one ldmatrix -> mma.sync chain per SM in which each 16 x 16 warp tile reloads its fragments
+// at T = 8192, by the ninth session's profile of its WY step) is one ldmatrix -> mma.sync chain per SM in which each 16 x 16 warp tile reloads its fragments
 // (~380 KB of shared-memory reads per chunk). wgmma reads its operands from shared memory without ldmatrix or
 // registers and issues a whole k loop at once.
 // Measured on the H200 (device time, ladder run): 0.464 ms at T = 8192 against v9's 0.595 and v1's 4.684 (10.1x),
@@ -365,7 +365,7 @@ void forward(const Problem& p) {
 
 extern const Version delta_v10 = {
     "delta", 10, "chunked_wy_wgmma",
-    "v9 with the chunk's products on Hopper warpgroup tensor cores (wgmma, sm_90a), one or two warpgroups per product, fed by a producer warpgroup: v9's chunk was one ldmatrix -> mma.sync chain per SM. 22% faster than v9 on an H200.",
+    "v9 with the chunk's products on Hopper warpgroup tensor cores (wgmma, sm_90a), one or two warpgroups per product, fed by a producer warpgroup: v9's chunk was one ldmatrix -> mma.sync chain per SM. 22% less time than v9 on an H200.",
     false, true, 90, delta_wide::workspace_bytes, forward, 90};
 
 }  // namespace minilin

@@ -16,7 +16,7 @@
 // blocks above the diagonal (never read as A), and 40 registers: 35 KB and 6 blocks per SM instead of 56 KB
 // and 4. The shared-memory reads are 16 bytes wide, the pipe then being the limit (csrc/NOTES.md).
 // The solve stays fp32: T is rounded to bf16 once, when it is stored, as in v3 and v4. The waves' block
-// products run on CUDA cores (v5 - v8: a 2 x 4 micro-tile per lane, 16-byte reads) or, for delta v9, on
+// products run on CUDA cores (v5 - v8: a 2 x 4 micro-tile per lane, 16-byte reads) or, for delta v9 and v10, on
 // tensor cores in 3xTF32 (mma.cuh's warp_block_product_3xtf32: three tf32 mma per product, within a few
 // 1e-6 of fp32), which read each operand once per warp, 4 bytes at a time, instead of once per lane group.
 // Output layout as wy_prepare.cuh: T of chunk n of head (b, h) at out[((b * H + h) * N + n) * 64 * 64 + i * 64 + j].
