@@ -12,7 +12,7 @@
 
 namespace minilin {
 
-// The layout every 16-warp ("wide") chunk kernel shares (linear v4-v7, delta v4-v9): one block of 16 warps per
+// The layout every 16-warp ("wide") chunk kernel shares (linear v4-v7, delta v4-v10): one block of 16 warps per
 // (batch, head, 64 value columns); shared rows padded by 8 bf16 so that an ldmatrix's 8 rows hit 8 banks.
 namespace wide {
 constexpr int kWarps = 16;

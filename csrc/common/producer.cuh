@@ -7,7 +7,7 @@
 //     cp.async the tiles; each lane's cp_async_arrive(full): its copies arrive on `full` as they land
 //     the per-token scalars (G = cumsum(g), betas) stored by the warp; lane 0 arrives on `full`
 //   compute warps:
-//     wait_full(n)                  all 33 arrivals are in: the stage holds chunk n
+//     wait_full(n)                  all 33 arrivals are in (32 lanes' copies, the scalars): the stage holds chunk n
 //     the chunk's phases, between named barriers over the 16 compute warps (kComputeBarrier)
 //     release_stage(n)              lane 0 of each warp arrives on `empty` (16 arrivals free the stage)
 //

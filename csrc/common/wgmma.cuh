@@ -3,7 +3,7 @@
 // B 16 x N, bf16 in, fp32 accumulate. B (and optionally A) is read by the tensor cores straight from shared
 // memory through a 64-bit matrix descriptor, not through registers; the instruction is asynchronous (fence,
 // issue, commit, wait). First written for linear v6 (third session, b1e596f), checked case by case against a CPU
-// product by that commit's csrc/dev/wgmma_probe.cu; used by delta v10 (N = 16 added for its first form).
+// product by that commit's csrc/dev/wgmma_probe.cu; used by delta v10.
 //
 // Shared operands use the 128-byte-swizzled layout (PTX ISA, "Shared Memory Matrix Layout"; CUTLASS's
 // Layout_K_SW128 / Layout_MN_SW128): a bf16 matrix X with `rows` x `cols` (cols a multiple of 64) is cut into
@@ -76,24 +76,30 @@ __host__ __device__ constexpr uint64_t mn_major_offset(int k0, int n0, int rows)
 __device__ __forceinline__ void wgmma_fence() {
 #if MINILIN_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
 #endif
 }
 __device__ __forceinline__ void wgmma_commit() {
 #if MINILIN_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
 #endif
 }
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
 #if MINILIN_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#else
+  __trap();
 #endif
 }
 // Shared memory written by ordinary stores (or cp.async) is read by wgmma through the async proxy: each
 // thread that wrote, or that observed another's writes through a barrier, fences before the wgmma that
 // reads them (or before the barrier that publishes them).
 __device__ __forceinline__ void fence_async_shared() {
-#if MINILIN_WGMMA
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
@@ -104,26 +110,24 @@ __device__ __forceinline__ auto flat(float (&acc)[1][NT][4]) -> float (&)[NT * 4
   return reinterpret_cast<float(&)[NT * 4]>(acc);
 }
 
-#define MINILIN_ACC8(d)                                                                                           \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
 #define MINILIN_ACC16(d)                                                                                          \
-  MINILIN_ACC8(d), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
-      "+f"(d[15])
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define MINILIN_ACC32(d)                                                                                          \
   MINILIN_ACC16(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),  \
       "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),     \
       "+f"(d[31])
-#define MINILIN_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define MINILIN_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define MINILIN_REGS32                                                                                            \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-// D (+)= A B for N = 16, 32 or 64, A and B from shared memory (descriptors). accumulate = false: D = A B.
+// D (+)= A B for N = 32 or 64 (the shapes delta v10 uses; its first form also had N = 16: git show 314ee86), A and
+// B from shared memory (descriptors). accumulate = false: D = A B.
 // kTransB: B is MN-major (its descriptor from mn_major_bits); otherwise K-major (B^T's, from kKMajorBits).
 template <bool kTransB, int NT>
 __device__ __forceinline__ void wgmma_ss(float (&acc)[1][NT][4], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(NT == 2 || NT == 4 || NT == 8, "N must be 16, 32 or 64");
+  static_assert(NT == 4 || NT == 8, "N must be 32 or 64");
 #if MINILIN_WGMMA
   float(&d)[NT * 4] = flat(acc);
   const int scale_d = accumulate;
@@ -132,24 +136,21 @@ __device__ __forceinline__ void wgmma_ss(float (&acc)[1][NT][4], uint64_t a, uin
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MINILIN_REGS32 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
                  : MINILIN_ACC32(d)
                  : "l"(a), "l"(b), "r"(scale_d), "n"(static_cast<int>(kTransB)));
-  } else if constexpr (NT == 4) {
+  } else {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " MINILIN_REGS16 ", %16, %17, p, 1, 1, 0, %19;\n}\n"
                  : MINILIN_ACC16(d)
                  : "l"(a), "l"(b), "r"(scale_d), "n"(static_cast<int>(kTransB)));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MINILIN_REGS8 ", %8, %9, p, 1, 1, 0, %11;\n}\n"
-                 : MINILIN_ACC8(d)
-                 : "l"(a), "l"(b), "r"(scale_d), "n"(static_cast<int>(kTransB)));
   }
+#else
+  __trap();  // compiled without sm_90a features: no wgmma (the kernels that use it check MINILIN_WGMMA first)
 #endif
 }
 
 // D (+)= A B with A from registers (mma.sync's A fragment of this warp's 16 rows), B from shared memory.
 template <bool kTransB, int NT>
 __device__ __forceinline__ void wgmma_rs(float (&acc)[1][NT][4], const unsigned (&a)[4], uint64_t b, bool accumulate) {
-  static_assert(NT == 2 || NT == 4 || NT == 8, "N must be 16, 32 or 64");
+  static_assert(NT == 4 || NT == 8, "N must be 32 or 64");
 #if MINILIN_WGMMA
   float(&d)[NT * 4] = flat(acc);
   const int scale_d = accumulate;
@@ -159,19 +160,15 @@ __device__ __forceinline__ void wgmma_rs(float (&acc)[1][NT][4], const unsigned 
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                  : MINILIN_ACC32(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(static_cast<int>(kTransB)));
-  } else if constexpr (NT == 4) {
+  } else {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " MINILIN_REGS16
                  ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
                  : MINILIN_ACC16(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(static_cast<int>(kTransB)));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MINILIN_REGS8
-                 ", {%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
-                 : MINILIN_ACC8(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(static_cast<int>(kTransB)));
   }
+#else
+  __trap();  // compiled without sm_90a features: no wgmma (the kernels that use it check MINILIN_WGMMA first)
 #endif
 }
 
@@ -191,6 +188,7 @@ __device__ __forceinline__ void fence_operand(float (&acc)[1][NT][4]) {
 template <bool kTransB, int kSteps, int NT, class ADescriptors, class BDescriptors>
 __device__ __forceinline__ void wgmma_ss_product(float (&acc)[1][NT][4], ADescriptors a, BDescriptors b,
                                                  bool accumulate) {
+  fence_operand(acc);  // the accumulator's last writes by other instructions stay before the wgmma.fence
   wgmma_fence();
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) wgmma_ss<kTransB>(acc, a(s), b(s), accumulate || s > 0);
@@ -199,10 +197,8 @@ __device__ __forceinline__ void wgmma_ss_product(float (&acc)[1][NT][4], ADescri
   fence_operand(acc);
 }
 
-#undef MINILIN_ACC8
 #undef MINILIN_ACC16
 #undef MINILIN_ACC32
-#undef MINILIN_REGS8
 #undef MINILIN_REGS16
 #undef MINILIN_REGS32
 

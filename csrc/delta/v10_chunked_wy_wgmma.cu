@@ -1,8 +1,8 @@
 // delta v10 (wgmma, sm_90a): v9's WY step with the chunk's products on Hopper warpgroup tensor cores, one or two
-// warpgroups per product at N = 64 or 32, and a producer warpgroup, because v9's chunk kernel (~480 of its ~595 us
-// at T = 8192, by the ninth session's profile of its WY step) is one ldmatrix -> mma.sync chain per SM in which each 16 x 16 warp tile reloads its fragments
-// (~380 KB of shared-memory reads per chunk). wgmma reads its operands from shared memory without ldmatrix or
-// registers and issues a whole k loop at once.
+// warpgroups per product at N = 64 or 32, and a producer warpgroup, because v9's chunk kernel (~480 of its ~595
+// us at T = 8192, by the ninth session's profile of its WY step) is one ldmatrix -> mma.sync chain per SM in
+// which each 16 x 16 warp tile reloads its fragments (~380 KB of shared-memory reads per chunk). wgmma reads its
+// operands from shared memory without ldmatrix or registers and issues a whole k loop at once.
 // Measured on the H200 (device time, ladder run): 0.464 ms at T = 8192 against v9's 0.595 and v1's 4.684 (10.1x),
 // 1.825 ms at 32768 (10.2x); outputs bit-identical to v9's (the same fp32 operations in the same order). The steps
 // there, each measured (csrc/NOTES.md): every warpgroup a 16-column slice of every product, 0.819 ms, the wgmma
@@ -49,6 +49,9 @@ struct Layout {
   static constexpr size_t kBarrierOffset = kBlockOffset + (kBlockV * K + 4 * kTile) * sizeof(bf16);
   static constexpr size_t kBytes = kBarrierOffset + 2 * kStages * sizeof(uint64_t) + 1024;  // + alignment slack
   static_assert(kBytes <= 227 * 1024, "three stages must fit in an H100/H200 SM's shared memory");
+  static_assert(kStageBytes % 1024 == 0 && kChunk * K * sizeof(bf16) % 1024 == 0 && kTile * sizeof(bf16) % 1024 == 0 &&
+                    kBlockOffset % 1024 == 0 && kBlockV * K * sizeof(bf16) % 1024 == 0,
+                "every swizzled tile (q, k, T, S^T, P, X, Delta) must start on a 1024-byte boundary");
   unsigned char* base;  // 1024-byte aligned
   __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
   __device__ bf16* k(int s) const { return q(s) + kChunk * K; }
@@ -97,6 +100,7 @@ __device__ __forceinline__ void producer_copy_rows_sw128(bf16* dst, const bf16* 
 // faster chunk. Producer warp 0 copies q, 1 k, 2 v and T's tile (each lane's copies arrive on `full` when they
 // land), 3 the gates' cumulative sum and the betas (then its lane 0 arrives): 3 x 32 + 1 arrivals.
 constexpr int kProducerWarps = 4, kCopyingWarps = 3;
+[[maybe_unused]] constexpr int kScalarWarp = kCopyingWarps;  // the gates-and-betas warp (unused without sm_90a)
 constexpr int kBlockThreads = kComputeThreads + 32 * kProducerWarps;
 template <int K>
 __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, int b, int h, int v0, int chunks,
@@ -105,7 +109,7 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
   const long long token_stride = p.H;
   auto first_token = [&](int n) { return (static_cast<long long>(b) * p.T + n * kChunk) * p.H + h; };
   auto valid_tokens = [&](int n) { return n < chunks ? min(kChunk, p.T - n * kChunk) : 0; };
-  if (producer_warp == kCopyingWarps) {
+  if (producer_warp == kScalarWarp) {
     float2 gates = producer_token_pair(p.g, first_token(0), token_stride, valid_tokens(0), lane);
     float2 betas = producer_token_pair(p.beta, first_token(0), token_stride, valid_tokens(0), lane);
     for (int n = 0; n < chunks; ++n) {
@@ -184,10 +188,7 @@ __device__ __forceinline__ int sw128_thread_offset(int rows, int m0, int c) {
   return (c >> 6) * rows * 64 + (m0 + quad_row) * 64 + ((((c >> 3) & 7) ^ quad_row) << 3) + (c & 7);
 }
 
-// The warpgroups' roles, phase by phase (columns of the 64 x 64 products; S^T's columns are keys):
-//   phase 1:  0: KS (n64) -> X    2, 3: Q K^T's columns 0-31 / 32-63 (n32) -> P
-//   phase 2:  1: R = Q S (n64), kept    0, 3: Delta = T X, columns 0-31 / 32-63 (n32) -> Delta, Delta decayed
-//   phase 3:  1: O = R + P Delta (n64), stored    2, 3: S^T's key columns 0 .. K/2 - 1 / K/2 .. K - 1
+// The warpgroups, named by their phase-1 role (the header's table gives every phase's).
 enum Group : int { kKeys = 0, kQueries = 1, kScoresLow = 2, kScoresHigh = 3 };
 
 template <int K>
@@ -328,6 +329,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
 #pragma unroll
       for (int s = 0; s < kTokenSteps; ++s) sw128_load_a_transposed(a[s], delta_decayed, kChunk, m0, 16 * s);
       scale_tiles(S, exp_ftz(G_last));
+      fence_operand(S);
       wgmma_fence();
 #pragma unroll
       for (int s = 0; s < kTokenSteps; ++s) wgmma_rs<true>(S, a[s], k_cols + mn_major_offset(16 * s, 0, kChunk), true);
