@@ -61,6 +61,11 @@ def parse_arch(spec: str | None) -> tuple[list[str], str]:
             raise ValueError(f"MINILIN_CUDA_ARCH: the kernels need compute capability >= 8.0 (cp.async, bf16 mma), "
                              f"got {item!r}")
         archs.append((digits, m.group(3)))
+    for digits, suffix in archs:
+        if suffix and (digits, "") in archs:
+            raise ValueError(f"MINILIN_CUDA_ARCH: {digits} and {digits}{suffix} both give compute capability "
+                             f"{digits[0]}.{digits[1]} machine code; keep one (the wgmma versions need "
+                             f"{digits}{suffix}), got {spec!r}")
     flags = [f"-gencode=arch=compute_{d}{x},code=sm_{d}{x}" for d, x in archs]
     ptx = archs[-1][0]
     flags.append(f"-gencode=arch=compute_{ptx},code=compute_{ptx}")

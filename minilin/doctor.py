@@ -109,7 +109,7 @@ def arch_runs_on(arch: str, capability: str) -> bool:
     for item in arch.split(","):
         kind, _, target = item.partition("_")
         target_cc = re.sub(r"[a-z]$", "", target)
-        if kind == "sm" and target == cc:
+        if kind == "sm" and target_cc == cc:  # sm_90a is 9.0 machine code too
             return True
         if kind == "compute" and target_cc.isdigit() and cc.isdigit() and int(target_cc) <= int(cc) \
                 and not target.endswith("a"):

@@ -20,8 +20,10 @@ if OK:
     import cupy
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
-# (B, T, H, K, V): T % 64 != 0, T = 1 with B * H = 1, K != V both ways, many chunks and token tiles.
-SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130, 2, 64, 128), (1, 1000, 2, 128, 128)]
+# (B, T, H, K, V): T % 64 != 0, T = 1 with B * H = 1, K != V both ways, many chunks and token tiles, and enough
+# chunks for the producer kernels' 3-stage ring to wrap at K = 64 as well as at K = 128.
+SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130, 2, 64, 128), (1, 1000, 2, 128, 128),
+          (1, 300, 2, 64, 64)]
 CORE_MIXERS = ["linear_attention", "simple_gla", "deltanet", "gated_deltanet"]
 
 

@@ -43,12 +43,21 @@ def test_default_arch_is_sm90a_code_plus_compute90_ptx(setup_module_):
     assert setup_module_.builds_sm90a(summary)
 
 
-@pytest.mark.parametrize("spec, summary", [("80;90", "sm_80,sm_90,compute_90"), ("8.0, 9.0", "sm_80,sm_90,compute_90"),
-                                           ("sm_90a", "sm_90a,compute_90"), ("80;90a", "sm_80,sm_90a,compute_90"),
-                                           ("86", "sm_86,compute_86")])
-def test_arch_lists(setup_module_, spec, summary):
+@pytest.mark.parametrize("spec, summary, sm90a", [("80;90", "sm_80,sm_90,compute_90", False),
+                                                  ("8.0, 9.0", "sm_80,sm_90,compute_90", False),
+                                                  ("sm_90a", "sm_90a,compute_90", True),
+                                                  ("80;90a", "sm_80,sm_90a,compute_90", True),
+                                                  ("86", "sm_86,compute_86", False)])
+def test_arch_lists(setup_module_, spec, summary, sm90a):
     assert setup_module_.parse_arch(spec)[1] == summary
-    assert setup_module_.builds_sm90a(summary) == ("sm_90a" in summary)
+    assert setup_module_.builds_sm90a(summary) is sm90a
+
+
+def test_90_and_90a_together_is_an_error(setup_module_):
+    # Both are 9.0 machine code: which one the driver loads is not ours to choose, and the sm_90 copy of a
+    # wgmma version only traps.
+    with pytest.raises(ValueError, match=r"MINILIN_CUDA_ARCH: 90 and 90a both give compute capability 9\.0"):
+        setup_module_.parse_arch("90;90a")
 
 
 @pytest.mark.parametrize("spec", ["75", "hopper", "9"])
@@ -93,3 +102,15 @@ def test_sources_are_every_kernel_file(setup_module_, monkeypatch):
     assert {"csrc/bindings.cpp", "csrc/registry.cpp"} <= set(ext.sources)
     # a kernel-only or header-only change must link the module again
     assert set(kernels) | {"csrc/common/mma.cuh", "csrc/linear/chunk_mma_wide.cuh", "csrc/minilin_cuda.h"} <= set(ext.depends)
+
+
+def test_the_built_extension_lists_the_wgmma_version_exactly_when_it_holds_sm90a_code():
+    # Runs wherever the extension is built, GPU or not (CI compiles it): if MINILIN_SM90A stopped reaching the
+    # host compile, v10 would silently drop out of the ladder and every GPU test would pass on v9.
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    delta = {v["version"]: v for v in cuda.versions() if v["op"] == "delta"}
+    assert (10 in delta) == ("sm_90a" in cuda.cuda_arch.split(",")), (cuda.cuda_arch, sorted(delta))
+    if 10 in delta:
+        assert delta[10]["min_compute_capability"] == delta[10]["max_compute_capability"] == 90
+        assert not delta[10]["float32"] and delta[10]["bfloat16"]
+    assert all(v["max_compute_capability"] == 0 for n, v in delta.items() if n != 10)

@@ -151,3 +151,35 @@ def test_an_sm90a_version_runs_on_compute_capability_9_0_only(monkeypatch):
     assert front._version_info("delta", None, True, 100)["version"] == 1  # sm_90a code does not run on 10.0
     assert front._runs_on(ladder[1], 90) and not front._runs_on(ladder[1], 100) and not front._runs_on(ladder[1], 80)
     assert front._runs_on(ladder[0], 100)
+
+
+def test_launch_refuses_a_version_this_gpu_cannot_run_with_its_range(monkeypatch):
+    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, "max_compute_capability": 0},
+              {"op": "delta", "version": 2, "name": "wgmma", "float32": False, "bfloat16": True,
+               "min_compute_capability": 90, "max_compute_capability": 90})
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    monkeypatch.setattr(front, "_compute_capability", lambda device: 100)
+    monkeypatch.setattr(front, "extension", lambda: types.SimpleNamespace(cuda_arch="sm_90a,compute_90"))
+    monkeypatch.setattr(front, "cupy_module", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))))
+    q = np.zeros((1, 1, 1, 8), np.uint16)  # bf16 bits; nothing is allocated before the refusal
+    with pytest.raises(RuntimeError, match=r"version: delta version 2 \(wgmma\) needs compute capability exactly 9\.0 "
+                                           r"\(.*sm_90a.*\), this GPU has 10\.0"):
+        front._launch("delta", q, q, q, None, None, None, 1.0, 2, None)
+    monkeypatch.setattr(front, "_compute_capability", lambda device: 75)
+    with pytest.raises(RuntimeError, match=r"delta version 1 \(recurrent\) needs compute capability 8\.0 or newer, "
+                                           r"this GPU has 7\.5"):
+        front._launch("delta", q, q, q, None, None, None, 1.0, 1, None)
+
+
+def test_an_unknown_version_names_what_this_build_has(monkeypatch):
+    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, "max_compute_capability": 0},)
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    monkeypatch.setattr(front, "extension", lambda: types.SimpleNamespace(cuda_arch="sm_90,compute_90"))
+    with pytest.raises(ValueError, match=r"version: expected one of \[1\] for delta, got 10 \(the wgmma .*90a"):
+        front._version_info("delta", 10, True, 90)
+    monkeypatch.setattr(front, "extension", lambda: types.SimpleNamespace(cuda_arch="sm_90a,compute_90"))
+    with pytest.raises(ValueError, match=r"version: expected one of \[1\] for delta, got 10$"):
+        front._version_info("delta", 10, True, 90)

@@ -33,6 +33,7 @@ def test_doctor_says_how_to_get_what_is_missing(monkeypatch):
 
 @pytest.mark.parametrize("arch, capability, runs", [
     ("sm_90,compute_90", "9.0", True), ("sm_90,compute_90", "8.0", False), ("sm_80,compute_80", "9.0", True),
-    ("sm_80,sm_90,compute_90", "8.0", True), ("sm_90a,compute_90a", "10.0", False), ("sm_90,compute_90", "12.0", True)])
+    ("sm_80,sm_90,compute_90", "8.0", True), ("sm_90a,compute_90a", "10.0", False), ("sm_90,compute_90", "12.0", True),
+    ("sm_90a,compute_90", "9.0", True), ("sm_90a,sm_100,compute_100", "9.0", True)])
 def test_arch_runs_on(arch, capability, runs):
     assert doctor.arch_runs_on(arch, capability) is runs

@@ -13,8 +13,9 @@ fragments loaded one step ahead; linear v7 and delta v8: one producer warp loads
 only; delta v9: v8 with the WY solve's block products on tensor cores in 3xTF32; delta v10: the chunk on Hopper's
 warpgroup tensor cores, wgmma, in sm_90a builds only); the default is the highest that the build holds, that
 takes the input dtype and that runs on the GPU's compute capability (float32: 2; bfloat16 on Hopper: linear 7,
-delta 10, or 9 in a build without sm_90a code; elsewhere linear 6, delta 7). `versions()` lists them with what
-each one changed; csrc/NOTES.md has their measured times.
+delta 10, or 9 in a build without sm_90a code; below 9.0, in a build for it: linear 6, delta 7; above 9.0, from
+the compute_90 PTX: linear 7, delta 9). `versions()` lists them with what each one changed; csrc/NOTES.md has
+their measured times.
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
 float32 or bfloat16 (`to_bf16` / `from_bf16`: CuPy's bfloat16 dtype where it has one, else uint16 bit

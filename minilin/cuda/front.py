@@ -80,6 +80,20 @@ def _runs_on(info: dict, capability: int) -> bool:
     return info["min_compute_capability"] <= capability and (not highest or capability <= highest)
 
 
+def _dotted(capability: int) -> str:
+    return f"{capability // 10}.{capability % 10}"
+
+
+def _capability_range(info: dict) -> str:
+    """The compute capabilities a version runs on, in words: '8.0 or newer', 'exactly 9.0 (...)', '8.0 to 9.0'."""
+    low, high = info["min_compute_capability"], info.get("max_compute_capability", 0)
+    if not high:
+        return f"{_dotted(low)} or newer"
+    if high == low:
+        return f"exactly {_dotted(low)} (its machine code is architecture-specific, e.g. sm_90a's wgmma)"
+    return f"{_dotted(low)} to {_dotted(high)}"
+
+
 def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
     if version is None:  # the last rung of the ladder that takes this dtype and runs on this GPU
@@ -98,7 +112,10 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dic
                 raise TypeError(f"version: {op} version {version} ({v['name']}) takes {takes} inputs only, got {given}; "
                                 f"use another version or convert with minilin.cuda.to_bf16 / from_bf16")
             return v
-    raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}")
+    hint = ""
+    if "sm_90a" not in getattr(extension(), "cuda_arch", "").split(","):
+        hint = " (the wgmma versions, delta v10, are built only for sm_90a: MINILIN_CUDA_ARCH=90a, the default)"
+    raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}{hint}")
 
 
 def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, like=None):
@@ -141,9 +158,8 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     capability = _compute_capability(cupy.cuda.Device().id)
     info = _version_info(op, version, is_bf16, capability)
     if not _runs_on(info, capability):
-        needs = f"{info['min_compute_capability'] / 10:.1f}" + ("+" if not info.get("max_compute_capability") else "")
-        raise RuntimeError(f"version: {op} version {info['version']} needs compute capability {needs}, "
-                           f"this GPU has {capability // 10}.{capability % 10}")
+        raise RuntimeError(f"version: {op} version {info['version']} ({info['name']}) needs compute capability "
+                           f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
     B, T, H, K, V = (shapes[d] for d in "BTHKV")
     o = cupy.empty(v.shape, v.dtype)
     final_state = cupy.empty((B, H, K, V), cupy.float32)
