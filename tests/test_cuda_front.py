@@ -141,11 +141,15 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
     assert front.default_version("linear") == 1 and front.default_version("linear", False) == 1
 
 
+# A delta ladder of a recurrent version that runs from 8.0 up and an sm_90a-only one (as v10).
+WGMMA_LADDER = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+                 "min_compute_capability": 80, "max_compute_capability": 0},
+                {"op": "delta", "version": 2, "name": "wgmma", "float32": False, "bfloat16": True,
+                 "min_compute_capability": 90, "max_compute_capability": 90})
+
+
 def test_an_sm90a_version_runs_on_compute_capability_9_0_only(monkeypatch):
-    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_compute_capability": 0},
-              {"op": "delta", "version": 2, "name": "wgmma", "float32": False, "bfloat16": True,
-               "min_compute_capability": 90, "max_compute_capability": 90})
+    ladder = WGMMA_LADDER
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     assert front._version_info("delta", None, True, 90)["version"] == 2
     assert front._version_info("delta", None, True, 100)["version"] == 1  # sm_90a code does not run on 10.0
@@ -154,11 +158,7 @@ def test_an_sm90a_version_runs_on_compute_capability_9_0_only(monkeypatch):
 
 
 def test_launch_refuses_a_version_this_gpu_cannot_run_with_its_range(monkeypatch):
-    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_compute_capability": 0},
-              {"op": "delta", "version": 2, "name": "wgmma", "float32": False, "bfloat16": True,
-               "min_compute_capability": 90, "max_compute_capability": 90})
-    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    monkeypatch.setattr(front, "_built_versions", lambda: WGMMA_LADDER)
     monkeypatch.setattr(front, "_compute_capability", lambda device: 100)
     monkeypatch.setattr(front, "extension", lambda: types.SimpleNamespace(cuda_arch="sm_90a,compute_90"))
     monkeypatch.setattr(front, "cupy_module", lambda: types.SimpleNamespace(
@@ -174,9 +174,7 @@ def test_launch_refuses_a_version_this_gpu_cannot_run_with_its_range(monkeypatch
 
 
 def test_an_unknown_version_names_what_this_build_has(monkeypatch):
-    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_compute_capability": 0},)
-    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    monkeypatch.setattr(front, "_built_versions", lambda: WGMMA_LADDER[:1])
     monkeypatch.setattr(front, "extension", lambda: types.SimpleNamespace(cuda_arch="sm_90,compute_90"))
     with pytest.raises(ValueError, match=r"version: expected one of \[1\] for delta, got 10 \(the wgmma .*90a"):
         front._version_info("delta", 10, True, 90)
