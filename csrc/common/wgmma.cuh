@@ -215,6 +215,15 @@ __device__ __forceinline__ void store_bf16x2_sw128(__nv_bfloat16* X, int rows, i
   store_bf16x2(X + sw128_index(r, c, rows), x, y);
 }
 
+// Offset of this thread's accumulator element (row m0 + lane / 4, column c, c = c0 + 8 j + 2 (lane % 4)) in
+// swizzled storage of `rows` rows; the element 8 rows further is kLowerHalf beyond. sw128_index's formula with
+// the row's swizzle known: m0 is a multiple of 8, so it is lane / 4.
+constexpr int kLowerHalf = 8 * 64;
+__device__ __forceinline__ int sw128_thread_offset(int rows, int m0, int c) {
+  const int lane = threadIdx.x & 31, quad_row = lane >> 2;
+  return (c >> 6) * rows * 64 + (m0 + quad_row) * 64 + ((((c >> 3) & 7) ^ quad_row) << 3) + (c & 7);
+}
+
 // The first 1024-byte boundary at or after p in shared memory (the swizzled atoms' alignment).
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
   return p + ((1024u - (smem_address(p) & 1023u)) & 1023u);

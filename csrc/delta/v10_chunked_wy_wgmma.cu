@@ -141,51 +141,45 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
 
 // exp(x) as ex2.approx.ftz(x log2 e): __expf's value wherever the result is a normal float, without the four
 // instructions that __expf spends per call on denormal results (the P epilogue takes 16 per thread and chunk).
-__device__ __forceinline__ float exp_ftz(float x) {
+[[maybe_unused]] __device__ __forceinline__ float exp_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
   return y;
 }
 
-// S^T's slice of this thread (rows m0.. of the 64 value columns, columns f0.. of the K keys) from h0 [K, V]
-// (zeros when h0 is null), and its bf16 copy into the block's swizzled S^T.
-template <int NT>
-__device__ __forceinline__ void load_state_transposed(float (&S)[1][NT][4], const float* h0, long long state_base, int V,
-                                                      int v0, int m0, int f0, bf16* ST) {
+// Each pair of this thread's S^T elements, S^T[row][col] and S^T[row][col + 1] (rows m0.. of the 64 value
+// columns, columns f0.. of the K keys), with `at`, the index of S[col][v0 + row] in a [B, H, K, V] state
+// (S[col + 1][v0 + row] is V further): f(j, e, row, col, at) for accumulator element S[0][j][e] and e + 1.
+template <int NT, class F>
+__device__ __forceinline__ void for_each_state_pair(long long state_base, int V, int v0, int m0, int f0, F f) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int row = m0 + acc_row(0, e), col = f0 + acc_col(j, e);
-      const long long at = state_base + static_cast<long long>(col) * V + v0 + row;
-      S[0][j][e] = h0 ? h0[at] : 0.0f;
-      S[0][j][e + 1] = h0 ? h0[at + V] : 0.0f;
-      store_bf16x2_sw128(ST, kBlockV, row, col, S[0][j][e], S[0][j][e + 1]);
+      f(j, e, row, col, state_base + static_cast<long long>(col) * V + v0 + row);
     }
+}
+
+// This thread's slice of S^T from h0 [K, V] (zeros when h0 is null), and its bf16 copy into the block's swizzled S^T.
+template <int NT>
+__device__ __forceinline__ void load_state_transposed(float (&S)[1][NT][4], const float* h0, long long state_base, int V,
+                                                      int v0, int m0, int f0, bf16* ST) {
+  for_each_state_pair<NT>(state_base, V, v0, m0, f0, [&](int j, int e, int row, int col, long long at) {
+    S[0][j][e] = h0 ? h0[at] : 0.0f;
+    S[0][j][e + 1] = h0 ? h0[at + V] : 0.0f;
+    store_bf16x2_sw128(ST, kBlockV, row, col, S[0][j][e], S[0][j][e + 1]);
+  });
 }
 
 // The final state: this thread's slice of S^T, fp32, into ht [K, V].
 template <int NT>
 __device__ __forceinline__ void store_state_transposed(const float (&S)[1][NT][4], float* ht, long long state_base,
                                                        int V, int v0, int m0, int f0) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int row = m0 + acc_row(0, e), col = f0 + acc_col(j, e);
-      const long long at = state_base + static_cast<long long>(col) * V + v0 + row;
-      ht[at] = S[0][j][e];
-      ht[at + V] = S[0][j][e + 1];
-    }
-}
-
-// Offset of this thread's accumulator element (row m0 + lane / 4, column c, c = c0 + 8 j + 2 (lane % 4)) in
-// swizzled storage of `rows` rows; the element 8 rows further is kLowerHalf beyond. m0 is a multiple of 8, so
-// the row's swizzle is lane / 4.
-constexpr int kLowerHalf = 8 * 64;
-__device__ __forceinline__ int sw128_thread_offset(int rows, int m0, int c) {
-  const int lane = threadIdx.x & 31, quad_row = lane >> 2;
-  return (c >> 6) * rows * 64 + (m0 + quad_row) * 64 + ((((c >> 3) & 7) ^ quad_row) << 3) + (c & 7);
+  for_each_state_pair<NT>(state_base, V, v0, m0, f0, [&](int j, int e, int, int, long long at) {
+    ht[at] = S[0][j][e];
+    ht[at + V] = S[0][j][e + 1];
+  });
 }
 
 // The warpgroups, named by their phase-1 role (the header's table gives every phase's).
