@@ -16,8 +16,8 @@ from ..chunking import (causal_mask, decay_rows, decay_state, from_chunks, gated
                         state_or_zeros, to_chunks, unit_lower_inverse)
 
 
-def step(q, k, v, beta, g, S):
-    """One token: q, k [B, H, K], v [B, H, V], beta [B, H], g None / [B, H] / [B, H, K], S or None."""
+def step(q, k, v, g, beta, S):
+    """One token: q, k [B, H, K], v [B, H, V], g None / [B, H] / [B, H, K], beta [B, H], S or None."""
     S = state_or_zeros(S, q, v)
     S = decay_state(S, g)
     prediction = (k[..., None, :] @ S)[..., 0, :]  # S'^T k_t: what the memory holds for k_t
@@ -25,17 +25,17 @@ def step(q, k, v, beta, g, S):
     return (q[..., None, :] @ S)[..., 0, :], S
 
 
-def recurrent(q, k, v, beta, g, S0):
+def recurrent(q, k, v, g, beta, S0):
     """The definition: one `step` per token, vectorized over batch and heads."""
     xp = array_module(q)
     S = state_or_zeros(S0, q[:, 0], v[:, 0])
     o = xp.empty(v.shape, q.dtype)
     for t in range(q.shape[1]):
-        o[:, t], S = step(q[:, t], k[:, t], v[:, t], beta[:, t], None if g is None else g[:, t], S)
+        o[:, t], S = step(q[:, t], k[:, t], v[:, t], None if g is None else g[:, t], beta[:, t], S)
     return o, S
 
 
-def chunked(q, k, v, beta, g, S0, chunk_size):
+def chunked(q, k, v, g, beta, S0, chunk_size):
     """Chunked form with the WY representation (DeltaNet: Yang et al. 2024; gated: Yang et al. 2025).
 
     Inside one chunk, with G the chunk-local cumulative gate and S the state entering the chunk,
@@ -81,8 +81,8 @@ def chunked(q, k, v, beta, g, S0, chunk_size):
     return from_chunks(o, T), S
 
 
-def parallel(q, k, v, beta, g, S0):
+def parallel(q, k, v, g, beta, S0):
     """The quadratic form: the chunked form with one chunk holding the whole sequence, so that
     O = (Q K^T, masked) (I + A)^-1 diag(beta) V when starting from an empty memory (DeltaNet's
     "attention" form)."""
-    return chunked(q, k, v, beta, g, S0, max(q.shape[1], 1))
+    return chunked(q, k, v, g, beta, S0, max(q.shape[1], 1))

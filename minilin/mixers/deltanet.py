@@ -32,7 +32,7 @@ def _prepare(q, k, v, beta, scale, state, allow_neg_eigval, step=False):
         ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("beta", beta, "B T H"),
         (state_name(step), state, "B H K V"), step=step)
     check_beta(beta, check_flag("allow_neg_eigval", allow_neg_eigval))
-    return q * check_scale(scale, shapes["K"]), k, v, beta, None, state
+    return q * check_scale(scale, shapes["K"]), k, v, None, beta, state
 
 
 def recurrent(q, k, v, beta, *, scale=None, initial_state=None, allow_neg_eigval=False):

@@ -28,7 +28,7 @@ def _prepare(q, k, v, g, beta, scale, state, step=False):
         ("beta", beta, "B T H"), (state_name(step), state, "B H K V"), step=step)
     check_log_gate("g", g)
     check_beta(beta, False)
-    return q * check_scale(scale, shapes["K"]), k, v, beta, g, state
+    return q * check_scale(scale, shapes["K"]), k, v, g, beta, state
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None):
