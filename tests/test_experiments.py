@@ -190,43 +190,43 @@ def test_cost_cpu_checks_and_gpu_skip_reason(monkeypatch):
         assert "GPU: skipped" in BY_NAME["cost"].table(data)
 
 
-def test_cost_reads_the_gpu_benchmark_json(monkeypatch):
-    """The GPU part's only assumptions: `minilin bench --device gpu --json PATH` exists and writes {"rows": [...]}.
-    A stand-in benchmark checks that side of the interface without a GPU."""
-    import json
+def test_cost_takes_the_gpu_benchmarks_rows_directly(monkeypatch):
+    """The GPU part's only assumptions: `minilin.bench.gpu.rows(...)` returns {"rows": [...], "machine": ...} or
+    raises with its reason. A stand-in benchmark checks that side of the interface without a GPU."""
     import sys
     import types
 
     from minilin.experiments import cost
 
     fake = types.ModuleType("minilin.bench.gpu")
+    calls = []
 
-    def main(args):
-        print("the benchmark's own table")
-        with open(args.json, "w") as f:
-            json.dump({"device": "gpu", "machine": "test GPU",
-                       "rows": [{"mixer": "gla", "T": 2048, "recurrent_ms": 2.5, "chunked_ms": 0.25}]}, f)
-        return 0
+    def rows(**kwargs):
+        calls.append(kwargs)
+        return {"device": "gpu", "machine": {"gpu": "test GPU"},
+                "rows": [{"mixer": "gla", "T": 2048, "recurrent_ms": 2.5, "chunked_ms": 0.25}]}
 
-    fake.main = main
+    fake.rows = rows
     import minilin.bench
 
     # Both places an import can find it: where a GPU is present the real module may already be imported,
-    # and `from . import gpu` then reads the package attribute, not sys.modules.
+    # and `from ..bench import gpu` then reads the package attribute, not sys.modules.
     monkeypatch.setitem(sys.modules, "minilin.bench.gpu", fake)
     monkeypatch.setattr(minilin.bench, "gpu", fake, raising=False)
     monkeypatch.setattr(cost, "gpu_missing", lambda: None)
     gpu = cost.gpu_results(quick=True)
+    assert calls == [{"lengths": (2048,), "repeats": 5}]
     assert gpu["rows"] == [{"mixer": "gla", "T": 2048, "recurrent_ms": 2.5, "chunked_ms": 0.25}]
     text = "\n".join(cost._gpu_table(gpu))
-    assert "test GPU" in text and "chunked_ms" in text and "0.25" in text and "2048" in text
+    assert "gpu test GPU" in text and "chunked_ms" in text and "0.25" in text and "2048" in text
 
-    def refuses(args):
-        print("minilin bench --device gpu: the CUDA extension is not built", file=sys.stderr)
-        return 2
+    def refuses(**kwargs):
+        raise RuntimeError("the CUDA extension is not built")
 
-    fake.main = refuses
+    fake.rows = refuses
     assert "the CUDA extension is not built" in cost.gpu_results(quick=True)["skipped"]
+    fake.rows = lambda **kwargs: {"rows": "not a list"}
+    assert "no list of rows" in cost.gpu_results(quick=False)["skipped"]
 
 
 @pytest.mark.parametrize("name", ["forms"] + ISSUE_ORDER[2:])  # memory's plot: tests/test_memory_experiment.py

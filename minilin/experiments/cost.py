@@ -11,19 +11,12 @@ Softmax is `attention.chunked`, FlashAttention-style tiling with an online softm
 softmax here; `attention.parallel` builds the whole T x T matrix and is slower still).
 
 The GPU part is optional: when CuPy, a GPU, the compiled extension (`minilin.cuda`) and the GPU benchmark
-(`minilin.bench.gpu`) are all present, the CUDA benchmark is run through its own command line
-(`minilin bench --device gpu --json PATH`; with --quick only T = 2048 and 5 runs) and its JSON rows are
-shown as they come. Assumed of it, and
-nothing more: that command exists and writes {"rows": [one flat dict per measurement, ...], ...}.
-Otherwise the GPU part is skipped and the reason is printed.
+(`minilin.bench.gpu`) are all present, the CUDA benchmark's `minilin.bench.gpu.rows(lengths=..., repeats=...)`
+is called (with --quick only T = 2048 and 5 runs) and its rows are shown as they come. Assumed of it, and
+nothing more: it returns {"rows": [one flat dict per measurement, ...], "machine": ...}, or raises with the
+reason it cannot run. Otherwise the GPU part is skipped and the reason is printed.
 """
 from __future__ import annotations
-
-import contextlib
-import io
-import json
-import os
-import tempfile
 
 import numpy as np
 
@@ -109,41 +102,34 @@ def gpu_missing() -> str | None:
     return None
 
 
+GPU_QUICK = dict(lengths=(2048,), repeats=5)
+
+
 def gpu_results(quick: bool) -> dict:
-    """{"rows": [...]} from `minilin bench --device gpu --json PATH`, or {"skipped": reason}."""
+    """{"rows": [...], "machine": ...} from `minilin.bench.gpu.rows`, or {"skipped": reason}."""
     reason = gpu_missing()
     if reason:
         return {"skipped": reason}
-    from ..cli import main as cli_main
+    from ..bench import gpu
 
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "gpu.json")
-        argv = ["bench", "--device", "gpu", "--json", path] + (["--repeats", "5", "--lengths", "2048"] if quick else [])
-        printed, progress = io.StringIO(), io.StringIO()
-        # An experiment returns data: the benchmark's own table and progress lines are kept out of the tour.
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(progress):
-            status = cli_main(argv)
-        if not os.path.exists(path):
-            said = [line for line in progress.getvalue().splitlines() if line.strip()]
-            return {"skipped": f"`minilin {' '.join(argv[:3])}` wrote no JSON (exit status {status})"
-                               + (f": {said[-1].strip()}" if said else "")}
-        with open(path) as f:
-            payload = json.load(f)
+    try:
+        payload = gpu.rows(**GPU_QUICK) if quick else gpu.rows()
+    except Exception as error:  # noqa: BLE001 - the tour reports any failure of the optional part and goes on
+        return {"skipped": f"the GPU benchmark failed ({type(error).__name__}: {error})"}
     rows = payload.get("rows") if isinstance(payload, dict) else None
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        return {"skipped": "the GPU benchmark's JSON has no list of rows"}
+        return {"skipped": "the GPU benchmark returned no list of rows"}
     machine = payload.get("machine") or payload.get("device")
     if isinstance(machine, dict):
         machine = ", ".join(f"{key} {value}" for key, value in machine.items())
-    return {"rows": rows, "status": status, "machine": machine}
+    return {"rows": rows, "machine": machine}
 
 
 def _gpu_table(gpu: dict) -> list[str]:
     """The benchmark's rows as they come: one column per scalar field (nested fields are left out)."""
     if "skipped" in gpu:
         return [f"GPU: skipped, {gpu['skipped']}."]
-    lines = [f"GPU, from `minilin bench --device gpu`{' (' + str(gpu['machine']) + ')' if gpu.get('machine') else ''}"
-             f"{'' if gpu.get('status', 0) == 0 else ', which exited with status ' + str(gpu['status'])}:"]
+    lines = [f"GPU, from `minilin bench --device gpu`{' (' + str(gpu['machine']) + ')' if gpu.get('machine') else ''}:"]
     columns = [key for key in dict.fromkeys(k for row in gpu["rows"] for k in row)
                if all(_scalar(row.get(key)) for row in gpu["rows"])
                and any(row.get(key) not in (None, "") for row in gpu["rows"])]
