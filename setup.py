@@ -280,6 +280,15 @@ def cached_objects(sources: list[str], command: list[str], compile_to, cache_dir
     return objects, [s for s in sources if s in compiled]
 
 
+def host_key_command(compiler: list[str], include_dirs: list[str], macros: list, extra_args: list[str],
+                     pybind11_include: str, pybind11_version: str) -> list[str]:
+    """What a host object's key holds besides its sources: the compiler (command and version), include folders,
+    macros, flags and Python's version. pybind11's headers sit in pip's temporary build environment, a new
+    folder on every install, so they are named by pybind11's version instead of by that path."""
+    dirs = [f"pybind11 {pybind11_version}" if d == pybind11_include else d for d in include_dirs]
+    return [*compiler, *dirs, repr(macros), *extra_args, sys.version]
+
+
 def nvcc_compile(nvcc: str, flags: list[str]):
     """compile_to(source, obj) for cached_objects: `nvcc <flags> -c source -o obj`, its output kept for errors."""
     def compile_to(source: str, obj: str) -> None:
@@ -384,10 +393,9 @@ class BuildExt(build_ext):
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
 
-        cxx = compiler.compiler_so[0]
-        cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-        host_command = [*compiler.compiler_so, cxx_version, *compiler.include_dirs, *include_dirs, repr(macros),
-                        *extra_args, pybind11.__version__, sys.version]
+        cxx_version = subprocess.run([compiler.compiler_so[0], "--version"], capture_output=True, text=True).stdout
+        host_command = host_key_command([*compiler.compiler_so, cxx_version], [*compiler.include_dirs, *include_dirs],
+                                        macros, extra_args, pybind11.get_include(), pybind11.__version__)
         host_objects, host_compiled = cached_objects(host_sources, host_command, host_compile, OBJECT_CACHE,
                                                      include_dirs, workers)
         total, compiled = len(cu_sources) + len(host_sources), len(cu_compiled) + len(host_compiled)

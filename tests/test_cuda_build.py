@@ -223,6 +223,17 @@ def test_a_failed_compile_leaves_no_object_behind(setup_module_, fake_project):
     assert compiled == ["csrc/k/b.cu"] and os.listdir(cache) == [os.path.basename(obj)]
 
 
+def test_host_objects_keep_their_key_across_pips_temporary_build_environments(setup_module_):
+    def command(pybind11_include, version="3.1.0", macros=(("MINILIN_SM90A", "1"),)):
+        return setup_module_.host_key_command(["g++", "-O2", "g++ 13.2"], ["/usr/include/python3.11", pybind11_include,
+                                              "csrc"], list(macros), ["-std=c++17"], pybind11_include, version)
+
+    first = command("/tmp/pip-build-env-abc/overlay/lib/python3.11/site-packages/pybind11/include")
+    assert command("/tmp/pip-build-env-xyz/overlay/lib/python3.11/site-packages/pybind11/include") == first
+    assert command("/tmp/pip-build-env-xyz/pybind11/include", version="3.2.0") != first
+    assert command("/tmp/pip-build-env-xyz/pybind11/include", macros=()) != first
+
+
 def test_every_quoted_include_of_the_kernels_is_found(setup_module_, monkeypatch):
     # A header the key missed would let a header-only change keep a stale object.
     import re
