@@ -99,9 +99,10 @@ def find_nvcc(environ=os.environ) -> str | None:
             return os.path.join(home, "bin", "nvcc")
     return shutil.which("nvcc", path=environ.get("PATH"))
 
-def _cuda_visible_indices(value: str) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as the CUDA runtime reads it: entries up to the first invalid one (an index, or a
-    GPU-/MIG- UUID). [] hides every GPU ("", "-1", "NoDevFiles"); None when the variable is unset."""
+
+def _cuda_visible_indices(value: str) -> list[str]:
+    """CUDA_VISIBLE_DEVICES as the CUDA runtime reads it: the entries (an index, or a GPU-/MIG- UUID) up to the
+    first invalid one; [] ("", "-1", "NoDevFiles") hides every GPU."""
     entries = []
     for item in value.split(","):
         item = item.strip()
