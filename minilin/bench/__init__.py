@@ -25,8 +25,8 @@ def register(subparsers) -> None:
                    help="cpu: the NumPy reference; gpu: the CUDA extension and CuPy (default: gpu where the GPU "
                         "bench can run, else cpu)")
     p.add_argument("--quick", action="store_true",
-                   help="a small problem for a first look: on the CPU seconds (bench/cpu.py's QUICK_PROBLEM), on "
-                        "the GPU one length (2048) and 5 runs per measurement")
+                   help="a small problem for a first look: on the CPU seconds (bench/cpu.py's QUICK_PROBLEM, one "
+                        "round), on the GPU one length (2048) and 5 runs per measurement")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
     p.add_argument("--repeats", type=int, default=None, help="GPU: timed runs per measurement (median reported); CPU: alternating timing rounds")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")

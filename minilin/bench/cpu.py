@@ -20,7 +20,7 @@ from . import write_json
 from .timing import interleaved_median_ms, minor_page_faults
 
 PROBLEM = dict(B=1, T=4096, H=4, K=64, V=64)
-QUICK_PROBLEM = dict(B=1, T=512, H=2, K=32, V=32)  # --quick: a first look in seconds
+QUICK_PROBLEM = dict(B=1, T=256, H=2, K=32, V=32)  # --quick: a first look in seconds, one round
 FLOAT32_TOLERANCE = 1e-4
 ROUNDS = 3          # alternating timing rounds (--repeats overrides)
 RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: one)
@@ -96,11 +96,13 @@ def main(args) -> int:
     if unknown:
         print(f"--mixers: unknown mixer(s) {unknown}; choose from {catalog.names()}", file=sys.stderr)
         return 2
-    problem = QUICK_PROBLEM if getattr(args, "quick", False) else PROBLEM
-    print(f"minilin bench --device cpu{' --quick' if problem is QUICK_PROBLEM else ''}: B={problem['B']} "
+    quick = getattr(args, "quick", False)
+    problem = QUICK_PROBLEM if quick else PROBLEM
+    rounds = args.repeats or (1 if quick else ROUNDS)
+    print(f"minilin bench --device cpu{' --quick' if quick else ''}: B={problem['B']} "
           f"H={problem['H']} T={problem['T']} K={problem['K']} V={problem['V']}, float32, median over "
-          f"{args.repeats or ROUNDS} alternating rounds (each form: one untimed run, then the baseline once, every "
-          f"other form {RUNS_PER_ROUND} times); {machine()}", flush=True)
+          f"{rounds} alternating round{'s' if rounds > 1 else ''} (each form: one untimed run, then the baseline "
+          f"once, every other form {RUNS_PER_ROUND} times); {machine()}", flush=True)
     rows = []
     for i, name in enumerate(names, 1):
         # Progress on stderr (the table on stdout stays clean): the line says what is being timed, and ends
@@ -108,7 +110,7 @@ def main(args) -> int:
         print(f"[{i}/{len(names)}] {name}: checking, then timing {', '.join(catalog.forms(name))} ...", end="",
               file=sys.stderr, flush=True)
         start = time.perf_counter()
-        rows.append(bench_mixer(name, args.repeats, problem))
+        rows.append(bench_mixer(name, rounds, problem))
         print(f" {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     print(format_table(rows))
     if args.json:
