@@ -14,7 +14,7 @@ import pytest
 
 from minilin.experiments import EXPERIMENTS
 
-ISSUE_ORDER = ["forms", "memory", "bracket", "exactness", "capacity", "interference", "softmax_amplification",
+CHAPTER_ORDER = ["forms", "memory", "bracket", "exactness", "capacity", "interference", "softmax_amplification",
                "fixed_decay", "write_rules", "fact_update", "recall", "state_tracking", "cost"]
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
@@ -25,13 +25,13 @@ def quick(name: str):
     return BY_NAME[name].run(True)
 
 
-def test_registry_follows_the_issue_order():
-    assert [e.name for e in EXPERIMENTS] == ISSUE_ORDER
+def test_registry_follows_the_chapter_order():
+    assert [e.name for e in EXPERIMENTS] == CHAPTER_ORDER
     for e in EXPERIMENTS:
         assert e.claim.strip() and e.title.strip(), e.name
 
 
-@pytest.mark.parametrize("name", ISSUE_ORDER[2:])
+@pytest.mark.parametrize("name", CHAPTER_ORDER[2:])
 def test_table_renders(name):
     text = BY_NAME[name].table(quick(name))
     assert isinstance(text, str) and len(text.splitlines()) >= 3
@@ -230,7 +230,7 @@ def test_cost_takes_the_gpu_benchmarks_rows_directly(monkeypatch):
     assert "no list of rows" in cost.gpu_results(quick=False)["skipped"]
 
 
-@pytest.mark.parametrize("name", ["forms"] + ISSUE_ORDER[2:])  # memory's plot: tests/test_memory_experiment.py
+@pytest.mark.parametrize("name", ["forms"] + CHAPTER_ORDER[2:])  # memory's plot: tests/test_memory_experiment.py
 def test_plot_writes_a_png(name, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / f"{name}.png"
