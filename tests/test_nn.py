@@ -50,6 +50,7 @@ def rng():
 
 def test_linear(rng):
     check_layer(Linear(6, 5, rng, np.float64), rng.standard_normal((2, 3, 6)))
+    check_layer(Linear(6, 5, rng, np.float64, bias=0.3), rng.standard_normal((2, 3, 6)))
 
 
 def test_rms_norm(rng):
