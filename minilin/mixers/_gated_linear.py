@@ -9,12 +9,19 @@ this; here the inputs are already checked, cast to one dtype, and `q` already ca
 RetNet / Lightning / Mamba-2 / simple GLA) or per key channel ([B, T, H, K]: GLA).
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; state [B, H, K, V]; o [B, T, H, V].
+
+Backward (`recurrent_backward`, `chunked_backward`, `parallel_backward`): the gradients of
+    L = sum_t <do_t, o_t> + <dS, S_T>        (dS None = zeros)
+with respect to q, k, v, g and the initial state, derived by hand below, no autograd.
 """
 from __future__ import annotations
 
+import math
+
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
-                        pass_states, state_or_zeros, to_chunks)
+from ..chunking import (decay_rows, decay_state, from_chunks, gate_terms, gated_gram, gated_gram_backward,
+                        local_cumsum, pass_states, pass_states_backward, reverse_cumsum, state_or_zeros,
+                        to_chunks, to_chunks_transposed, transposed)
 
 
 def step(q, k, v, g, S):
@@ -60,3 +67,167 @@ def chunked(q, k, v, g, S0, chunk_size):
 def parallel(q, k, v, g, S0):
     """The quadratic form o = (Q K^T * D) V (+ the read of S0): the chunked form with one chunk of T."""
     return chunked(q, k, v, g, S0, max(q.shape[1], 1))
+
+
+def recurrent_backward(q, k, v, g, S0, do, dS):
+    """The definition run backwards: (dq, dk, dv, dg, dS0) of L = sum_t <do_t, o_t> + <dS, S_T>.
+
+    do [B, T, H, V]; dS [B, H, K, V] or None (zeros). dg is None without a gate, dS0 None without S0.
+
+    Step 1, the state's adjoint. Write Sbar_t = dL/dS_t, everything S_t influences: its own read
+    o_t = S_t^T q_t and, through S_{t+1} = D_{t+1} S_t + k_{t+1} v_{t+1}^T (D = Diag(exp(g)) or exp(g)),
+    all later ones. Backwards from the end:
+        Sbar_T     = dS + q_T do_T^T
+        Sbar_{t-1} = D_t Sbar_t + q_{t-1} do_{t-1}^T           (dS_t carried back through the transition)
+    D_t is symmetric (diagonal), so carrying back is the same decay as the forward's, exponent g_t <= 0.
+
+    Step 2, each token's inputs, read off the two places they appear:
+        o_t = S_t^T q_t                     ->  dq_t = S_t do_t
+        S_t = ... + k_t v_t^T               ->  dk_t = Sbar_t v_t,    dv_t = Sbar_t^T k_t
+        S_t = exp(g_t) * S_{t-1} + ...      ->  dg_t = sum_v Sbar_t * exp(g_t) S_{t-1}   (over K too, scalar g)
+        S_0 = S0                            ->  dS0  = D_1 Sbar_1
+    The gate's gradient needs no exponential beyond the forward's exp(g_t) <= 1.
+
+    What it stores and recomputes. Steps 1-2 need the forward states S_t while walking backwards, and
+    S_{t-1} cannot be recovered from S_t (undoing the decay divides by exp(g_t), which overflows for
+    strong gates). Storing every S_t costs T K V numbers per head (268 MB at B=1, H=4, T=4096,
+    K=V=64 in float32). Instead, a first forward pass keeps the state at the start of every segment of
+    c = ceil(sqrt(T)) tokens (checkpoints); walking backwards, each segment's c states are recomputed from
+    its checkpoint, used, and dropped. Memory is O(sqrt(T) K V) (two buffers of about sqrt(T) states),
+    at the price of one extra forward pass: the classic sqrt(T) checkpointing of backpropagation
+    through time.
+    """
+    xp = array_module(q)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    per_channel = g is not None and g.ndim == 4
+    segment = math.isqrt(T - 1) + 1 if T > 1 else 1         # ceil(sqrt(T))
+    n_segments = -(-T // segment)
+
+    def gate(t):
+        return None if g is None else g[:, t]
+
+    # Pass 1 (forward): the state entering each segment.
+    checkpoints = xp.empty((n_segments, B, H, K, V), q.dtype)
+    S = state_or_zeros(S0, q[:, 0], v[:, 0])
+    for t in range(T):
+        if t % segment == 0:
+            checkpoints[t // segment] = S
+        S = decay_state(S, gate(t)) + k[:, t, :, :, None] * v[:, t, :, None, :]
+
+    # Pass 2 (backward), segment by segment from the last.
+    dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    dg = None if g is None else xp.empty(g.shape, q.dtype)
+    Sbar = xp.zeros_like(checkpoints[0]) if dS is None else dS
+    states = xp.empty((segment + 1, B, H, K, V), q.dtype)   # states[i] = S_{t0 + i - 1} (1-based S_t)
+    for s in reversed(range(n_segments)):
+        t0, t1 = s * segment, min(T, (s + 1) * segment)
+        states[0] = checkpoints[s]
+        for t in range(t0, t1):                              # recompute this segment's states
+            states[t - t0 + 1] = decay_state(states[t - t0], gate(t)) + k[:, t, :, :, None] * v[:, t, :, None, :]
+        for t in reversed(range(t0, t1)):
+            S_t, S_prev = states[t - t0 + 1], states[t - t0]
+            Sbar = Sbar + q[:, t, :, :, None] * do[:, t, :, None, :]       # + q_t do_t^T: Sbar is now dL/dS_t
+            dq[:, t] = (S_t @ do[:, t, :, :, None])[..., 0]                # S_t do_t
+            dk[:, t] = (Sbar @ v[:, t, :, :, None])[..., 0]                # Sbar_t v_t
+            dv[:, t] = (k[:, t, :, None, :] @ Sbar)[..., 0, :]             # Sbar_t^T k_t
+            if g is not None:
+                per_key = (Sbar * decay_state(S_prev, gate(t))).sum(-1)    # sum_v Sbar_t * exp(g_t) S_{t-1}
+                dg[:, t] = per_key if per_channel else per_key.sum(-1)
+                Sbar = decay_state(Sbar, gate(t))                          # D_t Sbar_t
+    return dq, dk, dv, dg, (None if S0 is None else Sbar)
+
+
+def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
+    """The chunked form's backward, chunk-parallel like `chunked`: (dq, dk, dv, dg, dS0).
+
+    The forward, per chunk n (C tokens, G the chunk-local cumulative gate, G_C its last entry, S_n the
+    state entering the chunk), in the order it computes:
+        A       = gated_gram(q, k, G)            A_ij = sum_k q_ik k_jk exp(G_ik - G_jk), j <= i
+        Kd      = k * exp(G_C - G)               the keys decayed to the chunk's end
+        S_{n+1} = exp(G_C) S_n + Kd^T v          (`pass_states`; Kd^T v is what the chunk writes)
+        Qd      = q * exp(G)                     the queries decayed from the chunk's start
+        o       = A v + Qd S_n
+    The backward walks this list bottom-up; each step is the chain rule through one line.
+
+    Step 0, recompute: the chunk-boundary states S_n (one `pass_states`, N steps) and A. Nothing of
+    size T x K x V is stored.
+
+    Step 1, the output o = A v + Qd S_n. A product Y = X Z has dX = dY Z^T and dZ = X^T dY, so
+        dA = do v^T,      dv = A^T do,      dQd = do S_n^T,      dS_n|read = Qd^T do
+    and through the row decay Qd = q * exp(G):  dq = dQd * exp(G).
+
+    Step 2, the state pass backwards (`pass_states_backward`), the only sequential part:
+        Sbar_N = dS,    Sbar_n = dS_n|read + exp(G_C) Sbar_{n+1},    dS0 = Sbar_0,
+    and the cotangent of what chunk n writes is Sbar_{n+1} (written dW_n below).
+
+    Step 3, the write Kd^T v:
+        dKd = v dW_n^T,   dv += Kd dW_n,   and through Kd = k * exp(G_C - G):  dk = dKd * exp(G_C - G).
+
+    Step 4, the Gram matrix (`gated_gram_backward`): dq += dA-weighted decayed keys, dk += the queries'.
+
+    Step 5, the gate, without one exponential more. By the rule of `chunking.gate_terms`, each use of
+    G_i is a row scaled by exp(+G_i) (q_i, in A and in Qd) or by exp(-G_i) (k_i, in A and in Kd), and
+    contributes +-(row . its cotangent); the total cotangents dq, dk of steps 1-4 sum all the uses:
+        dG_i = q_i dq_i - k_i dk_i        (per channel; summed over K for a scalar gate)
+    The chunk's total decay G_C enters once more, as a factor of every term of
+    S_{n+1} = exp(G_C) S_n + sum_j exp(G_C - G_j) k_j v_j^T, so d S_{n+1} / d G_C = S_{n+1} and
+        dG_C += sum_v Sbar_{n+1} * S_{n+1}          (summed over K too for a scalar gate).
+    Finally G_i = g_1 + ... + g_i inside the chunk, so g_j reaches every G_i with i >= j:
+        dg_j = sum_{i >= j in the chunk} dG_i,
+    a reverse cumulative sum of per-token terms, never a difference of large exponentials.
+
+    Cost: 10 batched matrix products per chunk against the forward's 4, and a loop of N, not T, steps.
+    """
+    T = q.shape[1]
+    xp = array_module(q)
+    qc, kc, doc = (to_chunks(x, chunk_size) for x in (q, k, do))           # [B, H, N, C, .]
+    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
+    G_last = None if G is None else G[:, :, :, -1]
+    to_end = None if G is None else G_last[:, :, :, None] - G              # G_C - G_i <= 0
+    # Orientation, for speed only. NumPy multiplies a swapped view at nearly full speed on the left of @
+    # but about ten times slower on the right, so every product X Y^T wants Y^T as a contiguous array.
+    # v is only ever needed as v^T (in W^T = v^T Kd, dA = do v^T, dKd^T = dW v^T): chunk it transposed.
+    v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]
+
+    # Step 0: recompute the chunk-boundary states and the intra-chunk matrix. The writes come out of
+    # the product as W^T; `pass_states` reads them through a swapped view and (empty_like keeps the
+    # layout) stores S_in with the same memory order, so S_in^T, needed in step 1, is contiguous as it is.
+    k_to_end = decay_rows(kc, to_end)
+    S_in, S_final = pass_states((v_T @ k_to_end).swapaxes(-1, -2), G_last, S0)
+    A = gated_gram(qc, kc, G)
+
+    # Step 1: o = A v + Qd S_n.
+    dA = doc @ v_T
+    dv = A.swapaxes(-1, -2) @ doc
+    dq = decay_rows(doc @ transposed(S_in), G)                   # dQd * exp(G); S_in^T: no copy (above)
+    dS_read = decay_rows(qc, G).swapaxes(-1, -2) @ doc           # Qd^T do
+
+    # Step 2: the state pass, backwards.
+    dW, dS0 = pass_states_backward(dS_read, G_last, dS)
+
+    # Step 3: the write Kd^T v. dKd = v dW^T is formed transposed, dKd^T = dW v^T, so that no copy of
+    # dW^T is needed; the decay below reads it through a swapped view and writes dk contiguous.
+    dk = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)         # dKd * exp(G_C - G)
+    dv += k_to_end @ dW
+
+    # Step 4: the Gram matrix.
+    dq_A, dk_A = gated_gram_backward(dA, qc, kc, G)
+    dq += dq_A
+    dk = dk + dk_A
+
+    # Step 5: the gate.
+    dg = None
+    if G is not None:
+        dG = gate_terms(qc, dq, G) - gate_terms(kc, dk, G)
+        # sum_v Sbar_{n+1} * S_{n+1}: the state leaving chunk n is S_in[n + 1], or S_final for the last.
+        chunk_end = xp.concatenate([(dW[:, :, :-1] * S_in[:, :, 1:]).sum(-1), (dW[:, :, -1] * S_final).sum(-1)[:, :, None]], axis=2)
+        dG[:, :, :, -1] += chunk_end if G.ndim == 5 else chunk_end.sum(-1)
+        dg = from_chunks(reverse_cumsum(dG, 3), T)
+    return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dg,
+            None if S0 is None else dS0)
+
+
+def parallel_backward(q, k, v, g, S0, do, dS):
+    """The backward of `parallel`: the chunked backward with one chunk of T tokens."""
+    return chunked_backward(q, k, v, g, S0, do, dS, max(q.shape[1], 1))
