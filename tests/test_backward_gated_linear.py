@@ -207,3 +207,129 @@ def test_to_chunks_transposed_and_reverse_cumsum(rng):
     assert np.array_equal(chunking.to_chunks_transposed(x, 16), chunking.transposed(chunking.to_chunks(x, 16)))
     a = rng.standard_normal((3, 7))
     assert np.allclose(chunking.reverse_cumsum(a, 1), np.cumsum(a[:, ::-1], 1)[:, ::-1], rtol=1e-14)
+
+
+# ---- the public modules: each mixer's own mapping and parameters ---------------------------------------
+
+def public_case(rng, name, B=2, T=7, H=2, K=3, V=4):
+    """(module, positional arrays, array keywords, other keywords) for one mixer, every optional array
+    given, each in its valid range with room for the finite-difference steps."""
+    from minilin import catalog
+    mod = catalog.module(name)
+    normal = rng.standard_normal
+    S0 = normal((B, H, K, V))
+    if name == "simple_gla":
+        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H))], {"initial_state": S0}, {}
+    if name == "gla":
+        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H, K))], {"initial_state": S0}, {}
+    if name == "hgrn2":
+        return mod, [normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H, K))], {"initial_state": S0}, {}
+    if name == "retnet":
+        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V))], {"gamma": rng.uniform(0.5, 0.95, H), "initial_state": S0}, {}
+    if name == "lightning":
+        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V))], {"slope": rng.uniform(0.1, 1.0, H), "initial_state": S0}, {}
+    if name == "mamba2":
+        return mod, [normal((B, T, H, V)), rng.uniform(0.1, 0.5, (B, T, H)), rng.uniform(-2.0, -0.5, H), normal((B, T, H, K)), normal((B, T, H, K)), normal(H)], {"initial_state": S0}, {}
+    if name == "linear_attention":
+        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V))], {"initial_state": S0}, {"feature_map": "elu+1"}
+    if name == "rwkv6":
+        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H, K)), normal((H, K))], {"initial_state": S0}, {}
+    raise KeyError(name)
+
+
+def assert_public_backward_matches_fd(rng, mod, args, arrays, options, form, chunk_size=3):
+    """The public `<form>_backward` against central differences of the public `recurrent` (the definition),
+    every array input (positional and keyword) moved at once and alone."""
+    names = [t.name for t in mod.SIGNATURE.inputs][:len(args)] + list(arrays)
+    o, S = mod.recurrent(*args, **arrays, **options)
+    do, dstate = rng.standard_normal(o.shape), rng.standard_normal(S.shape)
+    extra = {"chunk_size": chunk_size} if form == "chunked" else {}
+    grads = getattr(mod, f"{form}_backward")(*args, do=do, dstate=dstate, **arrays, **options, **extra)
+    fields = grads._asdict()
+    got = [fields["d" + n] for n in names[:len(args)]] + [fields["d" + n] for n in arrays]
+
+    def loss(inputs):
+        o, S = mod.recurrent(*inputs[:len(args)], **dict(zip(arrays, inputs[len(args):])), **options)
+        return float((o * do).sum() + (S * dstate).sum())
+
+    assert_matches_fd(loss, list(args) + list(arrays.values()), got, rng, names)
+    return grads
+
+
+MIXERS = ["simple_gla", "gla", "hgrn2", "retnet", "lightning", "mamba2", "linear_attention"]
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked", "parallel"])
+@pytest.mark.parametrize("name", MIXERS)
+def test_public_backward_matches_finite_differences(rng, name, form):
+    """Every array a mixer takes (its own parameters included: gamma, slope, dt, A, D, u) through the
+    mixer's mapping onto the engine; T = 7 with chunks of 3, K != V, an initial state and dstate."""
+    mod, args, arrays, options = public_case(rng, name)
+    assert_public_backward_matches_fd(rng, mod, args, arrays, options, form)
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+@pytest.mark.parametrize("feature_map, normalize", [
+    ("identity", False), ("elu+1", False), ("elu+1", True), ("relu", False), ("relu", True), ("favor+", False),
+    ("favor+", True)])
+def test_linear_attention_backward_through_feature_maps_and_the_normalizer(rng, feature_map, normalize, form):
+    from minilin import feature_maps
+    from minilin.mixers import linear_attention
+    B, T, H, K, V = 1, 6, 2, 3, 4
+    phi = feature_maps.FavorPlus(5, seed=3) if feature_map == "favor+" else feature_map  # F = 5 != K
+    q, k, v = rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, V))
+    F = 5 if feature_map == "favor+" else K
+    S0 = np.abs(rng.standard_normal((B, H, F, V + normalize))) + 0.1 * normalize  # a positive normalizer column
+    grads = assert_public_backward_matches_fd(rng, linear_attention, [q, k, v], {"initial_state": S0},
+                                              {"feature_map": phi, "normalize": normalize}, form)
+    assert grads.dinitial_state.shape == S0.shape
+
+
+def test_defaults_have_no_gradient_and_gradients_keep_float32(rng):
+    """gamma, slope, D, initial_state not given: their fields are None. float32 in, float32 out."""
+    from minilin.mixers import lightning, mamba2, retnet
+    q, k, v = (rng.standard_normal((1, 5, 2, 3)).astype(np.float32) for _ in range(3))
+    do = rng.standard_normal((1, 5, 2, 3)).astype(np.float32)
+    for mod in (retnet, lightning):
+        grads = mod.chunked_backward(q, k, v, do=do, chunk_size=2)
+        assert grads[3] is None and grads.dinitial_state is None
+        assert all(g.dtype == np.float32 for g in grads[:3])
+    x, B_in, C_out = q, k, v
+    dt, A = rng.uniform(0.1, 0.5, (1, 5, 2)).astype(np.float32), -rng.uniform(0.5, 2, 2).astype(np.float32)
+    grads = mamba2.chunked_backward(x, dt, A, B_in, C_out, do=do, chunk_size=2)
+    assert grads.dD is None and grads.dinitial_state is None
+    assert all(g.dtype == np.float32 for g in grads[:5])
+
+
+def test_mamba2_without_D_matches_finite_differences(rng):
+    mod, args, arrays, options = public_case(rng, "mamba2")
+    grads = assert_public_backward_matches_fd(rng, mod, args[:5], arrays, options, "chunked")
+    assert grads.dD is None
+
+
+def test_feature_map_without_a_backward_is_a_type_error(rng):
+    from minilin.mixers import linear_attention
+    q = rng.standard_normal((1, 4, 1, 3))
+    with pytest.raises(TypeError, match="feature_map: expected a map with a backward"):
+        linear_attention.chunked_backward(q, q, q, do=q, feature_map=lambda x: x * x)
+
+    def square(x):
+        return x * x
+    square.backward = lambda x, dphi: 2 * x * dphi   # a user's map that brings its backward
+    grads = linear_attention.recurrent_backward(q, q, q, do=q, feature_map=square)
+    assert np.isfinite(grads.dq).all()
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_bad_cotangents_are_named(rng, name):
+    mod, args, arrays, options = public_case(rng, name, B=1, T=4)
+    o, S = mod.recurrent(*args, **arrays, **options)
+    backward = mod.chunked_backward
+    with pytest.raises(TypeError, match="do: expected an array"):
+        backward(*args, do=None, **arrays, **options)
+    with pytest.raises(ValueError, match=r"do: expected shape"):
+        backward(*args, do=o[:, :-1], **arrays, **options)
+    with pytest.raises(ValueError, match=r"do: expected finite"):
+        backward(*args, do=np.full_like(o, np.nan), **arrays, **options)
+    with pytest.raises(ValueError, match=r"dstate: expected shape"):
+        backward(*args, do=o, dstate=S[..., :-1], **arrays, **options)

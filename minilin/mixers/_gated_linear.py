@@ -69,6 +69,44 @@ def parallel(q, k, v, g, S0):
     return chunked(q, k, v, g, S0, max(q.shape[1], 1))
 
 
+def states_backwards(k, v, g, S0):
+    """The states of S_t = D_t S_{t-1} + k_t v_t^T in reverse: yields (t, S_{t-1}, S_t) for t = T-1, ..., 0
+    (0-based t; S_{-1} = S0, zeros when None). k [B, T, H, K], v [B, T, H, V], g None / [B, T, H] /
+    [B, T, H, K]. The yielded arrays are views into a buffer that the next segment overwrites.
+
+    What it stores and recomputes. A backward pass needs the forward states while walking backwards,
+    and S_{t-1} cannot be recovered from S_t: undoing the decay divides by exp(g_t), which overflows for
+    strong gates. Storing every S_t costs T K V numbers per head (268 MB at B=1, H=4, T=4096, K=V=64 in
+    float32). Instead a first forward pass keeps the state at the start of every segment of
+    c = ceil(sqrt(T)) tokens (checkpoints); walking backwards, each segment's c states are recomputed
+    from its checkpoint, used, and dropped. Memory is O(sqrt(T) K V), at the price of one extra forward
+    pass: the classic sqrt(T) checkpointing of backpropagation through time.
+    """
+    xp = array_module(k)
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    segment = math.isqrt(T - 1) + 1 if T > 1 else 1          # ceil(sqrt(T))
+    n_segments = -(-T // segment)
+
+    def advance(S, t):
+        return decay_state(S, None if g is None else g[:, t]) + k[:, t, :, :, None] * v[:, t, :, None, :]
+
+    checkpoints = xp.empty((n_segments, B, H, K, V), k.dtype)  # the state entering each segment
+    S = state_or_zeros(S0, k[:, 0], v[:, 0])
+    for t in range(T):
+        if t % segment == 0:
+            checkpoints[t // segment] = S
+        S = advance(S, t)
+    states = xp.empty((segment + 1, B, H, K, V), k.dtype)      # states[i] = S_{t0 + i - 1}
+    for s in reversed(range(n_segments)):
+        t0, t1 = s * segment, min(T, (s + 1) * segment)
+        states[0] = checkpoints[s]
+        for t in range(t0, t1):
+            states[t - t0 + 1] = advance(states[t - t0], t)
+        for t in reversed(range(t0, t1)):
+            yield t, states[t - t0], states[t - t0 + 1]
+
+
 def recurrent_backward(q, k, v, g, S0, do, dS):
     """The definition run backwards: (dq, dk, dv, dg, dS0) of L = sum_t <do_t, o_t> + <dS, S_T>.
 
@@ -88,53 +126,22 @@ def recurrent_backward(q, k, v, g, S0, do, dS):
         S_0 = S0                            ->  dS0  = D_1 Sbar_1
     The gate's gradient needs no exponential beyond the forward's exp(g_t) <= 1.
 
-    What it stores and recomputes. Steps 1-2 need the forward states S_t while walking backwards, and
-    S_{t-1} cannot be recovered from S_t (undoing the decay divides by exp(g_t), which overflows for
-    strong gates). Storing every S_t costs T K V numbers per head (268 MB at B=1, H=4, T=4096,
-    K=V=64 in float32). Instead, a first forward pass keeps the state at the start of every segment of
-    c = ceil(sqrt(T)) tokens (checkpoints); walking backwards, each segment's c states are recomputed from
-    its checkpoint, used, and dropped. Memory is O(sqrt(T) K V) (two buffers of about sqrt(T) states),
-    at the price of one extra forward pass: the classic sqrt(T) checkpointing of backpropagation
-    through time.
+    The forward states come from `states_backwards`: sqrt(T) checkpoints, each segment recomputed once.
     """
     xp = array_module(q)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
     per_channel = g is not None and g.ndim == 4
-    segment = math.isqrt(T - 1) + 1 if T > 1 else 1         # ceil(sqrt(T))
-    n_segments = -(-T // segment)
-
-    def gate(t):
-        return None if g is None else g[:, t]
-
-    # Pass 1 (forward): the state entering each segment.
-    checkpoints = xp.empty((n_segments, B, H, K, V), q.dtype)
-    S = state_or_zeros(S0, q[:, 0], v[:, 0])
-    for t in range(T):
-        if t % segment == 0:
-            checkpoints[t // segment] = S
-        S = decay_state(S, gate(t)) + k[:, t, :, :, None] * v[:, t, :, None, :]
-
-    # Pass 2 (backward), segment by segment from the last.
     dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
     dg = None if g is None else xp.empty(g.shape, q.dtype)
-    Sbar = xp.zeros_like(checkpoints[0]) if dS is None else dS
-    states = xp.empty((segment + 1, B, H, K, V), q.dtype)   # states[i] = S_{t0 + i - 1} (1-based S_t)
-    for s in reversed(range(n_segments)):
-        t0, t1 = s * segment, min(T, (s + 1) * segment)
-        states[0] = checkpoints[s]
-        for t in range(t0, t1):                              # recompute this segment's states
-            states[t - t0 + 1] = decay_state(states[t - t0], gate(t)) + k[:, t, :, :, None] * v[:, t, :, None, :]
-        for t in reversed(range(t0, t1)):
-            S_t, S_prev = states[t - t0 + 1], states[t - t0]
-            Sbar = Sbar + q[:, t, :, :, None] * do[:, t, :, None, :]       # + q_t do_t^T: Sbar is now dL/dS_t
-            dq[:, t] = (S_t @ do[:, t, :, :, None])[..., 0]                # S_t do_t
-            dk[:, t] = (Sbar @ v[:, t, :, :, None])[..., 0]                # Sbar_t v_t
-            dv[:, t] = (k[:, t, :, None, :] @ Sbar)[..., 0, :]             # Sbar_t^T k_t
-            if g is not None:
-                per_key = (Sbar * decay_state(S_prev, gate(t))).sum(-1)    # sum_v Sbar_t * exp(g_t) S_{t-1}
-                dg[:, t] = per_key if per_channel else per_key.sum(-1)
-                Sbar = decay_state(Sbar, gate(t))                          # D_t Sbar_t
+    Sbar = xp.zeros(q.shape[:1] + q.shape[2:] + v.shape[-1:], q.dtype) if dS is None else dS
+    for t, S_prev, S_t in states_backwards(k, v, g, S0):
+        Sbar = Sbar + q[:, t, :, :, None] * do[:, t, :, None, :]       # + q_t do_t^T: Sbar is now dL/dS_t
+        dq[:, t] = (S_t @ do[:, t, :, :, None])[..., 0]                # S_t do_t
+        dk[:, t] = (Sbar @ v[:, t, :, :, None])[..., 0]                # Sbar_t v_t
+        dv[:, t] = (k[:, t, :, None, :] @ Sbar)[..., 0, :]             # Sbar_t^T k_t
+        if g is not None:
+            per_key = (Sbar * decay_state(S_prev, g[:, t])).sum(-1)    # sum_v Sbar_t * exp(g_t) S_{t-1}
+            dg[:, t] = per_key if per_channel else per_key.sum(-1)
+            Sbar = decay_state(Sbar, g[:, t])                          # D_t Sbar_t
     return dq, dk, dv, dg, (None if S0 is None else Sbar)
 
 
@@ -231,3 +238,13 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
 def parallel_backward(q, k, v, g, S0, do, dS):
     """The backward of `parallel`: the chunked backward with one chunk of T tokens."""
     return chunked_backward(q, k, v, g, S0, do, dS, max(q.shape[1], 1))
+
+
+def backward(form: str, q, k, v, g, S0, do, dS, chunk_size: int | None = None):
+    """The backward of one form by name, for the public modules: "recurrent", "chunked" (with chunk_size)
+    or "parallel". All three return the same gradients; they differ in how (see each)."""
+    if form == "recurrent":
+        return recurrent_backward(q, k, v, g, S0, do, dS)
+    if form == "parallel":
+        return parallel_backward(q, k, v, g, S0, do, dS)
+    return chunked_backward(q, k, v, g, S0, do, dS, chunk_size)
