@@ -302,7 +302,7 @@ def gate_terms(x, dx, G):
     return array_module(x).einsum("...k,...k->...", x, dx)  # the row dot products, without an x * dx temporary
 
 
-def gated_gram_backward(dA, x, y, G, *, strict: bool = False):
+def gated_gram_backward(dA, x, y, G, *, strict: bool = False, decay=None):
     """The backward of `gated_gram`: (dx, dy) from dA [..., C, C], the cotangent of A.
 
     Forward, with m_ij = 1 where j <= i (j < i when strict), else 0:
@@ -320,14 +320,22 @@ def gated_gram_backward(dA, x, y, G, *, strict: bool = False):
     (with stacked x, sum gate_terms(x, dx, G) over the extra axes first).
 
     x may carry extra leading axes (several Grams sharing y and G): dx keeps them, dy sums them away.
+    decay: P itself, [..., C, C], for no gate or a scalar one, when the caller has built it already
+    (`gram_decay`); None builds it here.
     """
     xp = array_module(x)
     if G is not None and G.ndim == y.ndim:
         return _channel_gram_backward(dA, x, y, G, strict)
-    C = x.shape[-2]
-    M = dA * (causal_mask(C, xp, strict=strict) if G is None else decay_matrix(G, strict=strict))
+    M = dA * (gram_decay(G, x.shape[-2], xp, strict=strict) if decay is None else decay)
     # M^T as the left operand: NumPy multiplies a swapped view on the left at nearly full speed.
     return M @ y, sum_to_leading(M.swapaxes(-1, -2) @ x, y.ndim)
+
+
+def gram_decay(G, C: int, xp, *, strict: bool = False):
+    """P_ij = m_ij exp(G_i - G_j), the mask and decay of `gated_gram` as one [..., C, C] matrix, for no gate
+    (the causal mask alone, [C, C] boolean) or a scalar one (`decay_matrix`); so that with
+    P = gram_decay(G, C, xp), gated_gram(x, y, G) = (x @ y^T) * P."""
+    return causal_mask(C, xp, strict=strict) if G is None else decay_matrix(G, strict=strict)
 
 
 def _channel_gram_backward(dA, x, y, G, strict):

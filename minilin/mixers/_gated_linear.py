@@ -20,7 +20,7 @@ import math
 
 from ..backend import array_module
 from ..chunking import (decay_rows, decay_state, from_chunks, gate_terms, gated_gram, gated_gram_backward,
-                        local_cumsum, pass_states, pass_states_backward, reverse_cumsum, state_or_zeros,
+                        gram_decay, local_cumsum, pass_states, pass_states_backward, reverse_cumsum, state_or_zeros,
                         to_chunks, to_chunks_transposed, transposed)
 
 
@@ -149,32 +149,34 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     """The chunked form's backward, chunk-parallel like `chunked`: (dq, dk, dv, dg, dS0).
 
     The forward, per chunk n (C tokens, G the chunk-local cumulative gate, G_C its last entry, S_n the
-    state entering the chunk), in the order it computes:
-        A       = gated_gram(q, k, G)            A_ij = sum_k q_ik k_jk exp(G_ik - G_jk), j <= i
+    state entering the chunk):
         Kd      = k * exp(G_C - G)               the keys decayed to the chunk's end
-        S_{n+1} = exp(G_C) S_n + Kd^T v          (`pass_states`; Kd^T v is what the chunk writes)
+        S_{n+1} = exp(G_C) S_n + Kd^T v          (`pass_states`; W_n = Kd^T v is what the chunk writes)
         Qd      = q * exp(G)                     the queries decayed from the chunk's start
-        o       = A v + Qd S_n
-    The backward walks this list bottom-up; each step is the chain rule through one line.
+        A       = gated_gram(q, k, G)            A_ij = sum_k q_ik k_jk exp(G_ik - G_jk), j <= i
+        o       = Qd S_n + A v
+    Each step below is the chain rule through one of these lines, using for a product Y = X Z that
+    dX = dY Z^T and dZ = X^T dY, and for a row decay y = x * exp(G) that dx = dy * exp(G).
 
-    Step 0, recompute: the chunk-boundary states S_n (one `pass_states`, N steps) and A. Nothing of
-    size T x K x V is stored.
+    Step 0, recompute the chunk-boundary states S_n (one `pass_states`, N steps). Nothing of size
+    T x K x V is stored by the forward or kept here.
 
-    Step 1, the output o = A v + Qd S_n. A product Y = X Z has dX = dY Z^T and dZ = X^T dY, so
-        dA = do v^T,      dv = A^T do,      dQd = do S_n^T,      dS_n|read = Qd^T do
-    and through the row decay Qd = q * exp(G):  dq = dQd * exp(G).
+    Step 1, the state read o = Qd S_n + ...:
+        dQd = do S_n^T,  dq = dQd * exp(G),      dS_n|read = Qd^T do   (what reading S_n adds to its adjoint)
 
     Step 2, the state pass backwards (`pass_states_backward`), the only sequential part:
         Sbar_N = dS,    Sbar_n = dS_n|read + exp(G_C) Sbar_{n+1},    dS0 = Sbar_0,
-    and the cotangent of what chunk n writes is Sbar_{n+1} (written dW_n below).
+    and the cotangent of what chunk n writes is dW_n = Sbar_{n+1}.
 
-    Step 3, the write Kd^T v:
-        dKd = v dW_n^T,   dv += Kd dW_n,   and through Kd = k * exp(G_C - G):  dk = dKd * exp(G_C - G).
+    Step 3, the write W_n = Kd^T v:
+        dKd = v dW_n^T,  dk = dKd * exp(G_C - G),      dv = Kd dW_n
 
-    Step 4, the Gram matrix (`gated_gram_backward`): dq += dA-weighted decayed keys, dk += the queries'.
+    Step 4, the intra-chunk part o = ... + A v (A recomputed):
+        dv += A^T do,    dA = do v^T,    then A's backward (`chunking.gated_gram_backward`):
+        dq += (dA * P) k,  dk += (dA * P)^T q   with P_ij = exp(G_i - G_j), j <= i (per channel in blocks)
 
     Step 5, the gate, without one exponential more. By the rule of `chunking.gate_terms`, each use of
-    G_i is a row scaled by exp(+G_i) (q_i, in A and in Qd) or by exp(-G_i) (k_i, in A and in Kd), and
+    G_i is a row scaled by exp(+G_i) (q_i, in Qd and in A) or by exp(-G_i) (k_i, in Kd and in A), and
     contributes +-(row . its cotangent); the total cotangents dq, dk of steps 1-4 sum all the uses:
         dG_i = q_i dq_i - k_i dk_i        (per channel; summed over K for a scalar gate)
     The chunk's total decay G_C enters once more, as a factor of every term of
@@ -184,7 +186,8 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
         dg_j = sum_{i >= j in the chunk} dG_i,
     a reverse cumulative sum of per-token terms, never a difference of large exponentials.
 
-    Cost: 10 batched matrix products per chunk against the forward's 4, and a loop of N, not T, steps.
+    Cost: 10 batched matrix products against the forward's 4 (the recomputed W and A included), and a
+    loop of N, not T, steps each way.
     """
     T = q.shape[1]
     xp = array_module(q)
@@ -197,39 +200,65 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     # v is only ever needed as v^T (in W^T = v^T Kd, dA = do v^T, dKd^T = dW v^T): chunk it transposed.
     v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]
 
-    # Step 0: recompute the chunk-boundary states and the intra-chunk matrix. The writes come out of
-    # the product as W^T; `pass_states` reads them through a swapped view and (empty_like keeps the
-    # layout) stores S_in with the same memory order, so S_in^T, needed in step 1, is contiguous as it is.
+    # Memory, for speed only: `del` drops an array as soon as it is dead, so that the next ones reuse its
+    # memory; fresh memory from the system costs page faults, here about as much as the arithmetic.
+
+    # Step 0: recompute the chunk-boundary states. The writes come out of the product as W^T;
+    # `pass_states` reads them through a swapped view and (empty_like keeps the layout) stores S_in with
+    # the same memory order, so S_in^T, needed in step 1, is contiguous as it is.
     k_to_end = decay_rows(kc, to_end)
     S_in, S_final = pass_states((v_T @ k_to_end).swapaxes(-1, -2), G_last, S0)
-    A = gated_gram(qc, kc, G)
 
-    # Step 1: o = A v + Qd S_n.
-    dA = doc @ v_T
-    dv = A.swapaxes(-1, -2) @ doc
-    dq = decay_rows(doc @ transposed(S_in), G)                   # dQd * exp(G); S_in^T: no copy (above)
-    dS_read = decay_rows(qc, G).swapaxes(-1, -2) @ doc           # Qd^T do
+    # Step 1, the state read Qd S_n (the intra-chunk part A v follows in step 4). S_in^T: no copy (above).
+    scalar_gate = G is None or G.ndim == 4
+    if scalar_gate:
+        # One decay per row commutes with the products: exp(G_i) (do_i S_n^T) = (exp(G_i) do_i) S_n^T and
+        # Qd^T do = q^T (exp(G) do), so both take do decayed once.
+        do_decayed = decay_rows(doc, G)
+        dq = do_decayed @ transposed(S_in)                       # dQd * exp(G)
+        dS_read = qc.swapaxes(-1, -2) @ do_decayed               # Qd^T do
+        del do_decayed
+    else:
+        dq = decay_rows(doc @ transposed(S_in), G)
+        dS_read = decay_rows(qc, G).swapaxes(-1, -2) @ doc
 
     # Step 2: the state pass, backwards.
     dW, dS0 = pass_states_backward(dS_read, G_last, dS)
+    del dS_read
 
     # Step 3: the write Kd^T v. dKd = v dW^T is formed transposed, dKd^T = dW v^T, so that no copy of
     # dW^T is needed; the decay below reads it through a swapped view and writes dk contiguous.
-    dk = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)         # dKd * exp(G_C - G)
-    dv += k_to_end @ dW
+    dk_write = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)   # dKd * exp(G_C - G)
+    dv = k_to_end @ dW
+    del k_to_end
 
-    # Step 4: the Gram matrix.
-    dq_A, dk_A = gated_gram_backward(dA, qc, kc, G)
+    # Step 4: the intra-chunk part A v: recompute A; dv += A^T do; dA = do v^T; A's backward.
+    if scalar_gate:
+        # No gate or a scalar one: the mask-and-decay matrix P is one [C, C] per chunk, built once here
+        # for A = (q k^T) * P and used again by the Gram's backward.
+        P = gram_decay(G, chunk_size, xp)
+        A = qc @ transposed(kc)
+        A *= P
+    else:
+        P = None
+        A = gated_gram(qc, kc, G)
+    dv += A.swapaxes(-1, -2) @ doc
+    del A
+    dq_A, dk = gated_gram_backward(doc @ v_T, qc, kc, G, decay=P)
+    del P
     dq += dq_A
-    dk = dk + dk_A
+    dk += dk_write
+    del dq_A, dk_write
 
     # Step 5: the gate.
     dg = None
     if G is not None:
         dG = gate_terms(qc, dq, G) - gate_terms(kc, dk, G)
         # sum_v Sbar_{n+1} * S_{n+1}: the state leaving chunk n is S_in[n + 1], or S_final for the last.
-        chunk_end = xp.concatenate([(dW[:, :, :-1] * S_in[:, :, 1:]).sum(-1), (dW[:, :, -1] * S_final).sum(-1)[:, :, None]], axis=2)
-        dG[:, :, :, -1] += chunk_end if G.ndim == 5 else chunk_end.sum(-1)
+        summed = "...kv,...kv->...k" if G.ndim == 5 else "...kv,...kv->..."   # per channel: keep k
+        chunk_end = xp.concatenate([xp.einsum(summed, dW[:, :, :-1], S_in[:, :, 1:]),
+                                    xp.einsum(summed, dW[:, :, -1:], S_final[:, :, None])], axis=2)
+        dG[:, :, :, -1] += chunk_end
         dg = from_chunks(reverse_cumsum(dG, 3), T)
     return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dg,
             None if S0 is None else dS0)

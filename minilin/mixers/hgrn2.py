@@ -73,7 +73,9 @@ def _backward(form, q, v, g, scale, initial_state, do, dstate, chunk_size=None):
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
     C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, k, a.v, a.g, a.state, do, dstate, C)
-    return SIGNATURE.gradients("hgrn2")(dq * scale, dv, dg - dk * a.xp.exp(a.g), dS0)
+    dq *= scale  # the engine's dq and dg are fresh arrays
+    dg -= dk * a.xp.exp(a.g)
+    return SIGNATURE.gradients("hgrn2")(dq, dv, dg, dS0)
 
 
 def recurrent_backward(q, v, g, *, do, dstate=None, scale=None, initial_state=None):

@@ -113,7 +113,8 @@ def _backward(form, q, k, v, slope, scale, initial_state, do, dstate, chunk_size
     q = a.q * scale
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, q, a.k, a.v, _log_gate(q, slope), a.state, do, dstate, C)
     dslope = None if a.slope is None else -dg.sum(axis=(0, 1))
-    return SIGNATURE.gradients("lightning")(dq * scale, dk, dv, dslope, dS0)
+    dq *= scale  # the engine's dq is a fresh array
+    return SIGNATURE.gradients("lightning")(dq, dk, dv, dslope, dS0)
 
 
 def recurrent_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, initial_state=None):

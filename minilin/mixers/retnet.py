@@ -84,7 +84,8 @@ def _backward(form, q, k, v, gamma, scale, initial_state, do, dstate, chunk_size
     C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, a.k, a.v, g, a.state, do, dstate, C)
     dgamma = None if a.gamma is None else dg.sum(axis=(0, 1)) / a.gamma
-    return SIGNATURE.gradients("retnet")(dq * scale, dk, dv, dgamma, dS0)
+    dq *= scale  # the engine's dq is a fresh array
+    return SIGNATURE.gradients("retnet")(dq, dk, dv, dgamma, dS0)
 
 
 def recurrent_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial_state=None):

@@ -63,7 +63,8 @@ def _backward(form, q, k, v, g, scale, initial_state, do, dstate, chunk_size=Non
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
     C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, a.k, a.v, a.g, a.state, do, dstate, C)
-    return SIGNATURE.gradients("simple_gla")(dq * scale, dk, dv, dg, dS0)
+    dq *= scale  # the engine's dq is a fresh array
+    return SIGNATURE.gradients("simple_gla")(dq, dk, dv, dg, dS0)
 
 
 def recurrent_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None):
