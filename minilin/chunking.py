@@ -368,14 +368,15 @@ def _channel_gram_backward(dA, x, y, G, strict):
     xs, ys, Gs = (a.reshape(*a.shape[:-2], ns, c, K) for a in (x, y, G))
     dblocks = xp.moveaxis(dA.reshape(*dA.shape[:-2], ns, c, ns, c), -3, -2)  # [..., a, b, c(i), c(j)]
 
-    # Diagonal sub-blocks: D [..., s, c(i), c(j), K], as in the forward.
-    diff = Gs[..., :, None, :] - Gs[..., None, :, :]
-    inside = causal_mask(c, xp, strict=strict)[..., None]
-    decay = xp.exp(xp.where(inside, diff, -xp.inf))
+    # Diagonal sub-blocks: exp(G_i - G_j) [..., s, c(i), c(j), K] as in the forward, built in place; above
+    # the diagonal G_i - G_j >= 0 is clamped to 0 before exp, and the mask goes on dA's blocks instead.
+    decay = Gs[..., :, None, :] - Gs[..., None, :, :]
+    xp.minimum(decay, 0, out=decay)
+    xp.exp(decay, out=decay)
     s = xp.arange(ns)
-    dA_D = dblocks[..., s, s, :, :][..., None] * decay                      # dA_ij D_ijk
-    dxs = (dA_D * ys[..., :, None, :, :]).sum(-2)                           # sum over j
-    dys = sum_to_leading((dA_D * xs[..., :, :, None, :]).sum(-3), ys.ndim)  # sum over i
+    dA_diag = dblocks[..., s, s, :, :] * causal_mask(c, xp, strict=strict)   # dA_ij m_ij, [..., s, c, c]
+    dxs = xp.einsum("...ij,...ijk,...jk->...ik", dA_diag, decay, ys)        # sum over j
+    dys = sum_to_leading(xp.einsum("...ij,...ijk,...ik->...jk", dA_diag, decay, xs), ys.ndim)  # over i
 
     # Sub-blocks below the diagonal, through the reference r_a.
     G_ref = xp.concatenate([xp.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], axis=-2)
@@ -386,8 +387,8 @@ def _channel_gram_backward(dA, x, y, G, strict):
     Y = ys[..., None, :, :, :] * y_decay                                      # [..., a, b, c, K]
     dX = (dblocks @ Y).sum(-3)                                                # sum over b
     dY = dblocks.swapaxes(-1, -2) @ X[..., :, None, :, :]                     # [..., a, b, c(j), K]
-    dxs = dxs + dX * x_decay
-    dys = dys + sum_to_leading((dY * y_decay).sum(-4), ys.ndim)               # sum over a
+    dxs += dX * x_decay
+    dys += sum_to_leading(xp.einsum("...abjk,...abjk->...bjk", dY, y_decay), ys.ndim)   # sum over a
 
     dx = dxs.reshape(*dxs.shape[:-3], ns * c, K)[..., :C, :]
     dy = dys.reshape(*dys.shape[:-3], ns * c, K)[..., :C, :]
