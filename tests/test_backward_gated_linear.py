@@ -135,7 +135,9 @@ def gram_gate(rng, shape, gate):
     """A chunk-local cumulative gate for x, y of `shape` [..., C, K]: None, scalar [..., C], per-channel."""
     if gate is None:
         return None
-    return np.cumsum(-rng.uniform(0.05, 1.5, shape if gate == "channel" else shape[:-1]), axis=-1 if gate == "scalar" else -2)
+    if gate == "scalar":
+        return np.cumsum(-rng.uniform(0.05, 1.5, shape[:-1]), axis=-1)
+    return np.cumsum(-rng.uniform(0.05, 1.5, shape), axis=-2)
 
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -215,26 +217,32 @@ def public_case(rng, name, B=2, T=7, H=2, K=3, V=4):
     """(module, positional arrays, array keywords, other keywords) for one mixer, every optional array
     given, each in its valid range with room for the finite-difference steps."""
     from minilin import catalog
-    mod = catalog.module(name)
-    normal = rng.standard_normal
-    S0 = normal((B, H, K, V))
+
+    def normal(*shape):
+        return rng.standard_normal(shape)
+
+    def gate(*shape):
+        return rng.uniform(-1.5, -0.05, shape)
+
+    q, k, v = normal(B, T, H, K), normal(B, T, H, K), normal(B, T, H, V)
+    arrays, options = {"initial_state": normal(B, H, K, V)}, {}
     if name == "simple_gla":
-        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H))], {"initial_state": S0}, {}
-    if name == "gla":
-        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H, K))], {"initial_state": S0}, {}
-    if name == "hgrn2":
-        return mod, [normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H, K))], {"initial_state": S0}, {}
-    if name == "retnet":
-        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V))], {"gamma": rng.uniform(0.5, 0.95, H), "initial_state": S0}, {}
-    if name == "lightning":
-        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V))], {"slope": rng.uniform(0.1, 1.0, H), "initial_state": S0}, {}
-    if name == "mamba2":
-        return mod, [normal((B, T, H, V)), rng.uniform(0.1, 0.5, (B, T, H)), rng.uniform(-2.0, -0.5, H), normal((B, T, H, K)), normal((B, T, H, K)), normal(H)], {"initial_state": S0}, {}
-    if name == "linear_attention":
-        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V))], {"initial_state": S0}, {"feature_map": "elu+1"}
-    if name == "rwkv6":
-        return mod, [normal((B, T, H, K)), normal((B, T, H, K)), normal((B, T, H, V)), rng.uniform(-1.5, -0.05, (B, T, H, K)), normal((H, K))], {"initial_state": S0}, {}
-    raise KeyError(name)
+        args = [q, k, v, gate(B, T, H)]
+    elif name in ("gla", "rwkv6"):
+        args = [q, k, v, gate(B, T, H, K)] + ([normal(H, K)] if name == "rwkv6" else [])
+    elif name == "hgrn2":
+        args = [q, v, gate(B, T, H, K)]
+    elif name == "retnet":
+        args, arrays["gamma"] = [q, k, v], rng.uniform(0.5, 0.95, H)
+    elif name == "lightning":
+        args, arrays["slope"] = [q, k, v], rng.uniform(0.1, 1.0, H)
+    elif name == "mamba2":  # x, dt, A, B, C, D
+        args = [v, rng.uniform(0.1, 0.5, (B, T, H)), rng.uniform(-2.0, -0.5, H), q, k, normal(H)]
+    elif name == "linear_attention":
+        args, options["feature_map"] = [q, k, v], "elu+1"
+    else:
+        raise KeyError(name)
+    return catalog.module(name), args, arrays, options
 
 
 def assert_public_backward_matches_fd(rng, mod, args, arrays, options, form, chunk_size=3):
@@ -277,7 +285,8 @@ def test_linear_attention_backward_through_feature_maps_and_the_normalizer(rng, 
     from minilin.mixers import linear_attention
     B, T, H, K, V = 1, 6, 2, 3, 4
     phi = feature_maps.FavorPlus(5, seed=3) if feature_map == "favor+" else feature_map  # F = 5 != K
-    q, k, v = rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, V))
+    q, k = rng.standard_normal((2, B, T, H, K))
+    v = rng.standard_normal((B, T, H, V))
     F = 5 if feature_map == "favor+" else K
     S0 = np.abs(rng.standard_normal((B, H, F, V + normalize))) + 0.1 * normalize  # a positive normalizer column
     grads = assert_public_backward_matches_fd(rng, linear_attention, [q, k, v], {"initial_state": S0},

@@ -66,7 +66,8 @@ def _checked_with_signature(q, k, v, feature_map, normalize, scale, state, step=
         check_array(name, state, f"B H {feature} {value}", dims, xp)
         dtype = xp.result_type(dtype, state.dtype)
         state = state.astype(dtype)
-    return a, q.astype(dtype, copy=False) * scale, k.astype(dtype, copy=False), v.astype(dtype, copy=False), state, normalize
+    q, k, v = q.astype(dtype, copy=False) * scale, k.astype(dtype, copy=False), v.astype(dtype, copy=False)
+    return a, q, k, v, state, normalize
 
 
 def _finish(o, S, normalize):
