@@ -22,6 +22,7 @@ with G the chunk-local cumulative gate and G_{-1} = 0. Every exponent is a non-p
 
 Shapes: r, k [B, T, H, K]; v [B, T, H, V]; w [B, T, H, K]; u [H, K]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward (du for the bonus included).
 """
 from __future__ import annotations
 
@@ -32,16 +33,21 @@ from ..backend import array_module
 from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gate_terms, gram_before_decay,
                         gram_before_decay_backward, local_cumsum, pass_states, pass_states_backward,
                         reverse_cumsum, state_or_zeros, to_chunks, to_chunks_transposed, transposed)
-from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_log_gate, check_scale
 from ._gated_linear import states_backwards
 
+SIGNATURE = Signature(
+    inputs=(Tensor("r", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"),
+            Tensor("w", "B T H K", gate=True), Tensor("u", "H K")),
+    output="B T H V", state="B H K V")
 
-def _prepare(r, k, v, w, u, scale, state, step=False):
-    _, shapes, (r, k, v, w, u, state) = check_tensors(
-        ("r", r, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("w", w, "B T H K"),
-        ("u", u, "H K"), (state_name(step), state, "B H K V"), step=step)
-    check_log_gate("w", w)
-    return r * check_scale(scale, shapes["K"]), k, v, w, u, state
+
+def _checked(r, k, v, w, u, scale, state, step=False):
+    """Checked inputs and the query q = scale * r."""
+    a = SIGNATURE.check(r, k, v, w, u, state=state, step=step)
+    check_log_gate("w", a.w)
+    return a, a.r * check_scale(scale, a.shapes["K"])
 
 
 def _step(q, k, v, w, u, S):
@@ -54,12 +60,14 @@ def _step(q, k, v, w, u, S):
 
 def step(r, k, v, w, u, *, state=None, scale=None):
     """One decoding step: r, k, w [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state [B, H, K, V])."""
-    return _step(*_prepare(r, k, v, w, u, scale, state, step=True))
+    a, q = _checked(r, k, v, w, u, scale, state, step=True)
+    return _step(q, a.k, a.v, a.w, a.u, a.state)
 
 
 def recurrent(r, k, v, w, u, *, scale=None, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    q, k, v, w, u, S = _prepare(r, k, v, w, u, scale, initial_state)
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    k, v, w, u, S = a.k, a.v, a.w, a.u, a.state
     o = array_module(q).empty(v.shape, q.dtype)
     for t in range(q.shape[1]):
         o[:, t], S = _step(q[:, t], k[:, t], v[:, t], w[:, t], u, S)
@@ -67,15 +75,15 @@ def recurrent(r, k, v, w, u, *, scale=None, initial_state=None):
 
 
 def chunked(r, k, v, w, u, *, scale=None, initial_state=None, chunk_size=64):
-    """Chunked form (see the module docstring), finite for any gate; any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    return _chunked(*_prepare(r, k, v, w, u, scale, initial_state), chunk_size)
+    """Chunked form (see the module docstring), finite for any gate; any T, chunk_size > 0 (clamped to T)."""
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    return _chunked(q, a.k, a.v, a.w, a.u, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
 
 
 def parallel(r, k, v, w, u, *, scale=None, initial_state=None):
     """Quadratic form: the chunked form with one chunk holding the whole sequence."""
-    q, k, v, w, u, S0 = _prepare(r, k, v, w, u, scale, initial_state)
-    return _chunked(q, k, v, w, u, S0, q.shape[1])
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    return _chunked(q, a.k, a.v, a.w, a.u, a.state, q.shape[1])
 
 
 def _chunked(q, k, v, w, u, S0, chunk_size):
@@ -92,6 +100,37 @@ def _chunked(q, k, v, w, u, S0, chunk_size):
     S_in, S_final = pass_states(dS, G_last, S0)
     o = o + decay_rows(qc, exclusive_cumsum(G)) @ S_in                  # read S_{i-1}'s part from S_n
     return from_chunks(o, T), S_final
+
+
+def _backward(form, r, k, v, w, u, scale, initial_state, do, dstate, chunk_size=None):
+    """Check, run this module's backward (`_recurrent_backward` or `_chunked_backward`, below) on
+    q = scale * r, and undo the scale: dr = scale * dq."""
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    if form == "recurrent":
+        dq, dk, dv, dw, du, dS0 = _recurrent_backward(q, a.k, a.v, a.w, a.u, a.state, do, dstate)
+    else:
+        C = a.shapes["T"] if form == "parallel" else check_chunk_size(chunk_size, a.shapes["T"])
+        dq, dk, dv, dw, du, dS0 = _chunked_backward(q, a.k, a.v, a.w, a.u, a.state, do, dstate, C)
+    dq *= check_scale(scale, a.shapes["K"])  # a fresh array
+    return SIGNATURE.gradients("rwkv6")(dq, dk, dv, dw, du, dS0)
+
+
+def recurrent_backward(r, k, v, w, u, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, V], dstate [B, H, K, V]. Returns (dr, dk, dv, dw, du, dinitial_state),
+    named; dinitial_state is None when no initial_state was given."""
+    return _backward("recurrent", r, k, v, w, u, scale, initial_state, do, dstate)
+
+
+def chunked_backward(r, k, v, w, u, *, do, dstate=None, scale=None, initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel and finite for any gate."""
+    return _backward("chunked", r, k, v, w, u, scale, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(r, k, v, w, u, *, do, dstate=None, scale=None, initial_state=None):
+    """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
+    return _backward("parallel", r, k, v, w, u, scale, initial_state, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
