@@ -12,8 +12,8 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]; o
 from __future__ import annotations
 
 from ..backend import array_module
-from ..chunking import (causal_mask, decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
-                        state_or_zeros, to_chunks, unit_lower_inverse)
+from ..chunking import (SUB_CHUNK, causal_mask, decay_matrix, decay_rows, decay_state, from_chunks, gated_gram,
+                        local_cumsum, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
 
 
 def step(q, k, v, g, beta, S):
@@ -86,3 +86,303 @@ def parallel(q, k, v, g, beta, S0):
     O = (Q K^T, masked) (I + A)^-1 diag(beta) V when starting from an empty memory (DeltaNet's
     "attention" form)."""
     return chunked(q, k, v, g, beta, S0, max(q.shape[1], 1))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Backward passes: the gradients of L = <dO, O> + <dS, S_final> with respect to (q, k, v, g, beta, S0).
+# Notation: a bar-free "dX" is the gradient of L with respect to X (same shape as X).
+# ----------------------------------------------------------------------------------------------------------
+
+# Tokens between two stored states in `recurrent_backward`.
+CHECKPOINT_EVERY = 64
+
+
+def _update(k, v, g, beta, S):
+    """The state update alone (no output): S' = exp(g) S, S_new = S' + beta k (v - S'^T k)^T."""
+    S = decay_state(S, g)
+    prediction = (k[..., None, :] @ S)[..., 0, :]
+    return S + (beta[..., None] * k)[..., :, None] * (v - prediction)[..., None, :]
+
+
+def recurrent_backward(q, k, v, g, beta, S0, do, dS, checkpoint_every=CHECKPOINT_EVERY):
+    """The definition run backwards in time. Returns (dq, dk, dv, dg, dbeta, dS0), shaped like the inputs;
+    dg is None when g is None, dS0 None when S0 is None; dS None means zeros.
+
+    One token of the forward, and the adjoint of each line (read bottom to top), for one (batch, head):
+
+        S'  = D_t S_{t-1},  D_t = Diag(exp(g_t))     dS_{t-1} = D_t dS'
+                                                     dg_t     = sum_v (dS' * S')_kv   (summed over k too
+                                                                when the gate is one scalar per token)
+        p   = S'^T k_t                               dS'     += k_t dp^T,   dk_t += S' dp
+        r   = v_t - p                                dv_t     = dr,         dp    = -dr
+        S_t = S' + beta_t k_t r^T                    dS'      = dS_t,       dr    = beta_t dS_t^T k_t
+                                                     dbeta_t  = k_t^T dS_t r,  dk_t = beta_t dS_t r
+        o_t = S_t^T q_t                              dS_t    += q_t do_t^T, dq_t  = S_t do_t
+
+    `dS_t` on entry is the adjoint of S_t from the future (dS at t = T), so the loop runs t = T .. 1,
+    each step needing S_{t-1}. Storing all T states costs T K V numbers per head (256 MB in float32 at
+    T = 4096, 4 heads, K = V = 64); instead the forward pass stores one state every `checkpoint_every`
+    tokens, and the backward pass recomputes the states of one segment at a time from its checkpoint
+    (T / C + C states held, one extra forward pass of arithmetic). S' and r are recomputed from S_{t-1}.
+    """
+    xp = array_module(q)
+    T = q.shape[1]
+    C = max(1, int(checkpoint_every))
+
+    def gate(t):
+        return None if g is None else g[:, t]
+
+    checkpoints = []
+    S = state_or_zeros(S0, q[:, 0], v[:, 0])
+    for t in range(T):
+        if t % C == 0:
+            checkpoints.append(S)
+        S = _update(k[:, t], v[:, t], gate(t), beta[:, t], S)
+
+    dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    dbeta = xp.empty_like(beta)
+    dg = None if g is None else xp.empty_like(g)
+    dS_t = xp.zeros_like(S) if dS is None else dS.astype(S.dtype, copy=True)
+    for segment in reversed(range(len(checkpoints))):
+        start, stop = segment * C, min(T, (segment + 1) * C)
+        before = [checkpoints[segment]]                      # before[i] = S_{start + i - 1}
+        for t in range(start, stop - 1):
+            before.append(_update(k[:, t], v[:, t], gate(t), beta[:, t], before[-1]))
+        for t in reversed(range(start, stop)):
+            q_t, k_t, v_t, b_t, do_t = q[:, t], k[:, t], v[:, t], beta[:, t], do[:, t]
+            # Recompute the step's intermediates from S_{t-1}.
+            S_decayed = decay_state(before[t - start], gate(t))              # S'
+            residual = v_t - (k_t[..., None, :] @ S_decayed)[..., 0, :]      # r = v - S'^T k
+            S_t = S_decayed + (b_t[..., None] * k_t)[..., :, None] * residual[..., None, :]
+            # o_t = S_t^T q_t
+            dS_t += q_t[..., :, None] * do_t[..., None, :]
+            dq[:, t] = (S_t @ do_t[..., :, None])[..., 0]
+            # S_t = S' + beta k r^T
+            read = (k_t[..., None, :] @ dS_t)[..., 0, :]                      # dS_t^T k: [B, H, V]
+            dbeta[:, t] = (residual * read).sum(-1)
+            d_residual = b_t[..., None] * read
+            dv[:, t] = d_residual
+            # r = v - S'^T k: dp = -dr flows to k (through S') and to S' (through k).
+            dk[:, t] = (b_t[..., None, None] * (dS_t @ residual[..., :, None]) -
+                        S_decayed @ d_residual[..., :, None])[..., 0]
+            dS_decayed = dS_t - k_t[..., :, None] * d_residual[..., None, :]
+            # S' = D_t S_{t-1}
+            if g is not None:
+                per_row = (dS_decayed * S_decayed).sum(-1)                   # [B, H, K]
+                dg[:, t] = per_row if g.ndim == 4 else per_row.sum(-1)
+            dS_t = decay_state(dS_decayed, gate(t))
+    return dq, dk, dv, dg, dbeta, (None if S0 is None else dS_t)
+
+
+def _gram_backward(dA, x, y, G):
+    """Gradients of A = chunking.gated_gram(x, y, G): given dA, return (dx, dy).
+
+        A_tj = sum_c x_tc y_jc exp(G_tc - G_jc)     (j <= t, or j < t)
+        dx_tc = sum_j dA_tj y_jc exp(G_tc - G_jc),   dy_jc = sum_t dA_tj x_tc exp(G_tc - G_jc)
+
+    dA [..., C, C] must already be zero outside the forward's mask. x may carry extra leading axes
+    (several grams against one y, as in the forward); dy then sums over them. The gradient with respect
+    to G is not returned: it is x * dx - y * dy (each exponent is +G_t - G_j), which the caller forms
+    from its totals.
+
+    No gate or a scalar gate: dM = dA * exp(G_t - G_j) (the decay matrix), dx = dM y, dy = dM^T x.
+    Per-channel gate: the decay differs per channel, so the same sub-blocks as `chunking.gated_gram`
+    (see `_channel_gram_backward`).
+    """
+    xp = array_module(x)
+    if G is not None and G.ndim == y.ndim:
+        return _channel_gram_backward(dA, x, y, G)
+    dM = dA if G is None else dA * decay_matrix(G)
+    dx = dM @ y
+    dy = transposed(dM) @ x
+    while dy.ndim > y.ndim:
+        dy = dy.sum(0)
+    return dx, dy
+
+
+def _channel_gram_backward(dA, x, y, G):
+    """`_gram_backward` for a per-channel gate [..., C, K]: the adjoint of `chunking._channel_gram`.
+
+    The forward cuts the chunk into sub-blocks of c = SUB_CHUNK positions. Diagonal sub-block a builds
+    the decay tensor D_ijc = exp(G_ic - G_jc) (j <= i in block a) outright; then
+        dx_ic = sum_j dA_ij y_jc D_ijc,    dy_jc = sum_i dA_ij x_ic D_ijc.
+    Below the diagonal, block (a, b) with b < a is a product X_a Y_ab^T through the reference r_a (the
+    last position before block a):
+        X_a = x_a * exp(G_a - G_{r_a}),   Y_ab = y_b * exp(G_{r_a} - G_b),
+    so dX_a = sum_b dA_ab Y_ab,  dY_ab = dA_ab^T X_a,  and back through the (non-positive) exponentials:
+        dx_a += dX_a * exp(G_a - G_{r_a}),   dy_b += sum_{a > b} dY_ab * exp(G_{r_a} - G_b).
+    """
+    xp = array_module(x)
+    C, K = x.shape[-2:]
+    c = min(SUB_CHUNK, C)
+    ns = -(-C // c)
+    pad = ns * c - C
+    if pad:
+        def widths(a, last=(0, 0)):
+            return [(0, 0)] * (a.ndim - 2) + [(0, pad), last]
+        x, y = xp.pad(x, widths(x)), xp.pad(y, widths(y))
+        G = xp.pad(G, widths(G), mode="edge")
+        dA = xp.pad(dA, widths(dA, (0, pad)))
+    xs, ys, Gs = (a.reshape(*a.shape[:-2], ns, c, K) for a in (x, y, G))
+    # dA [..., (a, i), (b, j)] -> blocks [..., a, b, i, j]
+    dblocks = xp.moveaxis(dA.reshape(*dA.shape[:-2], ns, c, ns, c), -2, -3)
+
+    # Diagonal sub-blocks.
+    a = xp.arange(ns)
+    d_diagonal = dblocks[..., a, a, :, :]                                      # [..., ns, c(i), c(j)]
+    diff = Gs[..., :, None, :] - Gs[..., None, :, :]
+    decay = xp.exp(xp.where(causal_mask(c, xp)[..., None], diff, -xp.inf))    # [..., ns, c, c, K]
+    weighted = d_diagonal[..., None] * decay
+    dxs = (weighted * ys[..., None, :, :]).sum(-2)
+    dys = (weighted * xs[..., :, None, :]).sum(-3)
+
+    # Sub-blocks below the diagonal, through the references.
+    G_ref = xp.concatenate([xp.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], axis=-2)
+    from_ref = xp.exp(Gs - G_ref[..., None, :])                                # [..., a, c, K]
+    earlier = (a[:, None] > a[None, :])[:, :, None, None]                      # [a, b, 1, 1]
+    to_ref = xp.exp(xp.where(earlier, G_ref[..., :, None, None, :] - Gs[..., None, :, :, :], -xp.inf))
+    X = xs * from_ref                                                          # [..., a, c, K]
+    Y = ys[..., None, :, :, :] * to_ref                                        # [..., a, b, c, K]
+    dX = (dblocks @ Y).sum(-3)                                                 # [..., a, c, K]
+    dY = dblocks.swapaxes(-1, -2) @ X[..., :, None, :, :]                      # [..., a, b, c, K]
+    dxs = dxs + dX * from_ref
+    dys = dys + (dY * to_ref).sum(-4)
+
+    dx = dxs.reshape(*dxs.shape[:-3], ns * c, K)[..., :C, :]
+    dy = dys.reshape(*dys.shape[:-3], ns * c, K)[..., :C, :]
+    while dy.ndim > y.ndim:
+        dy = dy.sum(0)
+    return dx, dy
+
+
+def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
+    """The chunked form's backward, chunk-parallel like the forward (the structure of FLA's
+    chunk_gated_delta_rule_bwd). Returns (dq, dk, dv, dg, dbeta, dS0) as `recurrent_backward`.
+
+    Per chunk (all chunks at once unless said otherwise), with the forward's names (see `chunked`):
+    Q, K [C, K], V [C, V], beta [C], G the chunk-local cumulative gate, S the state entering the chunk,
+    S+ the state leaving it, E = exp(G) on rows, E_end = exp(G_C - G) on rows:
+
+        (1) A = gram(beta K, K) strict,   P = gram(Q, K)   (decayed: exp(G_t - G_j) in entry (t, j))
+        (2) T = (I + A)^-1
+        (3) W = T (beta K * E),   U = T (beta V)
+        (4) Delta = U - W S                                              } sequential over chunks
+        (5) S+ = exp(G_C) S + (K * E_end)^T Delta                        }
+        (6) O = (Q * E) S + P Delta
+
+    Step 0, recompute: (1)-(5) exactly as the forward does, keeping S (the state entering each chunk)
+    and Delta; the output itself is not needed.
+
+    Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS of the last chunk. S feeds (4),
+    (5), (6) and Delta feeds (5) and (6), so
+        dDelta = P^T dO + (K * E_end) dS+
+        dS     = exp(G_C) dS+ + (Q * E)^T dO - W^T dDelta
+    and dS of chunk n is dS+ of chunk n - 1 (of chunk 0: dS0). The dO terms P^T dO and (Q * E)^T dO
+    are products of all chunks at once, done before the loop; the loop holds two products per chunk,
+    like the forward's.
+
+    Step 2, everything else at once, with dS+ of every chunk kept from step 1:
+        from (6):  d(Q * E) = dO S^T,          dP = dO Delta^T (causal)
+        from (5):  d(K * E_end) = Delta dS+^T, and exp(G_C) S gives dG_C += sum_v dS+ * exp(G_C) S
+        from (2)-(4), read as the triangular solve they implement,
+                   (I + A) Delta = beta V - (beta K * E) S:
+                   first through T as written: dU = dDelta, dW = -dDelta S^T, and
+                       dT = dW (beta K * E)^T + dU (beta V)^T = dDelta (beta V - (beta K * E) S)^T
+                          = dDelta ((I + A) Delta)^T;
+                   T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
+                       dA = -T^T dT T^T = -T^T dDelta Delta^T (I + A)^T T^T = -R Delta^T,
+                   with R = T^T dDelta (the adjoint of a linear solve: solve the transposed system).
+                   Kept strictly lower: only those entries of A are inputs. The right-hand side gets R:
+                       d(beta V) = T^T dU = R,     d(beta K * E) = T^T dW = -R S^T.
+                   (dO and -R are stacked: one product each against S^T and against Delta^T.)
+        from (1):  `_gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
+    Then beta K and beta V give dK += beta d(beta K), dbeta = sum_c K d(beta K) + sum_v V d(beta V),
+    dV = beta d(beta V).
+
+    The gate. G enters as exp(+G_t) on a row of token t (Q * E, beta K * E, x in the grams) and as
+    exp(-G_j) on a row of token j (y in the grams, K * E_end); a row X scaled by exp(+-G) contributes
+    +-X * dX to dG, so, with dQ, d(beta K) the totals and dK' the gradient of K's own rows (the grams
+    and K * E_end, before the beta K path is added):
+        dG_t = Q_t * dQ_t + beta_t K_t * d(beta K)_t - K_t * dK'_t          (summed over channels
+    plus at the chunk's last position C                                       for a scalar gate)
+        dG_C += sum_t (K * E_end)_t * d(K * E_end)_t + sum_v dS+ * exp(G_C) S.
+    Since G_t = g_1 + ... + g_t inside the chunk, dg_s = sum_{t >= s} dG_t: a reverse cumulative sum of
+    per-token terms, and every exponential above has a non-positive argument.
+    """
+    xp = array_module(q)
+    T = q.shape[1]
+    qc, kc, vc, doc = (to_chunks(x, chunk_size) for x in (q, k, v, do))   # [B, H, N, C, .]
+    beta_c = to_chunks(beta, chunk_size)[..., None]                      # [B, H, N, C, 1]
+    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
+    scalar_gate = g is not None and g.ndim == 3
+
+    # Step 0: recompute (1)-(5).
+    k_beta, v_beta = kc * beta_c, vc * beta_c
+    rows = xp.stack([qc, k_beta])                                        # the grams' x: [2, B, H, N, C, K]
+    grams = gated_gram(rows, kc, G)
+    masks = xp.stack([causal_mask(chunk_size, xp), causal_mask(chunk_size, xp, strict=True)])[:, None, None, None]
+    P = grams[0]
+    A = grams[1] * masks[1]
+    T_inv = unit_lower_inverse(A)
+    k_beta_decayed = decay_rows(k_beta, G)                               # beta K * E
+    W = T_inv @ k_beta_decayed
+    U = T_inv @ v_beta
+    if G is None:
+        G_last, k_to_end = None, kc
+    else:
+        G_last = G[:, :, :, -1]
+        k_to_end = decay_rows(kc, G_last[:, :, :, None] - G)             # K * E_end
+    k_to_end_T = transposed(k_to_end)
+    S = state_or_zeros(S0, q[:, 0], v[:, 0])
+    S_in, delta = xp.empty(U.shape[:3] + S.shape[-2:], S.dtype), xp.empty_like(U)
+    for n in range(qc.shape[2]):
+        S_in[:, :, n] = S
+        delta[:, :, n] = U[:, :, n] - W[:, :, n] @ S
+        S = decay_state(S, None if G_last is None else G_last[:, :, n]) + k_to_end_T[:, :, n] @ delta[:, :, n]
+
+    # Step 1: the state adjoint, backwards over chunks.
+    q_decayed = decay_rows(qc, G)                                        # Q * E
+    d_delta = transposed(P) @ doc                                        # P^T dO, completed in the loop
+    dS_from_o = transposed(q_decayed) @ doc                              # (Q * E)^T dO
+    W_T = transposed(W)
+    dS_out = xp.empty_like(S_in)                                         # dS+ of every chunk
+    dS_next = xp.zeros_like(S) if dS is None else dS.astype(S.dtype)
+    for n in reversed(range(qc.shape[2])):
+        dS_out[:, :, n] = dS_next
+        d_delta[:, :, n] += k_to_end[:, :, n] @ dS_next
+        dS_next = (decay_state(dS_next, None if G_last is None else G_last[:, :, n])
+                   + dS_from_o[:, :, n] - W_T[:, :, n] @ d_delta[:, :, n])
+
+    # Step 2: the intra-chunk gradients, all chunks at once.
+    R = transposed(T_inv) @ d_delta                                      # T^T dDelta = d(beta V)
+    left = xp.stack([doc, -R])
+    d_q_decayed, d_k_beta_decayed = left @ transposed(S_in)              # d(Q * E), d(beta K * E)
+    d_grams = (left @ transposed(delta)) * masks                         # dP, dA
+    d_k_to_end = delta @ transposed(dS_out)                              # d(K * E_end)
+    (dqc, dk_beta), dkc = _gram_backward(d_grams, rows, kc, G)
+    dv_beta = R
+
+    dqc = dqc + decay_rows(d_q_decayed, G)
+    dk_beta = dk_beta + decay_rows(d_k_beta_decayed, G)
+    dkc = dkc + decay_rows(d_k_to_end, None if G is None else G_last[:, :, :, None] - G)   # dK'
+    dbeta_c = (kc * dk_beta).sum(-1) + (vc * dv_beta).sum(-1)
+    dvc = dv_beta * beta_c
+
+    dg = None
+    if G is not None:
+        dG = qc * dqc + k_beta * dk_beta - kc * dkc
+        at_end = (k_to_end * d_k_to_end).sum(-2)                         # [B, H, N, K]
+        at_end = at_end + (dS_out * decay_state(S_in, G_last)).sum(-1)
+        if scalar_gate:
+            dG, at_end = dG.sum(-1), at_end.sum(-1)
+        dG[:, :, :, -1] += at_end
+        dg = from_chunks(xp.flip(xp.cumsum(xp.flip(dG, 3), axis=3), 3), T)   # reverse cumsum in the chunk
+    dkc = dkc + dk_beta * beta_c
+    dS0 = None if S0 is None else dS_next
+    return (from_chunks(dqc, T), from_chunks(dkc, T), from_chunks(dvc, T), dg,
+            from_chunks(dbeta_c, T), dS0)
+
+
+def parallel_backward(q, k, v, g, beta, S0, do, dS):
+    """The backward of `parallel`: `chunked_backward` with one chunk holding the whole sequence."""
+    return chunked_backward(q, k, v, g, beta, S0, do, dS, max(q.shape[1], 1))
