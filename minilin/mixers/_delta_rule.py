@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..backend import array_module
 from ..chunking import (SUB_CHUNK, causal_mask, decay_matrix, decay_rows, decay_state, from_chunks, gated_gram,
-                        local_cumsum, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
+                        local_cumsum, num_chunks, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
 
 
 def step(q, k, v, g, beta, S):
@@ -255,46 +255,62 @@ def _channel_gram_backward(dA, x, y, G):
     return dx, dy
 
 
+def _rowdot(a, b, axis=-1):
+    """sum(a * b, axis) in one pass where the array module has `vecdot` (NumPy >= 2), else two."""
+    xp = array_module(a)
+    if hasattr(xp, "vecdot"):
+        return xp.vecdot(a, b, axis=axis)
+    return (a * b).sum(axis)
+
+
+def _fill_chunks(out, x):
+    """`chunking.to_chunks(x)` written into `out` [B, H, N, C, ...] (which may be a view), no copy between."""
+    B, H, N, C = out.shape[:4]
+    T = x.shape[1]
+    full = T // C
+    if full:
+        out[:, :, :full] = array_module(x).moveaxis(x[:, :full * C].reshape(B, full, C, H, *x.shape[3:]), 3, 1)
+    if full < N:
+        out[:, :, full:] = 0
+        out[:, :, full, :T - full * C] = array_module(x).moveaxis(x[:, full * C:], 2, 1)
+
+
 def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     """The chunked form's backward, chunk-parallel like the forward (the structure of FLA's
     chunk_gated_delta_rule_bwd). Returns (dq, dk, dv, dg, dbeta, dS0) as `recurrent_backward`.
 
     Per chunk (all chunks at once unless said otherwise), with the forward's names (see `chunked`):
     Q, K [C, K], V [C, V], beta [C], G the chunk-local cumulative gate, S the state entering the chunk,
-    S+ the state leaving it, E = exp(G) on rows, E_end = exp(G_C - G) on rows:
+    S+ the state leaving it, E = exp(G) and E_end = exp(G_C - G) scaling rows:
 
         (1) A = gram(beta K, K) strict,   P = gram(Q, K)   (decayed: exp(G_t - G_j) in entry (t, j))
         (2) T = (I + A)^-1
-        (3) W = T (beta K * E),   U = T (beta V)
-        (4) Delta = U - W S                                              } sequential over chunks
-        (5) S+ = exp(G_C) S + (K * E_end)^T Delta                        }
-        (6) O = (Q * E) S + P Delta
+        (3) Delta = T rhs,  rhs = beta V - (beta K * E) S                } sequential over chunks
+        (4) S+ = exp(G_C) S + (K * E_end)^T Delta                        }
+        (5) O = (Q * E) S + P Delta
 
-    Step 0, recompute: (1)-(5) exactly as the forward does, keeping S (the state entering each chunk)
-    and Delta; the output itself is not needed.
+    (3) is the forward's Delta = U - W S with W = T (beta K * E) and U = T (beta V) left unformed: the
+    backward needs neither, and one more product per chunk inside the loop costs less than two products
+    over all chunks and two more arrays.
 
-    Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS of the last chunk. S feeds (4),
-    (5), (6) and Delta feeds (5) and (6), so
+    Step 0, recompute (1)-(4), keeping S (the state entering each chunk) and Delta; O is not needed.
+
+    Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS for the last chunk. Delta feeds (4)
+    and (5); S feeds (3), (4) and (5):
         dDelta = P^T dO + (K * E_end) dS+
-        dS     = exp(G_C) dS+ + (Q * E)^T dO - W^T dDelta
-    and dS of chunk n is dS+ of chunk n - 1 (of chunk 0: dS0). The dO terms P^T dO and (Q * E)^T dO
-    are products of all chunks at once, done before the loop; the loop holds two products per chunk,
-    like the forward's.
+        R      = T^T dDelta         (the adjoint of a triangular solve is the transposed solve: drhs = R)
+        dS     = exp(G_C) dS+ + (Q * E)^T dO - (beta K * E)^T R
+               = exp(G_C) dS+ + [Q * E; beta K * E]^T [dO; -R]       (one product with a 2C contraction)
+    and dS of chunk n is dS+ of chunk n - 1 (of chunk 0: dS0). P^T dO is one product over all chunks,
+    before the loop.
 
-    Step 2, everything else at once, with dS+ of every chunk kept from step 1:
-        from (6):  d(Q * E) = dO S^T,          dP = dO Delta^T (causal)
-        from (5):  d(K * E_end) = Delta dS+^T, and exp(G_C) S gives dG_C += sum_v dS+ * exp(G_C) S
-        from (2)-(4), read as the triangular solve they implement,
-                   (I + A) Delta = beta V - (beta K * E) S:
-                   first through T as written: dU = dDelta, dW = -dDelta S^T, and
-                       dT = dW (beta K * E)^T + dU (beta V)^T = dDelta (beta V - (beta K * E) S)^T
-                          = dDelta ((I + A) Delta)^T;
-                   T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
-                       dA = -T^T dT T^T = -T^T dDelta Delta^T (I + A)^T T^T = -R Delta^T,
-                   with R = T^T dDelta (the adjoint of a linear solve: solve the transposed system).
-                   Kept strictly lower: only those entries of A are inputs. The right-hand side gets R:
-                       d(beta V) = T^T dU = R,     d(beta K * E) = T^T dW = -R S^T.
-                   (dO and -R are stacked: one product each against S^T and against Delta^T.)
+    Step 2, everything else at once, with S, Delta, dS+ and R of every chunk kept:
+        from (5):  d(Q * E) = dO S^T,          dP = dO Delta^T (causal)
+        from (4):  d(K * E_end) = Delta dS+^T, and exp(G_C) S gives dG_C += sum_v dS+ * exp(G_C) S
+        from (3):  d(beta V) = R,              d(beta K * E) = -R S^T,   dT = dDelta rhs^T
+        from (2):  T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
+                       dA = -T^T (dDelta rhs^T) T^T = -R (T rhs)^T = -R Delta^T,
+                   kept strictly lower: only those entries of A are inputs.
         from (1):  `_gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
     Then beta K and beta V give dK += beta d(beta K), dbeta = sum_c K d(beta K) + sum_v V d(beta V),
     dV = beta d(beta V).
@@ -308,78 +324,143 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         dG_C += sum_t (K * E_end)_t * d(K * E_end)_t + sum_v dS+ * exp(G_C) S.
     Since G_t = g_1 + ... + g_t inside the chunk, dg_s = sum_{t >= s} dG_t: a reverse cumulative sum of
     per-token terms, and every exponential above has a non-positive argument.
+
+    Layout. Q and beta K both multiply K^T from the left, and dO and -R both multiply S^T and Delta^T,
+    so each pair is stacked along the position axis: rows = [Q; beta K] [B, H, N, 2C, K] and
+    left = [dO; -R] [B, H, N, 2C, V], and [P; A], [dP; dA] likewise. Each product of a pair is then one
+    product with 2C rows (or a 2C-long contraction), and the buffers are written in place: on this
+    code's CPU, touching fresh memory costs more than the arithmetic, so the backward allocates few
+    large arrays.
     """
     xp = array_module(q)
-    T = q.shape[1]
-    qc, kc, vc, doc = (to_chunks(x, chunk_size) for x in (q, k, v, do))   # [B, H, N, C, .]
-    beta_c = to_chunks(beta, chunk_size)[..., None]                      # [B, H, N, C, 1]
-    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
-    scalar_gate = g is not None and g.ndim == 3
+    T, C = q.shape[1], chunk_size
+    Bn, _, H, K = q.shape
+    V, N, dtype = v.shape[-1], num_chunks(T, C), q.dtype
+    per_channel = g is not None and g.ndim == 4
 
-    # Step 0: recompute (1)-(5).
-    k_beta, v_beta = kc * beta_c, vc * beta_c
-    rows = xp.stack([qc, k_beta])                                        # the grams' x: [2, B, H, N, C, K]
-    grams = gated_gram(rows, kc, G)
-    masks = xp.stack([causal_mask(chunk_size, xp), causal_mask(chunk_size, xp, strict=True)])[:, None, None, None]
-    P = grams[0]
-    A = grams[1] * masks[1]
-    T_inv = unit_lower_inverse(A)
-    k_beta_decayed = decay_rows(k_beta, G)                               # beta K * E
-    W = T_inv @ k_beta_decayed
-    U = T_inv @ v_beta
-    if G is None:
-        G_last, k_to_end = None, kc
+    kc = to_chunks(k, C)                                                 # [B, H, N, C, K]
+    vc = to_chunks(v, C)                                                 # [B, H, N, C, V]
+    beta_c = to_chunks(beta, C)[..., None]                               # [B, H, N, C, 1]
+    rows = xp.empty((Bn, H, N, 2 * C, K), dtype)                         # [Q; beta K]
+    qc, k_beta = rows[..., :C, :], rows[..., C:, :]
+    _fill_chunks(qc, q)
+    xp.multiply(kc, beta_c, out=k_beta)
+    left = xp.empty((Bn, H, N, 2 * C, V), dtype)                         # [dO; -R], -R filled in step 1
+    doc = left[..., :C, :]
+    _fill_chunks(doc, do)
+    if g is None:
+        G = L = None
+        rows_decayed, k_to_end = rows, kc
     else:
+        G = local_cumsum(to_chunks(g, C))
         G_last = G[:, :, :, -1]
-        k_to_end = decay_rows(kc, G_last[:, :, :, None] - G)             # K * E_end
-    k_to_end_T = transposed(k_to_end)
-    S = state_or_zeros(S0, q[:, 0], v[:, 0])
-    S_in, delta = xp.empty(U.shape[:3] + S.shape[-2:], S.dtype), xp.empty_like(U)
-    for n in range(qc.shape[2]):
-        S_in[:, :, n] = S
-        delta[:, :, n] = U[:, :, n] - W[:, :, n] @ S
-        S = decay_state(S, None if G_last is None else G_last[:, :, n]) + k_to_end_T[:, :, n] @ delta[:, :, n]
+        # Row factors [..., C, K] (per channel) or [..., C, 1] (scalar), and the state's [..., K | 1, 1].
+        E = xp.exp(G if per_channel else G[..., None])                   # exp(G)
+        E_end = xp.exp((G_last[:, :, :, None] - G) if per_channel else (G_last[:, :, :, None] - G)[..., None])
+        decay_end = xp.exp(G_last)[..., None] if per_channel else xp.exp(G_last)[..., None, None]
+        rows_decayed = (rows.reshape(Bn, H, N, 2, C, K) * E[:, :, :, None]).reshape(rows.shape)
+        k_to_end = kc * E_end                                            # K * E_end
+        L = None if per_channel else decay_matrix(G)                     # exp(G_t - G_j), j <= t
+    strict = causal_mask(C, xp, strict=True)
 
-    # Step 1: the state adjoint, backwards over chunks.
-    q_decayed = decay_rows(qc, G)                                        # Q * E
-    d_delta = transposed(P) @ doc                                        # P^T dO, completed in the loop
-    dS_from_o = transposed(q_decayed) @ doc                              # (Q * E)^T dO
-    W_T = transposed(W)
-    dS_out = xp.empty_like(S_in)                                         # dS+ of every chunk
-    dS_next = xp.zeros_like(S) if dS is None else dS.astype(S.dtype)
-    for n in reversed(range(qc.shape[2])):
-        dS_out[:, :, n] = dS_next
-        d_delta[:, :, n] += k_to_end[:, :, n] @ dS_next
-        dS_next = (decay_state(dS_next, None if G_last is None else G_last[:, :, n])
-                   + dS_from_o[:, :, n] - W_T[:, :, n] @ d_delta[:, :, n])
+    def mask_grams(M):
+        """M [B, H, N, 2C, C], shaped like [P; A], times exp(G_t - G_j) for a scalar gate (a per-channel
+        decay is applied inside the gram) and the masks j <= t (top half), j < t (bottom half); in place."""
+        if L is not None:
+            halves = M.reshape(Bn, H, N, 2, C, C)
+            halves *= L[:, :, :, None]
+        else:
+            M[..., :C, :] *= causal_mask(C, xp)
+        M[..., C:, :] *= strict
+        return M
+
+    # Step 0: recompute (1)-(4).
+    if per_channel:
+        stacked = gated_gram(xp.stack([qc, k_beta]), kc, G)             # [2, B, H, N, C, C]
+        grams = xp.moveaxis(stacked, 0, 3).reshape(Bn, H, N, 2 * C, C)
+        del stacked
+    else:
+        grams = rows @ transposed(kc)                                    # [Q; beta K] K^T
+    mask_grams(grams)                                                    # [P; A]
+    P_T_do = grams[..., :C, :].swapaxes(-1, -2) @ doc                    # P^T dO
+    T_inv = unit_lower_inverse(grams[..., C:, :])                        # (I + A)^-1
+    del grams
+    k_beta_decayed = rows_decayed[..., C:, :]                            # beta K * E
+    S_in = xp.empty((Bn, H, N + 1, K, V), dtype)                        # S entering chunk n; n = N: final
+    S_in[:, :, 0] = 0 if S0 is None else S0
+    delta = xp.empty((Bn, H, N, C, V), dtype)
+    for n in range(N):
+        S = S_in[:, :, n]
+        rhs = vc[:, :, n] * beta_c[:, :, n] - k_beta_decayed[:, :, n] @ S
+        xp.matmul(T_inv[:, :, n], rhs, out=delta[:, :, n])              # Delta = T rhs
+        S_next = S_in[:, :, n + 1]
+        xp.matmul(k_to_end[:, :, n].swapaxes(-1, -2), delta[:, :, n], out=S_next)
+        S_next += S if G is None else S * decay_end[:, :, n]
+    del k_beta_decayed
+
+    # Step 1: the state adjoint, backwards over chunks. dS_out[:, :, n + 1] = dS+ of chunk n; [:, :, 0] = dS0.
+    dS_out = xp.empty((Bn, H, N + 1, K, V), dtype)
+    dS_out[:, :, N] = 0 if dS is None else dS
+    for n in reversed(range(N)):
+        dS_next = dS_out[:, :, n + 1]
+        d_delta = P_T_do[:, :, n] + k_to_end[:, :, n] @ dS_next         # dDelta
+        minus_R = left[:, :, n, C:]
+        xp.matmul(T_inv[:, :, n].swapaxes(-1, -2), d_delta, out=minus_R)    # R = T^T dDelta
+        xp.negative(minus_R, out=minus_R)
+        dS_here = dS_out[:, :, n]
+        xp.matmul(rows_decayed[:, :, n].swapaxes(-1, -2), left[:, :, n], out=dS_here)
+        dS_here += dS_next if G is None else dS_next * decay_end[:, :, n]
+    del P_T_do, T_inv, rows_decayed
+    dS0 = None if S0 is None else dS_out[:, :, 0].copy()
+    S_in, dS_out = S_in[:, :, :N], dS_out[:, :, 1:]
 
     # Step 2: the intra-chunk gradients, all chunks at once.
-    R = transposed(T_inv) @ d_delta                                      # T^T dDelta = d(beta V)
-    left = xp.stack([doc, -R])
-    d_q_decayed, d_k_beta_decayed = left @ transposed(S_in)              # d(Q * E), d(beta K * E)
-    d_grams = (left @ transposed(delta)) * masks                         # dP, dA
+    minus_R = left[..., C:, :]
+    dvc = minus_R * -beta_c                                              # dV = beta d(beta V) = beta R
+    dbeta_c = -_rowdot(vc, minus_R)
+    by_state = left @ transposed(S_in)                                   # [d(Q * E); d(beta K * E)]
+    d_grams = left @ transposed(delta)                                   # [dP; dA], not yet masked
+    del left, minus_R
     d_k_to_end = delta @ transposed(dS_out)                              # d(K * E_end)
-    (dqc, dk_beta), dkc = _gram_backward(d_grams, rows, kc, G)
-    dv_beta = R
-
-    dqc = dqc + decay_rows(d_q_decayed, G)
-    dk_beta = dk_beta + decay_rows(d_k_beta_decayed, G)
-    dkc = dkc + decay_rows(d_k_to_end, None if G is None else G_last[:, :, :, None] - G)   # dK'
-    dbeta_c = (kc * dk_beta).sum(-1) + (vc * dv_beta).sum(-1)
-    dvc = dv_beta * beta_c
+    del delta
+    if G is not None:                                                    # dG_C's terms, [B, H, N, K]
+        S_in *= decay_end                                                # exp(G_C) S
+        at_end = _rowdot(dS_out, S_in) + _rowdot(k_to_end, d_k_to_end, axis=-2)
+    del S_in, dS_out
+    mask_grams(d_grams)                                                  # scalar gate: dM = d[P; A] * decay
+    if per_channel:
+        d_stacked = xp.moveaxis(d_grams.reshape(Bn, H, N, 2, C, C), 3, 0)
+        d_rows_stacked, dkc = _channel_gram_backward(d_stacked, xp.stack([qc, k_beta]), kc, G)
+        d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)
+        del d_stacked, d_rows_stacked
+    else:
+        d_rows = d_grams @ kc                                            # [dQ; d(beta K)] from the grams
+        dkc = d_grams.swapaxes(-1, -2) @ rows                            # dK from both grams at once
+    del d_grams
+    if G is not None:                                                    # back through exp(G) on rows
+        halves = by_state.reshape(Bn, H, N, 2, C, K)
+        halves *= E[:, :, :, None]
+        d_k_to_end *= E_end
+    d_rows += by_state
+    del by_state
+    dkc += d_k_to_end                                                    # dK', K's own rows
+    del d_k_to_end
+    dk_beta = d_rows[..., C:, :]
 
     dg = None
     if G is not None:
-        dG = qc * dqc + k_beta * dk_beta - kc * dkc
-        at_end = (k_to_end * d_k_to_end).sum(-2)                         # [B, H, N, K]
-        at_end = at_end + (dS_out * decay_state(S_in, G_last)).sum(-1)
-        if scalar_gate:
-            dG, at_end = dG.sum(-1), at_end.sum(-1)
+        # dG = Q * dQ + beta K * d(beta K) - K * dK', then the chunk-end terms at position C.
+        if per_channel:
+            dG = (rows * d_rows).reshape(Bn, H, N, 2, C, K).sum(3) - kc * dkc
+        else:
+            dG = _rowdot(rows, d_rows).reshape(Bn, H, N, 2, C).sum(3) - _rowdot(kc, dkc)
+            at_end = at_end.sum(-1)
         dG[:, :, :, -1] += at_end
         dg = from_chunks(xp.flip(xp.cumsum(xp.flip(dG, 3), axis=3), 3), T)   # reverse cumsum in the chunk
-    dkc = dkc + dk_beta * beta_c
-    dS0 = None if S0 is None else dS_next
-    return (from_chunks(dqc, T), from_chunks(dkc, T), from_chunks(dvc, T), dg,
+    dbeta_c += _rowdot(kc, dk_beta)
+    dk_beta *= beta_c
+    dkc += dk_beta
+    return (from_chunks(d_rows[..., :C, :], T), from_chunks(dkc, T), from_chunks(dvc, T), dg,
             from_chunks(dbeta_c, T), dS0)
 
 
