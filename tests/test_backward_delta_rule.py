@@ -164,3 +164,95 @@ def test_channel_gram_backward_matches_its_definition(rng, C, strict):
     dy_expected = np.einsum("sbtj,sbtc,btjc->bjc", dA, x, decay)
     dx, dy = _delta_rule._gram_backward(dA, x, y, G)
     assert rel_err(dx, dx_expected) < 1e-12 and rel_err(dy, dy_expected) < 1e-12
+
+
+# ----- public level: the modules' chain rule (scale, normalize_qk), allow_neg_eigval, bad cotangents -----
+
+from minilin.mixers import deltanet, gated_deltanet, kda  # noqa: E402
+
+PUBLIC = {"deltanet": deltanet, "gated_deltanet": gated_deltanet, "kda": kda}
+
+
+def public_loss(mod, args, state, do, dstate, kwargs):
+    o, S = mod.recurrent(*args, initial_state=state, **kwargs)
+    return float((o * do).sum() + (S * dstate).sum())
+
+
+def assert_public_matches_finite_differences(rng, mod, args, state, kwargs, form, eps=1e-6):
+    B, T, H, _ = args[0].shape
+    V = args[2].shape[-1]
+    do = rng.standard_normal((B, T, H, V))
+    dstate = rng.standard_normal(state.shape)
+    extra = {"chunk_size": 4} if form == "chunked" else {}
+    grads = getattr(mod, f"{form}_backward")(*args, do=do, dstate=dstate, initial_state=state, **kwargs, **extra)
+    inputs = list(args) + [state]
+    gradients = list(grads)
+    assert len(gradients) == len(inputs) and grads._fields[-1] == "dinitial_state"
+    directions = [rng.standard_normal(x.shape) for x in inputs]
+    for which in ["all"] + list(range(len(inputs))):
+        chosen = [d if which == "all" or which == i else np.zeros_like(d) for i, d in enumerate(directions)]
+        plus = [x + eps * d for x, d in zip(inputs, chosen)]
+        minus = [x - eps * d for x, d in zip(inputs, chosen)]
+        expected = (public_loss(mod, plus[:-1], plus[-1], do, dstate, kwargs)
+                    - public_loss(mod, minus[:-1], minus[-1], do, dstate, kwargs)) / (2 * eps)
+        terms = [float((gr * d).sum()) for gr, d in zip(gradients, chosen)]
+        got = sum(terms)
+        scale = max(sum(abs(t) for t in terms), 1e-3)
+        label = "all" if which == "all" else grads._fields[which]
+        assert abs(got - expected) <= 1e-7 * scale, f"{label}: analytic {got:.12g}, finite differences {expected:.12g}"
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked", "parallel"])
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_public_backward_with_normalize_qk_and_scale(rng, name, form):
+    """normalize_qk=True: raw q, k of any length; the chain rule through L2 normalization and scale."""
+    mod = PUBLIC[name]
+    args, _ = mod.example_inputs(B=1, T=11, H=2, K=5, V=3, seed=int(rng.integers(1 << 16)))
+    args = list(args)
+    args[0] = 3 * rng.standard_normal(args[0].shape)
+    args[1] = 2 * rng.standard_normal(args[1].shape)          # keys far from unit length
+    state = rng.standard_normal((1, 2, 5, 3))
+    assert_public_matches_finite_differences(rng, mod, args, state, {"normalize_qk": True, "scale": 0.7}, form)
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_public_backward_with_negative_eigenvalues(rng, name, form):
+    """allow_neg_eigval=True with beta up to 2: transitions with eigenvalues down to -1."""
+    mod = PUBLIC[name]
+    args, _ = mod.example_inputs(B=2, T=9, H=1, K=4, V=6, seed=int(rng.integers(1 << 16)))
+    args = list(args)
+    args[-1] = rng.uniform(1.0, 2.0, args[-1].shape)
+    state = rng.standard_normal((2, 1, 4, 6))
+    assert_public_matches_finite_differences(rng, mod, args, state, {"allow_neg_eigval": True}, form)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_public_backward_forms_agree_and_keep_dtype(name):
+    mod = PUBLIC[name]
+    args, _ = mod.example_inputs(B=2, T=37, H=2, K=8, V=5, seed=3)
+    rng = np.random.default_rng(5)
+    do = rng.standard_normal((2, 37, 2, 5))
+    reference = mod.recurrent_backward(*args, do=do)
+    assert reference.dinitial_state is None
+    for grads in [mod.chunked_backward(*args, do=do, chunk_size=16), mod.parallel_backward(*args, do=do)]:
+        for field, got, ref in zip(grads._fields, grads, reference):
+            assert (got is None) == (ref is None), field
+            assert got is None or rel_err(got, ref) < 1e-10, field
+    args32 = [x.astype(np.float32) for x in args]
+    grads = mod.chunked_backward(*args32, do=do.astype(np.float32))
+    assert all(x is None or x.dtype == np.float32 for x in grads)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_public_backward_names_bad_cotangents(name):
+    mod = PUBLIC[name]
+    args, _ = mod.example_inputs(B=2, T=6, H=2, K=4, V=3)
+    with pytest.raises(ValueError, match=r"do: expected shape \[B, T, H, V\] = \[2, 6, 2, 3\], got \[2, 6, 2\]"):
+        mod.chunked_backward(*args, do=np.ones((2, 6, 2)))
+    with pytest.raises(TypeError, match="do"):
+        mod.recurrent_backward(*args, do=None)
+    with pytest.raises(ValueError, match=r"dstate: expected shape"):
+        mod.recurrent_backward(*args, do=np.ones((2, 6, 2, 3)), dstate=np.ones((2, 2, 4)))
+    with pytest.raises(ValueError, match="dstate: expected finite"):
+        mod.chunked_backward(*args, do=np.ones((2, 6, 2, 3)), dstate=np.full((2, 2, 4, 3), np.nan))
