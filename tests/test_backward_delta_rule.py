@@ -162,7 +162,7 @@ def test_channel_gram_backward_matches_its_definition(rng, C, strict):
     decay = np.exp(np.minimum(G[:, :, None, :] - G[:, None, :, :], 0))   # [3, t, j, c]; masked by dA
     dx_expected = np.einsum("sbtj,bjc,btjc->sbtc", dA, y, decay)
     dy_expected = np.einsum("sbtj,sbtc,btjc->bjc", dA, x, decay)
-    dx, dy = _delta_rule._gram_backward(dA, x, y, G)
+    dx, dy = _delta_rule.gram_backward(dA, x, y, G)
     assert rel_err(dx, dx_expected) < 1e-12 and rel_err(dy, dy_expected) < 1e-12
 
 
@@ -256,3 +256,79 @@ def test_public_backward_names_bad_cotangents(name):
         mod.recurrent_backward(*args, do=np.ones((2, 6, 2, 3)), dstate=np.ones((2, 2, 4)))
     with pytest.raises(ValueError, match="dstate: expected finite"):
         mod.chunked_backward(*args, do=np.ones((2, 6, 2, 3)), dstate=np.full((2, 2, 4, 3), np.nan))
+
+
+# ----- RWKV-7's generalized delta rule: S_t = (Diag(exp(w_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T -----
+
+from minilin.mixers import rwkv7  # noqa: E402
+
+RWKV7_NAMES = ["q", "w", "k", "v", "a", "b", "S0"]
+
+
+def rwkv7_inputs(rng, B, T, H, K, V, *, initial_state=True, w_low=None, dtype=np.float64):
+    """Engine inputs (q = scale * r), built as RWKV-7 builds a and b (a = -kappa, b = kappa * alpha);
+    w in RWKV-7's range (-0.61, 0), or uniform in [w_low, -0.01]."""
+    (r, w, k, v, a, b), _ = rwkv7.example_inputs(B, T, H, K, V, seed=int(rng.integers(1 << 16)))
+    if w_low is not None:
+        w = rng.uniform(w_low, -0.01, w.shape)
+    S0 = rng.standard_normal((B, H, K, V)) if initial_state else None
+    return [None if x is None else x.astype(dtype) for x in (0.5 * r, w, k, v, a, b, S0)]
+
+
+def rwkv7_loss(inputs, do, dS):
+    o, S = rwkv7.recurrent(*inputs[:6], scale=1.0, initial_state=inputs[6])
+    return float((o * do).sum() + (0.0 if dS is None else (S * dS).sum()))
+
+
+def rwkv7_backward(form, inputs, do, dS, chunk_size):
+    if form == "recurrent":
+        return rwkv7._recurrent_backward(*inputs, do, dS, checkpoint_every=5)
+    return rwkv7._chunked_backward(*inputs, do, dS, chunk_size)
+
+
+@pytest.mark.parametrize("case", ["T=1", "T % C != 0, K != V", "no initial state, no dS", "final state alone"])
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+def test_rwkv7_backward_matches_finite_differences(rng, form, case):
+    B, T, H, K, V, C = {"T=1": (1, 1, 1, 4, 3, 16)}.get(case, (2, 21, 2, 5, 3, 8))
+    inputs = rwkv7_inputs(rng, B, T, H, K, V, initial_state=case != "no initial state, no dS")
+    do = np.zeros((B, T, H, V)) if case == "final state alone" else rng.standard_normal((B, T, H, V))
+    dS = None if case == "no initial state, no dS" else rng.standard_normal((B, H, K, V))
+    grads = rwkv7_backward(form, inputs, do, dS, C)
+    for x, d in zip(inputs, grads):
+        assert (x is None) == (d is None) and (d is None or (d.shape == x.shape and np.isfinite(d).all()))
+    directions = [None if x is None else rng.standard_normal(x.shape) for x in inputs]
+    eps = 1e-6
+    for which in ["all"] + [i for i, x in enumerate(inputs) if x is not None]:
+        chosen = [None if d is None else (d if which in ("all", i) else np.zeros_like(d))
+                  for i, d in enumerate(directions)]
+        plus = [None if x is None else x + eps * d for x, d in zip(inputs, chosen)]
+        minus = [None if x is None else x - eps * d for x, d in zip(inputs, chosen)]
+        expected = (rwkv7_loss(plus, do, dS) - rwkv7_loss(minus, do, dS)) / (2 * eps)
+        terms = [float((gr * d).sum()) for gr, d in zip(grads, chosen) if gr is not None]
+        scale = max(sum(abs(t) for t in terms), 1e-3)
+        label = "all" if which == "all" else RWKV7_NAMES[which]
+        assert abs(sum(terms) - expected) <= 1e-7 * scale, f"{label}: {sum(terms):.12g} vs {expected:.12g}"
+
+
+def test_rwkv7_recurrent_and_chunked_backward_agree(rng):
+    B, T, H, K, V = 2, 70, 2, 8, 5
+    inputs = rwkv7_inputs(rng, B, T, H, K, V, w_low=-3.0)
+    do, dS = rng.standard_normal((B, T, H, V)), rng.standard_normal((B, H, K, V))
+    reference = rwkv7._recurrent_backward(*inputs, do, dS)
+    for chunk_size in [1, 3, 16, 64]:
+        got = rwkv7._chunked_backward(*inputs, do, dS, chunk_size)
+        for name, g, r in zip(RWKV7_NAMES, got, reference):
+            assert rel_err(g, r) < 1e-10, f"chunk_size={chunk_size}, d{name}: {rel_err(g, r):.2e}"
+
+
+def test_rwkv7_float32_long_sequence_with_strong_decays_stays_finite(rng):
+    B, T, H, K, V = 1, 4096, 1, 8, 8
+    inputs = rwkv7_inputs(rng, B, T, H, K, V, w_low=-20.0, dtype=np.float32)
+    do = rng.standard_normal((B, T, H, V)).astype(np.float32)
+    dS = rng.standard_normal((B, H, K, V)).astype(np.float32)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        chunked = rwkv7._chunked_backward(*inputs, do, dS, 64)
+        recurrent = rwkv7._recurrent_backward(*inputs, do, dS)
+    for name, c, r in zip(RWKV7_NAMES, chunked, recurrent):
+        assert c.dtype == np.float32 and np.isfinite(c).all() and np.isfinite(r).all(), name
+        assert rel_err(c, r) < 1e-4, f"d{name}: chunked vs recurrent in float32 {rel_err(c, r):.2e}"

@@ -207,7 +207,7 @@ def recurrent_backward(q, k, v, g, beta, S0, do, dS, checkpoint_every=CHECKPOINT
     return dq, dk, dv, dg, dbeta, (None if S0 is None else dS_t)
 
 
-def _gram_backward(dA, x, y, G):
+def gram_backward(dA, x, y, G):
     """Gradients of A = chunking.gated_gram(x, y, G): given dA, return (dx, dy).
 
         A_tj = sum_c x_tc y_jc exp(G_tc - G_jc)     (j <= t, or j < t)
@@ -227,14 +227,14 @@ def _gram_backward(dA, x, y, G):
         return _channel_gram_backward(dA, x, y, G)
     dM = dA if G is None else dA * decay_matrix(G)
     dx = dM @ y
-    dy = transposed(dM) @ x
+    dy = dM.swapaxes(-1, -2) @ x                      # a swapped view on the left multiplies at full speed
     while dy.ndim > y.ndim:
         dy = dy.sum(0)
     return dx, dy
 
 
 def _channel_gram_backward(dA, x, y, G):
-    """`_gram_backward` for a per-channel gate [..., C, K]: the adjoint of `chunking._channel_gram`.
+    """`gram_backward` for a per-channel gate [..., C, K]: the adjoint of `chunking._channel_gram`.
 
     The forward cuts the chunk into sub-blocks of c = SUB_CHUNK positions. Diagonal sub-block a builds
     the decay tensor D_ijc = exp(G_ic - G_jc) (j <= i in block a) outright; then
@@ -344,7 +344,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         from (2):  T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
                        dA = -T^T (dDelta rhs^T) T^T = -R (T rhs)^T = -R Delta^T,
                    kept strictly lower: only those entries of A are inputs.
-        from (1):  `_gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
+        from (1):  `gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
     Then beta K and beta V give dK += beta d(beta K), dbeta = sum_c K d(beta K) + sum_v V d(beta V),
     dV = beta d(beta V).
 
