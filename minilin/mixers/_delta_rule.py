@@ -388,8 +388,9 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         G = local_cumsum(to_chunks(g, C))
         G_last = G[:, :, :, -1]
         # Row factors [..., C, K] (per channel) or [..., C, 1] (scalar), and the state's [..., K | 1, 1].
+        to_end = G_last[:, :, :, None] - G                               # G_C - G <= 0
         E = xp.exp(G if per_channel else G[..., None])                   # exp(G)
-        E_end = xp.exp((G_last[:, :, :, None] - G) if per_channel else (G_last[:, :, :, None] - G)[..., None])
+        E_end = xp.exp(to_end if per_channel else to_end[..., None])     # exp(G_C - G)
         decay_end = xp.exp(G_last)[..., None] if per_channel else xp.exp(G_last)[..., None, None]
         rows_decayed = (rows.reshape(Bn, H, N, 2, C, K) * E[:, :, :, None]).reshape(rows.shape)
         k_to_end = kc * E_end                                            # K * E_end
