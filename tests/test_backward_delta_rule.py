@@ -180,8 +180,7 @@ def public_loss(mod, args, state, do, dstate, kwargs):
 
 def assert_public_matches_finite_differences(rng, mod, args, state, kwargs, form, eps=1e-6):
     B, T, H, _ = args[0].shape
-    V = args[2].shape[-1]
-    do = rng.standard_normal((B, T, H, V))
+    do = rng.standard_normal((B, T, H, state.shape[-1]))
     dstate = rng.standard_normal(state.shape)
     extra = {"chunk_size": 4} if form == "chunked" else {}
     grads = getattr(mod, f"{form}_backward")(*args, do=do, dstate=dstate, initial_state=state, **kwargs, **extra)
@@ -332,3 +331,24 @@ def test_rwkv7_float32_long_sequence_with_strong_decays_stays_finite(rng):
     for name, c, r in zip(RWKV7_NAMES, chunked, recurrent):
         assert c.dtype == np.float32 and np.isfinite(c).all() and np.isfinite(r).all(), name
         assert rel_err(c, r) < 1e-4, f"d{name}: chunked vs recurrent in float32 {rel_err(c, r):.2e}"
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+def test_rwkv7_public_backward_matches_finite_differences(rng, form):
+    """The public functions: dr through q = scale * r, every field named by SIGNATURE.gradients."""
+    (r, w, k, v, a, b), _ = rwkv7.example_inputs(B=2, T=13, H=2, K=5, V=4, seed=int(rng.integers(1 << 16)))
+    state = rng.standard_normal((2, 2, 5, 4))
+    assert_public_matches_finite_differences(rng, rwkv7, [r, w, k, v, a, b], state, {"scale": 0.8}, form)
+
+
+def test_rwkv7_public_backward_forms_agree_and_name_bad_cotangents(rng):
+    (r, w, k, v, a, b), _ = rwkv7.example_inputs(B=1, T=40, H=2, K=6, V=3, seed=7)
+    do = rng.standard_normal((1, 40, 2, 3))
+    reference = rwkv7.recurrent_backward(r, w, k, v, a, b, do=do)
+    got = rwkv7.chunked_backward(r, w, k, v, a, b, do=do, chunk_size=16)
+    assert got._fields == ("dr", "dw", "dk", "dv", "da", "db", "dinitial_state") and got.dinitial_state is None
+    assert max(rel_err(x, y) for x, y in zip(got[:-1], reference[:-1])) < 1e-10
+    with pytest.raises(ValueError, match=r"do: expected shape \[B, T, H, V\] = \[1, 40, 2, 3\]"):
+        rwkv7.chunked_backward(r, w, k, v, a, b, do=do[:, :-1])
+    with pytest.raises(ValueError, match="dstate: expected shape"):
+        rwkv7.recurrent_backward(r, w, k, v, a, b, do=do, dstate=np.zeros((1, 2, 6)))

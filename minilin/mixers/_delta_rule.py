@@ -11,41 +11,20 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]; o
 """
 from __future__ import annotations
 
+from ..activations import l2_normalize
 from ..backend import array_module
 from ..chunking import (SUB_CHUNK, causal_mask, decay_matrix, decay_rows, decay_state, from_chunks, gated_gram,
                         local_cumsum, num_chunks, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
 
 
-# FLA's l2norm eps (use_qk_l2norm_in_kernel): x / sqrt(|x|^2 + eps).
-L2_NORM_EPS = 1e-6
-
-
-def l2_normalize(x, eps: float = L2_NORM_EPS):
-    """x / sqrt(|x|^2 + eps) over the last axis: unit keys (and queries) for the delta rule, as the
-    mixers' `normalize_qk=True` and FLA's `use_qk_l2norm_in_kernel` apply them. [..., K] -> [..., K]."""
-    return x / array_module(x).sqrt((x * x).sum(-1, keepdims=True) + eps)
-
-
-def l2_normalize_backward(x, dy, eps: float = L2_NORM_EPS):
-    """The backward of `l2_normalize`: dx from dy, both [..., K].
-
-    With r = (|x|^2 + eps)^(-1/2) and y = r x, dy_i/dx_j = r delta_ij - r^3 x_i x_j, so
-        dx = r dy - r^3 (x . dy) x = r (dy - (y . dy) y):
-    the part of dy along y is removed (moving x along itself barely moves y), the rest scaled by 1 / |x|.
-    """
-    xp = array_module(x)
-    r = 1 / xp.sqrt((x * x).sum(-1, keepdims=True) + eps)
-    y = x * r
-    return r * (dy - (y * dy).sum(-1, keepdims=True) * y)
-
-
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
     """The public modules' chain rule for their own mapping of q and k onto the engine's:
-    q -> scale * l2_normalize(q), k -> l2_normalize(k) when normalize_qk, else q -> scale * q, k -> k.
-    q, k: the raw inputs [B, T, H, K]; dq, dk: the engine's gradients. Returns the raw inputs' (dq, dk)."""
+    q -> scale * l2_normalize(q), k -> l2_normalize(k) when normalize_qk, else q -> scale * q, k -> k
+    (`activations.l2_normalize` and its backward). q, k: the raw inputs [B, T, H, K]; dq, dk: the engine's
+    gradients. Returns the raw inputs' (dq, dk)."""
     dq = dq * scale
     if normalize_qk:
-        return l2_normalize_backward(q, dq), l2_normalize_backward(k, dk)
+        return l2_normalize.backward(q, dq), l2_normalize.backward(k, dk)
     return dq, dk
 
 
