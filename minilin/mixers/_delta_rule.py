@@ -306,6 +306,9 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     over all chunks and two more arrays.
 
     Step 0, recompute (1)-(4), keeping S (the state entering each chunk) and Delta; O is not needed.
+    Nothing from the forward call is stored: the backward recomputes the grams, T and the state pass
+    (one forward's work), then holds S and dS+ at every chunk boundary (N K V numbers each per head)
+    and Delta, R per chunk (T V each).
 
     Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS for the last chunk. Delta feeds (4)
     and (5); S feeds (3), (4) and (5):

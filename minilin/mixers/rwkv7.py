@@ -227,7 +227,8 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
         (5) O = (Q * E) S + Rb U + Rk V
 
     (gbd = `chunking.gram_before_decay`, exp(G_{t-1} - G_j) in entry (t, j); gram = `chunking.gated_gram`.)
-    Step 0 recomputes (1)-(4), keeping S and U. Step 1, the state adjoint chunk by chunk backwards:
+    Step 0 recomputes (1)-(4) (nothing is kept from the forward call), holding S at every chunk boundary
+    and U per chunk. Step 1, the state adjoint chunk by chunk backwards, holding dS+ and X likewise:
         dU = Rb^T dO + (B * E_end) dS+
         X  = Tinv^T dU                           (the transposed solve: drhs = X)
         dS = exp(G_C) dS+ + (Q * E)^T dO + (A * E_prev)^T X = exp(G_C) dS+ + [Q * E; A * E_prev]^T [dO; X]
