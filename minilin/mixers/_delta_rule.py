@@ -343,9 +343,9 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     Layout. Q and beta K both multiply K^T from the left, and dO and -R both multiply S^T and Delta^T,
     so each pair is stacked along the position axis: rows = [Q; beta K] [B, H, N, 2C, K] and
     left = [dO; -R] [B, H, N, 2C, V], and [P; A], [dP; dA] likewise. Each product of a pair is then one
-    product with 2C rows (or a 2C-long contraction), and the buffers are written in place: on this
-    code's CPU, touching fresh memory costs more than the arithmetic, so the backward allocates few
-    large arrays.
+    product with 2C rows (or a 2C-long contraction), and the buffers are written in place: on a 2-core
+    CPU box, first touches of fresh memory (page faults) cost about as much as the arithmetic, so the
+    backward allocates few large arrays.
     """
     xp = array_module(q)
     T, C = q.shape[1], chunk_size
@@ -364,8 +364,8 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     doc = left[..., :C, :]
     _fill_chunks(doc, do)
     if g is None:
-        G = L = None
-        rows_decayed, k_to_end = rows, kc
+        G = L = E_both = None
+        k_to_end = kc
     else:
         G = local_cumsum(to_chunks(g, C))
         G_last = G[:, :, :, -1]
@@ -374,7 +374,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         E = xp.exp(G if per_channel else G[..., None])                   # exp(G)
         E_end = xp.exp(to_end if per_channel else to_end[..., None])     # exp(G_C - G)
         decay_end = xp.exp(G_last)[..., None] if per_channel else xp.exp(G_last)[..., None, None]
-        rows_decayed = (rows.reshape(Bn, H, N, 2, C, K) * E[:, :, :, None]).reshape(rows.shape)
+        E_both = xp.concatenate([E, E], axis=-2)                         # exp(G) on [Q; beta K]
         k_to_end = kc * E_end                                            # K * E_end
         L = None if per_channel else decay_matrix(G)                     # exp(G_t - G_j), j <= t
     strict = causal_mask(C, xp, strict=True)
@@ -401,32 +401,47 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     P_T_do = grams[..., :C, :].swapaxes(-1, -2) @ doc                    # P^T dO
     T_inv = unit_lower_inverse(grams[..., C:, :])                        # (I + A)^-1
     del grams
-    k_beta_decayed = rows_decayed[..., C:, :]                            # beta K * E
+    v_beta = vc * beta_c
     S_in = xp.empty((Bn, H, N + 1, K, V), dtype)                        # S entering chunk n; n = N: final
     S_in[:, :, 0] = 0 if S0 is None else S0
     delta = xp.empty((Bn, H, N, C, V), dtype)
+    # The loops write into scratch buffers: on a batch of B H small matrices, each NumPy call's fixed cost
+    # is a large part of its time, and a fresh temporary adds to it. [Q * E; beta K * E] is formed chunk
+    # by chunk inside the loops rather than once for all chunks: on a small CPU box a fresh array of that
+    # size costs more in first-touch page faults than the 2N small products (measured on 2 cores).
+    rhs, decayed = xp.empty((Bn, H, C, V), dtype), xp.empty((Bn, H, K, V), dtype)
+    rows_decayed = rows[:, :, 0].copy()                                  # [Q * E; beta K * E] of one chunk
+    k_beta_decayed = rows_decayed[..., C:, :]
     for n in range(N):
         S = S_in[:, :, n]
-        rhs = vc[:, :, n] * beta_c[:, :, n] - k_beta_decayed[:, :, n] @ S
+        if G is None:
+            xp.matmul(k_beta[:, :, n], S, out=rhs)
+        else:
+            xp.multiply(k_beta[:, :, n], E[:, :, n], out=k_beta_decayed)
+            xp.matmul(k_beta_decayed, S, out=rhs)
+        xp.subtract(v_beta[:, :, n], rhs, out=rhs)                       # beta V - (beta K * E) S
         xp.matmul(T_inv[:, :, n], rhs, out=delta[:, :, n])              # Delta = T rhs
         S_next = S_in[:, :, n + 1]
         xp.matmul(k_to_end[:, :, n].swapaxes(-1, -2), delta[:, :, n], out=S_next)
-        S_next += S if G is None else S * decay_end[:, :, n]
-    del k_beta_decayed
+        S_next += S if G is None else xp.multiply(S, decay_end[:, :, n], out=decayed)
+    del v_beta
 
     # Step 1: the state adjoint, backwards over chunks. dS_out[:, :, n + 1] = dS+ of chunk n; [:, :, 0] = dS0.
     dS_out = xp.empty((Bn, H, N + 1, K, V), dtype)
     dS_out[:, :, N] = 0 if dS is None else dS
+    minus_T_inv_T = xp.negative(T_inv, out=T_inv).swapaxes(-1, -2)      # -T^T, in place (T is done with)
+    d_delta = rhs
     for n in reversed(range(N)):
         dS_next = dS_out[:, :, n + 1]
-        d_delta = P_T_do[:, :, n] + k_to_end[:, :, n] @ dS_next         # dDelta
-        minus_R = left[:, :, n, C:]
-        xp.matmul(T_inv[:, :, n].swapaxes(-1, -2), d_delta, out=minus_R)    # R = T^T dDelta
-        xp.negative(minus_R, out=minus_R)
+        xp.matmul(k_to_end[:, :, n], dS_next, out=d_delta)
+        d_delta += P_T_do[:, :, n]                                       # dDelta
+        xp.matmul(minus_T_inv_T[:, :, n], d_delta, out=left[:, :, n, C:])   # -R = -T^T dDelta
         dS_here = dS_out[:, :, n]
-        xp.matmul(rows_decayed[:, :, n].swapaxes(-1, -2), left[:, :, n], out=dS_here)
-        dS_here += dS_next if G is None else dS_next * decay_end[:, :, n]
-    del P_T_do, T_inv, rows_decayed
+        if G is not None:
+            xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
+        xp.matmul((rows[:, :, n] if G is None else rows_decayed).swapaxes(-1, -2), left[:, :, n], out=dS_here)
+        dS_here += dS_next if G is None else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
+    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both
     dS0 = None if S0 is None else dS_out[:, :, 0].copy()
     S_in, dS_out = S_in[:, :, :N], dS_out[:, :, 1:]
 
