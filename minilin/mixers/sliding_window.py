@@ -36,8 +36,9 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import from_chunks, num_chunks, to_chunks
+from ..chunking import from_chunks, num_chunks, to_chunks, transposed
 from ..validation import check_chunk_size, check_count, check_scale, check_tensors, state_name
+from . import attention
 
 
 class WindowCache(NamedTuple):
@@ -198,3 +199,158 @@ def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=n
     k = examples.normal(rng, (B, T, H, K), dtype, xp)
     v = examples.normal(rng, (B, T, H, V), dtype, xp)
     return (q, k, v), {"window": max(1, T // 4)}
+
+
+# --- backward ------------------------------------------------------------------------------------------
+#
+# The gradients of L = <do, o>: causal softmax attention's (`attention`, the backward section), with the
+# band as the mask. The cache is the last keys and values themselves, so there is no state cotangent;
+# the gradients with respect to the cached keys and values come back as a WindowCache laid out like the
+# cache (token p's gradient in slot p % W). With q scaled and s_ij = q_i . k_j, W_ij = softmax_j(s_ij)
+# over i - W < j <= i:
+#     dv_j = sum_i W_ij do_i,   ds_ij = W_ij (do_i . v_j - D_i),   D_i = do_i . o_i,
+#     dq_i = sum_j ds_ij k_j,   dk_j = sum_i ds_ij q_i.
+# The engines take q scaled, and the keys and values oldest first: the L unrolled cached entries, then the
+# T new ones (`_with_past`), query i at index L + i; they return (dq, dk, dv) for those.
+
+
+def _band(T, L, window, xp):
+    """[T, L + T] boolean: query i (index L + i) reads key index j when L + i - W < j <= L + i."""
+    query_index = L + xp.arange(T)[:, None]
+    key_index = xp.arange(L + T)[None, :]
+    return (key_index <= query_index) & (key_index > query_index - window)
+
+
+def _parallel_backward(q, k, v, do, L, window):
+    """The banded n x (L + n) matrices written out (`attention._masked_backward`). -> (dq, dk, dv)."""
+    return attention._masked_backward(q, k, v, do, _band(q.shape[1], L, window, array_module(q)))
+
+
+def _band_grid(q, k, v, L, window, C):
+    """The chunked form's layout (see `chunked`): query blocks qc [B, H, N, C, K]; keys and values on the
+    same grid, shifted by `front` = D C - L slots, kc [B, H, N + D, C, K], vc [B, H, N + D, C, V] (keys
+    before index L - D C are out of every window and dropped when front < 0). Returns (qc, kc, vc, front, D)."""
+    xp = array_module(q)
+    T = q.shape[1]
+    N = num_chunks(T, C)
+    D = -(-(window - 1) // C)
+    front = D * C - L
+    if front < 0:
+        k, v = k[:, -front:], v[:, -front:]
+    widths = [(0, 0), (max(front, 0), N * C - T), (0, 0), (0, 0)]
+    return to_chunks(q, C), to_chunks(xp.pad(k, widths), C), to_chunks(xp.pad(v, widths), C), front, D
+
+
+def _band_tile_mask(d, N, C, D, front, window, xp):
+    """Which entries of the C x C tiles at block offset d are read: [N, C(query), C(key)]."""
+    a = xp.arange(C)
+    behind = d * C + a[:, None] - a[None, :]                           # query position - key position
+    in_band = (behind >= 0) & (behind < window)
+    key_start = (xp.arange(N) + D - d) * C                             # grid position of each key block
+    real_key = (key_start[:, None] + a[None, :]) >= front              # not front padding
+    return in_band[None] & real_key[:, None, :]
+
+
+def _tiled_forward(q, k, v, L, window, C):
+    """`chunked`'s online softmax over the band, also returning lse_i = log sum_j exp(s_ij) per query.
+    Returns (o [B, H, N, C, V], lse [B, H, N, C])."""
+    xp = array_module(q)
+    qc, kc, vc, front, D = _band_grid(q, k, v, L, window, C)
+    kc_T = transposed(kc)
+    B, H, N = qc.shape[:3]
+    m = xp.full((B, H, N, C), -xp.inf, q.dtype)
+    l = xp.zeros((B, H, N, C), q.dtype)
+    acc = xp.zeros((B, H, N, C, v.shape[-1]), q.dtype)
+    for d in range(D + 1):
+        blocks = slice(D - d, D - d + N)
+        visible = _band_tile_mask(d, N, C, D, front, window, xp)
+        scores = xp.where(visible, qc @ kc_T[:, :, blocks], -xp.inf)
+        m_new = xp.maximum(m, scores.max(-1))
+        p = xp.exp(scores - m_new[..., None])
+        rescale = xp.exp(m - m_new)
+        l = rescale * l + p.sum(-1)
+        acc = rescale[..., None] * acc + p @ vc[:, :, blocks]
+        m = m_new
+    return acc / l[..., None], m + xp.log(l)
+
+
+def _chunked_backward(q, k, v, do, L, window, C):
+    """FlashAttention-2's backward over the band (`attention._chunked_backward`), never n x n: recompute
+    o and lse tile by tile, D_i = do_i . o_i, then for each block offset d = 0 .. D (query block n against
+    key block n + D - d, all n at once):
+        W = exp(Q K^T - lse)          masked outside the band: exp(-inf) = 0
+        dS = W (dO V^T - D)
+        dQ_n += dS K,   dK_{n+D-d} += dS^T Q_n,   dV_{n+D-d} += W^T dO_n
+    then the keys' gradients taken off the grid (zeros for the keys dropped as out of every window).
+    -> (dq, dk, dv), dk and dv over all L + T keys."""
+    xp = array_module(q)
+    T, total = q.shape[1], k.shape[1]
+    o, lse = _tiled_forward(q, k, v, L, window, C)
+    qc, kc, vc, front, D = _band_grid(q, k, v, L, window, C)
+    doc = to_chunks(do, C)
+    Dsum = (doc * o).sum(-1)[..., None]                                # D_i = do_i . o_i
+    kc_T, vc_T = transposed(kc), transposed(vc)
+    N = qc.shape[2]
+    dqc, dkc, dvc = xp.zeros_like(qc), xp.zeros_like(kc), xp.zeros_like(vc)
+    for d in range(D + 1):
+        blocks = slice(D - d, D - d + N)
+        visible = _band_tile_mask(d, N, C, D, front, window, xp)
+        W = xp.exp(xp.where(visible, qc @ kc_T[:, :, blocks], -xp.inf) - lse[..., None])
+        dS = W * (doc @ vc_T[:, :, blocks] - Dsum)
+        dqc += dS @ kc[:, :, blocks]
+        dkc[:, :, blocks] += transposed(dS) @ qc
+        dvc[:, :, blocks] += transposed(W) @ doc
+
+    def off_grid(x):
+        x = from_chunks(x, dkc.shape[2] * C)[:, max(front, 0):max(front, 0) + total - max(-front, 0)]
+        return x if front >= 0 else xp.concatenate([xp.zeros((x.shape[0], -front, *x.shape[2:]), x.dtype), x], 1)
+
+    return from_chunks(dqc, T), off_grid(dkc), off_grid(dvc)
+
+
+def _recurrent_backward(q, k, v, do, cache_k, cache_v, P, window):
+    """The loop of steps run backwards, on the ring buffer itself. Step t (token p = P + t) wrote k_t, v_t
+    into slot p % W, overwriting token p - W, then read the min(p + 1, W) slots. Going back from the final
+    ring, step t adds its read's gradient to the ring's adjoint, then undoes its write: the adjoint in slot
+    p % W is k_t's (v_t's) gradient, and the slot gets back token p - W (k_{t-W}, or the cached entry when
+    t < W) with a zero adjoint, since nothing read that token after it was overwritten. While the ring is
+    still filling (p < W) undoing the write shrinks it instead. At t = 0 the ring's adjoint is the cache's.
+    Stores the ring and its adjoint; recomputes each step's weights.
+    q, do [B, T, H, .]; new k, v [B, T, H, .]; cache_k, cache_v [B, L, H, .] in slot order (or None).
+    Returns (dq, dk, dv, dcache_k, dcache_v), the cache's in its slot order (None without a cache)."""
+    xp = array_module(q)
+    T = q.shape[1]
+    keys, values, L = _with_past(k, v, cache_k, cache_v, P, window)
+    final = _ring(keys, values, P + T, window)
+    ring_k = xp.ascontiguousarray(final.k.transpose(0, 2, 1, 3))     # [B, H, min(P + T, W), K]
+    ring_v = xp.ascontiguousarray(final.v.transpose(0, 2, 1, 3))
+    dring_k, dring_v = xp.zeros_like(ring_k), xp.zeros_like(ring_v)  # the ring's adjoint
+    dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    for t in range(T - 1, -1, -1):
+        p = P + t
+        n, slot = min(p + 1, window), p % window
+        q_t, do_t = q[:, t, :, :, None], do[:, t, :, :, None]          # [B, H, ., 1]
+        s = (ring_k[:, :, :n] @ q_t)[..., 0]                           # [B, H, n]
+        w = xp.exp(s - s.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        dw = (ring_v[:, :, :n] @ do_t)[..., 0]
+        ds = (w * (dw - (w * dw).sum(-1, keepdims=True)))[..., None]
+        dq[:, t] = (ds * ring_k[:, :, :n]).sum(-2)
+        dring_k[:, :, :n] += ds * q_t.swapaxes(-1, -2)
+        dring_v[:, :, :n] += w[..., None] * do_t.swapaxes(-1, -2)
+        dk[:, t], dv[:, t] = dring_k[:, :, slot], dring_v[:, :, slot]  # undo the write of token p
+        dring_k[:, :, slot] = 0
+        dring_v[:, :, slot] = 0
+        if p >= window:                                                # the slot held token p - W before
+            older_k, older_v = (k[:, t - window], v[:, t - window]) if t >= window else (cache_k[:, slot], cache_v[:, slot])
+            ring_k[:, :, slot], ring_v[:, :, slot] = older_k, older_v
+    if cache_k is None:
+        return dq, dk, dv, None, None
+    dcache_k, dcache_v = (xp.ascontiguousarray(x[:, :, :L].transpose(0, 2, 1, 3)) for x in (dring_k, dring_v))
+    return dq, dk, dv, dcache_k, dcache_v
+
+
+def _to_slots(d_oldest_first, P, window):
+    """Gradients of the L unrolled cached entries (oldest first) -> the cache's slot order (undoes the roll
+    of `_with_past`)."""
+    return array_module(d_oldest_first).roll(d_oldest_first, P % window, axis=1)
