@@ -113,3 +113,32 @@ def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=n
     q, k, v = (_noncausal.correlated_normal(rng, (B, T, H, D), max(1.0, T / 4), dtype, xp) for D in (K, K, V))
     return (q, k, v), {"rank": max(1, min(T // 4, 256)), "seed": seed}
 
+
+
+# --- backward ------------------------------------------------------------------------------------------
+
+
+def _parallel_backward(q, k, v, E, F, do):
+    """The gradients of L = <do, o>, o = softmax(Q (E K)^T) (F V), q already scaled. Step by step, with
+    K' = E K and V' = F V the r projected keys and values, S = Q K'^T, W = softmax(S), o = W V':
+        dV' = W^T do,       dW = do V'^T,       dS = W (dW - rowsum(W dW))    (`_noncausal.softmax_backward`)
+        dQ  = dS K',        dK' = dS^T Q
+        dK  = E^T dK',      dV  = F^T dV'                                      (along the sequence)
+        dE  = sum dK' K^T,  dF  = sum dV' V^T                                  (over batch, heads, features)
+    q, k [B, T, H, K]; v, do [B, T, H, V]; E, F [r, T]. Returns (dq, dk, dv, dE, dF); with E = F the
+    caller adds dE and dF."""
+    hf, tf = _noncausal.heads_first, _noncausal.tokens_first
+    keys = _noncausal.along_sequence(E, k)                             # K' = E K: [B, r, H, K]
+    values = _noncausal.along_sequence(F, v)                           # V' = F V: [B, r, H, V]
+    W = _noncausal.softmax(hf(q) @ hf(keys).swapaxes(-1, -2))          # [B, H, T, r]
+    dO = hf(do)
+    dvalues = W.swapaxes(-1, -2) @ dO                                  # [B, H, r, V]
+    dS = _noncausal.softmax_backward(W, dO @ hf(values).swapaxes(-1, -2))
+    dq = dS @ hf(keys)
+    dkeys = dS.swapaxes(-1, -2) @ hf(q)                                # [B, H, r, K]
+    dkeys, dvalues = tf(dkeys), tf(dvalues)                            # [B, r, H, .]
+    dk = _noncausal.along_sequence_transposed(E, dkeys)
+    dv = _noncausal.along_sequence_transposed(F, dvalues)
+    dE = _noncausal.projection_gradient(dkeys, k)
+    dF = _noncausal.projection_gradient(dvalues, v)
+    return tf(dq), dk, dv, dE, dF
