@@ -17,6 +17,10 @@ Forms:
 All return (o, KVCache); `initial_state` / `state` is a KVCache of earlier tokens (positions 0..P-1), so
 running [0, t) then [t, T) from the returned cache equals running [0, T).
 
+Backward: `parallel_backward`, `recurrent_backward`, `chunked_backward` (FlashAttention-2's: the forward's
+log-sum-exp per query recomputed, D_i = do_i . o_i, tiles recomputed) return the gradients of <do, o>
+with respect to q, k, v and the cached keys and values (the backward section below).
+
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; KVCache.k [B, P, H, K], KVCache.v [B, P, H, V].
 """
 from __future__ import annotations
@@ -103,29 +107,37 @@ def recurrent(q, k, v, *, scale=None, initial_state=None):
     return a.xp.stack(outputs, axis=1), cache
 
 
-def chunked(q, k, v, *, scale=None, initial_state=None, chunk_size=64):
-    """FlashAttention-style tiling with an online softmax (see the module docstring); exact."""
-    a, scale = _checked(q, k, v, scale, initial_state)
-    C = check_chunk_size(chunk_size, a.shapes["T"])
-    q = a.q * scale
-    k, v = _with_past(a)
-    xp = a.xp
-    T, total = q.shape[1], k.shape[1]
-    prefix = total - T
-    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)  # [B, H, Nq or Nk, C, .]
-    kc_T = transposed(kc)                                           # [B, H, Nk, K, C]
-    q_pos = prefix + xp.arange(qc.shape[2] * C).reshape(-1, C)     # absolute positions [Nq, C]
-    k_pos = xp.arange(kc.shape[2] * C).reshape(-1, C)              # [Nk, C]; padding lies past every query
+def _tiles(q, k, v, C):
+    """The block layout of the tiled forms: q, k, v in blocks of C (`to_chunks`), the keys' blocks also
+    transposed, and the absolute positions of every query and key (padding lies past every real query)."""
+    xp = array_module(q)
+    prefix = k.shape[1] - q.shape[1]
+    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)     # [B, H, Nq or Nk, C, .]
+    q_pos = prefix + xp.arange(qc.shape[2] * C).reshape(-1, C)         # [Nq, C]
+    k_pos = xp.arange(kc.shape[2] * C).reshape(-1, C)                  # [Nk, C]
+    return qc, kc, vc, q_pos, k_pos, prefix
 
+
+def _visible_tiles(j, q_pos, k_pos, prefix, C):
+    """Key block j against the query blocks that can see any of it: (first query block, mask [Nq', C, C])."""
+    first = max(0, (j * C - prefix) // C)                              # earlier query blocks see none of block j
+    return first, k_pos[j][None, None, :] <= q_pos[first:, :, None]
+
+
+def _tiled_forward(q, k, v, C):
+    """The chunked form's online softmax (module docstring), also returning each query's log-sum-exp
+    lse_i = m_i + log l_i = log sum_j exp(s_ij), which is all the backward needs to rebuild any tile of
+    W exactly: W_ij = exp(s_ij - lse_i). Returns (o [B, H, Nq, C, V], lse [B, H, Nq, C])."""
+    xp = array_module(q)
+    qc, kc, vc, q_pos, k_pos, prefix = _tiles(q, k, v, C)
+    kc_T = transposed(kc)
     B, H, Nq = qc.shape[:3]
-    m = xp.full((B, H, Nq, C), -xp.inf, q.dtype)                    # running max of the scores
-    l = xp.zeros((B, H, Nq, C), q.dtype)                            # running sum of exp(score - m)
-    acc = xp.zeros((B, H, Nq, C, v.shape[-1]), q.dtype)             # running sum of exp(score - m) v
-    for j in range(num_chunks(total, C)):
-        first = max(0, (j * C - prefix) // C)                       # query blocks before it see none of block j
-        visible = k_pos[j][None, None, :] <= q_pos[first:, :, None]  # [Nq', C, C]
-        scores = qc[:, :, first:] @ kc_T[:, :, j, None]
-        scores = xp.where(visible, scores, -xp.inf)
+    m = xp.full((B, H, Nq, C), -xp.inf, q.dtype)                      # running max of the scores
+    l = xp.zeros((B, H, Nq, C), q.dtype)                               # running sum of exp(score - m)
+    acc = xp.zeros((B, H, Nq, C, v.shape[-1]), q.dtype)                # running sum of exp(score - m) v
+    for j in range(kc.shape[2]):
+        first, visible = _visible_tiles(j, q_pos, k_pos, prefix, C)
+        scores = xp.where(visible, qc[:, :, first:] @ kc_T[:, :, j, None], -xp.inf)
         m_new = xp.maximum(m[:, :, first:], scores.max(-1))
         # Key 0 is visible to every query and block 0 comes first, so m_new is finite from the start.
         p = xp.exp(scores - m_new[..., None])
@@ -133,16 +145,16 @@ def chunked(q, k, v, *, scale=None, initial_state=None, chunk_size=64):
         l[:, :, first:] = rescale * l[:, :, first:] + p.sum(-1)
         acc[:, :, first:] = rescale[..., None] * acc[:, :, first:] + p @ vc[:, :, j, None]
         m[:, :, first:] = m_new
-    return from_chunks(acc / l[..., None], T), KVCache(k, v)
+    return acc / l[..., None], m + xp.log(l)
 
 
-def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
-    """Random valid inputs (see `minilin.examples`): returns (args, kwargs) for every form."""
-    rng = examples.generator(seed)
-    q = examples.normal(rng, (B, T, H, K), dtype, xp)
-    k = examples.normal(rng, (B, T, H, K), dtype, xp)
-    v = examples.normal(rng, (B, T, H, V), dtype, xp)
-    return (q, k, v), {}
+def chunked(q, k, v, *, scale=None, initial_state=None, chunk_size=64):
+    """FlashAttention-style tiling with an online softmax (see the module docstring); exact."""
+    a, scale = _checked(q, k, v, scale, initial_state)
+    C = check_chunk_size(chunk_size, a.shapes["T"])
+    k, v = _with_past(a)
+    o, _ = _tiled_forward(a.q * scale, k, v, C)
+    return from_chunks(o, a.shapes["T"]), KVCache(k, v)
 
 
 # --- backward ------------------------------------------------------------------------------------------
@@ -159,6 +171,46 @@ def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=n
 # D_i is one dot product of two V-vectors per query: the row sum of W * dW never has to be formed.
 # The engines below take q scaled and k, v holding all P + T keys (the cache's P first) and return
 # (dq, dk, dv) for those; the public forms split off the cache's part and apply the scale to dq.
+
+
+def _backward_inputs(q, k, v, scale, initial_state, do, dstate):
+    """Check the forward's arguments and the cotangents (dstate must be None: the cache is no state of its
+    own). Returns (checked inputs, scale, the keys and values of all P + T tokens, do)."""
+    a, scale = _checked(q, k, v, scale, initial_state)
+    do, _ = SIGNATURE.check_cotangents(a, do, dstate)
+    keys, values = _with_past(a)
+    return a, scale, keys, values, do
+
+
+def _gradients(a, scale, dq, dk, dv):
+    """The named tuple: dq through the scale (the engines see scale * q), the keys' and values' gradients
+    split into the new tokens' (the last T) and the cache's (the first P, a KVCache; None without one)."""
+    P = dk.shape[1] - dq.shape[1]
+    cache = None if a.arrays["initial_state.k"] is None else KVCache(dk[:, :P].copy(), dv[:, :P].copy())
+    return SIGNATURE.gradients("attention")(dq * scale, dk[:, P:].copy(), dv[:, P:].copy(), cache)
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of <do, o> for `parallel`, from the n x (P + n) matrices. Returns AttentionGradients(dq,
+    dk, dv, dinitial_state), dinitial_state a KVCache of the cached keys' and values' gradients when
+    initial_state is given (else None). do [B, T, H, V]; dstate must be None."""
+    a, scale, keys, values, do = _backward_inputs(q, k, v, scale, initial_state, do, dstate)
+    return _gradients(a, scale, *_parallel_backward(a.q * scale, keys, values, do))
+
+
+def recurrent_backward(q, k, v, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of <do, o> for `recurrent`: its loop of steps run backwards (`_recurrent_backward`).
+    Returns AttentionGradients(dq, dk, dv, dinitial_state) as `parallel_backward`."""
+    a, scale, keys, values, do = _backward_inputs(q, k, v, scale, initial_state, do, dstate)
+    return _gradients(a, scale, *_recurrent_backward(a.q * scale, keys, values, do))
+
+
+def chunked_backward(q, k, v, *, do, dstate=None, scale=None, initial_state=None, chunk_size=64):
+    """Gradients of <do, o> for `chunked`: FlashAttention-2's tiled backward (`_chunked_backward`), never
+    n x n. Returns AttentionGradients(dq, dk, dv, dinitial_state) as `parallel_backward`."""
+    a, scale, keys, values, do = _backward_inputs(q, k, v, scale, initial_state, do, dstate)
+    C = check_chunk_size(chunk_size, a.shapes["T"])
+    return _gradients(a, scale, *_chunked_backward(a.q * scale, keys, values, do, C))
 
 
 def _parallel_backward(q, k, v, do):
@@ -212,46 +264,6 @@ def _recurrent_backward(q, k, v, do):
     return dq, *(xp.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (dkeys, dvalues))
 
 
-def _tiles(q, k, v, C):
-    """The block layout of the tiled forms: q, k, v in blocks of C (`to_chunks`), the keys' blocks also
-    transposed, and the absolute positions of every query and key (padding lies past every real query)."""
-    xp = array_module(q)
-    prefix = k.shape[1] - q.shape[1]
-    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)     # [B, H, Nq or Nk, C, .]
-    q_pos = prefix + xp.arange(qc.shape[2] * C).reshape(-1, C)         # [Nq, C]
-    k_pos = xp.arange(kc.shape[2] * C).reshape(-1, C)                  # [Nk, C]
-    return qc, kc, vc, q_pos, k_pos, prefix
-
-
-def _visible_tiles(j, q_pos, k_pos, prefix, C):
-    """Key block j against the query blocks that can see any of it: (first query block, mask [Nq', C, C])."""
-    first = max(0, (j * C - prefix) // C)                              # earlier query blocks see none of block j
-    return first, k_pos[j][None, None, :] <= q_pos[first:, :, None]
-
-
-def _tiled_forward(q, k, v, C):
-    """The chunked form's online softmax (module docstring), also returning each query's log-sum-exp
-    lse_i = m_i + log l_i = log sum_j exp(s_ij), which is all the backward needs to rebuild any tile of
-    W exactly: W_ij = exp(s_ij - lse_i). Returns (o [B, H, Nq, C, V], lse [B, H, Nq, C])."""
-    xp = array_module(q)
-    qc, kc, vc, q_pos, k_pos, prefix = _tiles(q, k, v, C)
-    kc_T = transposed(kc)
-    B, H, Nq = qc.shape[:3]
-    m = xp.full((B, H, Nq, C), -xp.inf, q.dtype)
-    l = xp.zeros((B, H, Nq, C), q.dtype)
-    acc = xp.zeros((B, H, Nq, C, v.shape[-1]), q.dtype)
-    for j in range(kc.shape[2]):
-        first, visible = _visible_tiles(j, q_pos, k_pos, prefix, C)
-        scores = xp.where(visible, qc[:, :, first:] @ kc_T[:, :, j, None], -xp.inf)
-        m_new = xp.maximum(m[:, :, first:], scores.max(-1))
-        p = xp.exp(scores - m_new[..., None])
-        rescale = xp.exp(m[:, :, first:] - m_new)
-        l[:, :, first:] = rescale * l[:, :, first:] + p.sum(-1)
-        acc[:, :, first:] = rescale[..., None] * acc[:, :, first:] + p @ vc[:, :, j, None]
-        m[:, :, first:] = m_new
-    return acc / l[..., None], m + xp.log(l)
-
-
 def _chunked_backward(q, k, v, do, C):
     """FlashAttention-2's backward (Dao 2023, Algorithm 2), tile by tile, never n x n.
 
@@ -289,3 +301,12 @@ def _chunked_backward(q, k, v, do, C):
         dvc[:, :, j] = W_keys @ doc[:, :, first:].reshape(B, H, n * C, -1)
         dkc[:, :, j] = dS_keys @ qc[:, :, first:].reshape(B, H, n * C, -1)
     return from_chunks(dqc, T), from_chunks(dkc, total), from_chunks(dvc, total)
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs (see `minilin.examples`): returns (args, kwargs) for every form."""
+    rng = examples.generator(seed)
+    q = examples.normal(rng, (B, T, H, K), dtype, xp)
+    k = examples.normal(rng, (B, T, H, K), dtype, xp)
+    v = examples.normal(rng, (B, T, H, V), dtype, xp)
+    return (q, k, v), {}

@@ -24,6 +24,10 @@ Forms:
 - step: write the token into slot P % W, then one softmax over the buffer.
 - recurrent: a loop of steps (the definition as a decoder runs it).
 
+Backward: `parallel_backward`, `recurrent_backward` (the ring buffer's adjoint, its writes undone one by
+one) and `chunked_backward` (FlashAttention-2 over the band) return the gradients of <do, o> with respect
+to q, k, v and the cached keys and values (the backward section below).
+
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; WindowCache.k [B, L, H, K], .v [B, L, H, V],
 .position an integer (np.int64), L = min(position, window).
 """
@@ -68,8 +72,9 @@ def _check_position(name, position, window, stored) -> int:
 
 
 def _checked(q, k, v, window, scale, cache, step=False):
-    """Check everything before any work. Returns (q * scale, k, v, cache_k, cache_v, P, W), the cached
-    arrays cast to the inputs' dtype (None when there is no cache), P the tokens seen before these."""
+    """Check everything before any work. Returns (q * scale, k, v, cache_k, cache_v, P, W, checked), the
+    cached arrays cast to the inputs' dtype (None when there is no cache), P the tokens seen before these,
+    `checked` the `Signature.check` result (for the backward's cotangents)."""
     window = _check_window(window)
     name = state_name(step)
     if cache is not None and not (isinstance(cache, tuple) and len(cache) == 3):
@@ -79,7 +84,7 @@ def _checked(q, k, v, window, scale, cache, step=False):
                                                    (Tensor(f"{name}.v", "B L H V"), cache_v)))
     P = _check_position(name, position, window, 0 if cache_k is None else cache_k.shape[1])
     return (a.q * check_scale(scale, a.shapes["K"]), a.k, a.v, a.arrays[f"{name}.k"], a.arrays[f"{name}.v"],
-            P, window)
+            P, window, a)
 
 
 def _with_past(k, v, cache_k, cache_v, P, window):
@@ -111,115 +116,6 @@ def _softmax_rows(scores, v):
     return (weights / weights.sum(-1, keepdims=True)) @ v
 
 
-def parallel(q, k, v, *, window, scale=None, initial_state=None):
-    """The banded n x (L + n) softmax. Returns (o [B, T, H, V], WindowCache)."""
-    q, k, v, cache_k, cache_v, P, window = _checked(q, k, v, window, scale, initial_state)
-    k, v, L = _with_past(k, v, cache_k, cache_v, P, window)
-    xp = array_module(q)
-    T = q.shape[1]
-    query_index = L + xp.arange(T)[:, None]           # where query i sits among the keys
-    key_index = xp.arange(L + T)[None, :]
-    visible = (key_index <= query_index) & (key_index > query_index - window)   # [T, L + T]
-    scores = xp.where(visible, q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1), -xp.inf)  # [B, H, T, L + T]
-    o = _softmax_rows(scores, v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-    return xp.ascontiguousarray(o), _ring(k, v, P + T, window)
-
-
-def chunked(q, k, v, *, window, scale=None, initial_state=None, chunk_size=64):
-    """Tiled band with an online softmax (module docstring); never forms an n x n matrix."""
-    q, k, v, cache_k, cache_v, P, window = _checked(q, k, v, window, scale, initial_state)
-    C = check_chunk_size(chunk_size, q.shape[1])
-    k, v, L = _with_past(k, v, cache_k, cache_v, P, window)
-    xp = array_module(q)
-    T = q.shape[1]
-    N = num_chunks(T, C)
-    D = -(-(window - 1) // C)  # key blocks before the diagonal one that some query in a block can see
-
-    # Lay the keys on the queries' block grid: with `front` entries before key 0, the key of query i
-    # (index L + i) lands at D * C + i, so query block n's own keys are key block n + D and the D blocks
-    # before it hold everything its window can reach. Keys before index L - D * C are out of every
-    # query's window (D * C >= W - 1) and are dropped; the padding is masked out below.
-    front = D * C - L
-    if front < 0:
-        k, v = k[:, -front:], v[:, -front:]
-    qc = to_chunks(q, C)                                                # [B, H, N, C, K]
-    widths = [(0, 0), (max(front, 0), N * C - T), (0, 0), (0, 0)]
-    kc_T = xp.ascontiguousarray(to_chunks(xp.pad(k, widths), C).swapaxes(-1, -2))  # [B, H, N + D, K, C]
-    vc = to_chunks(xp.pad(v, widths), C)
-
-    B, H = qc.shape[:2]
-    a = xp.arange(C)
-    m = xp.full((B, H, N, C), -xp.inf, q.dtype)                         # running max of the scores
-    l = xp.zeros((B, H, N, C), q.dtype)                                 # running sum of exp(score - m)
-    acc = xp.zeros((B, H, N, C, v.shape[-1]), q.dtype)                  # running sum of exp(score - m) v
-    # Offset d = 0 (the diagonal tile, which holds each query's own key) comes first, so m is finite
-    # from the start and a fully hidden tile later on adds exp(-inf) = 0.
-    for d in range(D + 1):
-        blocks = slice(D - d, D - d + N)                                # key block n + D - d for query block n
-        behind = d * C + a[:, None] - a[None, :]                        # query position - key position [C, C]
-        in_band = (behind >= 0) & (behind < window)
-        key_start = (xp.arange(N) + D - d) * C                          # grid position of each key block
-        real_key = (key_start[:, None] + a[None, :]) >= front           # not front padding [N, C]
-        visible = in_band[None] & real_key[:, None, :]                  # [N, C, C]
-        scores = xp.where(visible, qc @ kc_T[:, :, blocks], -xp.inf)
-        m_new = xp.maximum(m, scores.max(-1))
-        p = xp.exp(scores - m_new[..., None])
-        rescale = xp.exp(m - m_new)
-        l = rescale * l + p.sum(-1)
-        acc = rescale[..., None] * acc + p @ vc[:, :, blocks]
-        m = m_new
-    return from_chunks(acc / l[..., None], T), _ring(k, v, P + T, window)
-
-
-def step(q, k, v, *, state=None, window, scale=None):
-    """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], the cache with this token in it)."""
-    q, k, v, ring_k, ring_v, P, window = _checked(q, k, v, window, scale, state, step=True)
-    xp = array_module(q)
-    if P < window:   # still filling up: token P goes to slot P, the end of the buffer
-        ring_k = k[:, None].copy() if ring_k is None else xp.concatenate([ring_k, k[:, None]], axis=1)
-        ring_v = v[:, None].copy() if ring_v is None else xp.concatenate([ring_v, v[:, None]], axis=1)
-    else:            # full: overwrite the oldest entry, slot P % W (a copy: the caller's cache stays valid)
-        ring_k, ring_v = ring_k.copy(), ring_v.copy()
-        ring_k[:, P % window], ring_v[:, P % window] = k, v
-    scores = (q[:, :, None, :] @ ring_k.transpose(0, 2, 3, 1))              # [B, H, 1, min(P + 1, W)]
-    o = _softmax_rows(scores, ring_v.transpose(0, 2, 1, 3))[:, :, 0]       # [B, H, V]
-    return o, WindowCache(ring_k, ring_v, np.int64(P + 1))
-
-
-def recurrent(q, k, v, *, window, scale=None, initial_state=None):
-    """One `step` per token, as a decoder runs: the ring buffer fills up to W entries, then wraps."""
-    q, k, v, *_ = _checked(q, k, v, window, scale, initial_state)  # every argument checked once, by its name
-    xp = array_module(q)
-    cache = initial_state
-    outputs = []
-    for t in range(q.shape[1]):
-        o_t, cache = step(q[:, t], k[:, t], v[:, t], state=cache, window=window, scale=1.0)
-        outputs.append(o_t)
-    return xp.stack(outputs, axis=1), cache
-
-
-def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
-    """Random valid inputs (see `minilin.examples`), window = max(1, T // 4). Returns (args, kwargs)."""
-    rng = examples.generator(seed)
-    q = examples.normal(rng, (B, T, H, K), dtype, xp)
-    k = examples.normal(rng, (B, T, H, K), dtype, xp)
-    v = examples.normal(rng, (B, T, H, V), dtype, xp)
-    return (q, k, v), {"window": max(1, T // 4)}
-
-
-# --- backward ------------------------------------------------------------------------------------------
-#
-# The gradients of L = <do, o>: causal softmax attention's (`attention`, the backward section), with the
-# band as the mask. The cache is the last keys and values themselves, so there is no state cotangent;
-# the gradients with respect to the cached keys and values come back as a WindowCache laid out like the
-# cache (token p's gradient in slot p % W). With q scaled and s_ij = q_i . k_j, W_ij = softmax_j(s_ij)
-# over i - W < j <= i:
-#     dv_j = sum_i W_ij do_i,   ds_ij = W_ij (do_i . v_j - D_i),   D_i = do_i . o_i,
-#     dq_i = sum_j ds_ij k_j,   dk_j = sum_i ds_ij q_i.
-# The engines take q scaled, and the keys and values oldest first: the L unrolled cached entries, then the
-# T new ones (`_with_past`), query i at index L + i; they return (dq, dk, dv) for those.
-
-
 def _band(T, L, window, xp):
     """[T, L + T] boolean: query i (index L + i) reads key index j when L + i - W < j <= L + i."""
     query_index = L + xp.arange(T)[:, None]
@@ -227,15 +123,25 @@ def _band(T, L, window, xp):
     return (key_index <= query_index) & (key_index > query_index - window)
 
 
-def _parallel_backward(q, k, v, do, L, window):
-    """The banded n x (L + n) matrices written out (`attention._masked_backward`). -> (dq, dk, dv)."""
-    return attention._masked_backward(q, k, v, do, _band(q.shape[1], L, window, array_module(q)))
+def parallel(q, k, v, *, window, scale=None, initial_state=None):
+    """The banded n x (L + n) softmax. Returns (o [B, T, H, V], WindowCache)."""
+    q, k, v, cache_k, cache_v, P, window, _ = _checked(q, k, v, window, scale, initial_state)
+    k, v, L = _with_past(k, v, cache_k, cache_v, P, window)
+    xp = array_module(q)
+    T = q.shape[1]
+    scores = xp.where(_band(T, L, window, xp), q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1), -xp.inf)  # [B, H, T, L + T]
+    o = _softmax_rows(scores, v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    return xp.ascontiguousarray(o), _ring(k, v, P + T, window)
 
 
 def _band_grid(q, k, v, L, window, C):
-    """The chunked form's layout (see `chunked`): query blocks qc [B, H, N, C, K]; keys and values on the
-    same grid, shifted by `front` = D C - L slots, kc [B, H, N + D, C, K], vc [B, H, N + D, C, V] (keys
-    before index L - D C are out of every window and dropped when front < 0). Returns (qc, kc, vc, front, D)."""
+    """The chunked form's layout. Query block n (C queries) can only see its own key block and the
+    D = ceil((W - 1) / C) blocks before it. Lay the keys on the queries' block grid: with `front` = D C - L
+    entries before key 0, the key of query i (index L + i) lands at D C + i, so query block n's own keys
+    are key block n + D and the D blocks before it hold everything its window can reach. Keys before index
+    L - D C are out of every query's window (D C >= W - 1) and are dropped (front < 0); the padding is
+    masked out by `_band_tile_mask`. Returns (qc [B, H, N, C, K], kc [B, H, N + D, C, K],
+    vc [B, H, N + D, C, V], front, D)."""
     xp = array_module(q)
     T = q.shape[1]
     N = num_chunks(T, C)
@@ -264,11 +170,13 @@ def _tiled_forward(q, k, v, L, window, C):
     qc, kc, vc, front, D = _band_grid(q, k, v, L, window, C)
     kc_T = transposed(kc)
     B, H, N = qc.shape[:3]
-    m = xp.full((B, H, N, C), -xp.inf, q.dtype)
-    l = xp.zeros((B, H, N, C), q.dtype)
-    acc = xp.zeros((B, H, N, C, v.shape[-1]), q.dtype)
+    m = xp.full((B, H, N, C), -xp.inf, q.dtype)                        # running max of the scores
+    l = xp.zeros((B, H, N, C), q.dtype)                                # running sum of exp(score - m)
+    acc = xp.zeros((B, H, N, C, v.shape[-1]), q.dtype)                 # running sum of exp(score - m) v
+    # Offset d = 0 (the diagonal tile, which holds each query's own key) comes first, so m is finite
+    # from the start and a fully hidden tile later on adds exp(-inf) = 0.
     for d in range(D + 1):
-        blocks = slice(D - d, D - d + N)
+        blocks = slice(D - d, D - d + N)                               # key block n + D - d for query block n
         visible = _band_tile_mask(d, N, C, D, front, window, xp)
         scores = xp.where(visible, qc @ kc_T[:, :, blocks], -xp.inf)
         m_new = xp.maximum(m, scores.max(-1))
@@ -278,6 +186,112 @@ def _tiled_forward(q, k, v, L, window, C):
         acc = rescale[..., None] * acc + p @ vc[:, :, blocks]
         m = m_new
     return acc / l[..., None], m + xp.log(l)
+
+
+def chunked(q, k, v, *, window, scale=None, initial_state=None, chunk_size=64):
+    """Tiled band with an online softmax (module docstring, `_band_grid`); never forms an n x n matrix."""
+    q, k, v, cache_k, cache_v, P, window, _ = _checked(q, k, v, window, scale, initial_state)
+    C = check_chunk_size(chunk_size, q.shape[1])
+    k, v, L = _with_past(k, v, cache_k, cache_v, P, window)
+    o, _ = _tiled_forward(q, k, v, L, window, C)
+    return from_chunks(o, q.shape[1]), _ring(k, v, P + q.shape[1], window)
+
+
+def step(q, k, v, *, state=None, window, scale=None):
+    """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], the cache with this token in it)."""
+    q, k, v, ring_k, ring_v, P, window, _ = _checked(q, k, v, window, scale, state, step=True)
+    xp = array_module(q)
+    if P < window:   # still filling up: token P goes to slot P, the end of the buffer
+        ring_k = k[:, None].copy() if ring_k is None else xp.concatenate([ring_k, k[:, None]], axis=1)
+        ring_v = v[:, None].copy() if ring_v is None else xp.concatenate([ring_v, v[:, None]], axis=1)
+    else:            # full: overwrite the oldest entry, slot P % W (a copy: the caller's cache stays valid)
+        ring_k, ring_v = ring_k.copy(), ring_v.copy()
+        ring_k[:, P % window], ring_v[:, P % window] = k, v
+    scores = (q[:, :, None, :] @ ring_k.transpose(0, 2, 3, 1))              # [B, H, 1, min(P + 1, W)]
+    o = _softmax_rows(scores, ring_v.transpose(0, 2, 1, 3))[:, :, 0]       # [B, H, V]
+    return o, WindowCache(ring_k, ring_v, np.int64(P + 1))
+
+
+def recurrent(q, k, v, *, window, scale=None, initial_state=None):
+    """One `step` per token, as a decoder runs: the ring buffer fills up to W entries, then wraps."""
+    q, k, v, *_ = _checked(q, k, v, window, scale, initial_state)  # every argument checked once, by its name
+    xp = array_module(q)
+    cache = initial_state
+    outputs = []
+    for t in range(q.shape[1]):
+        o_t, cache = step(q[:, t], k[:, t], v[:, t], state=cache, window=window, scale=1.0)
+        outputs.append(o_t)
+    return xp.stack(outputs, axis=1), cache
+
+
+# --- backward ------------------------------------------------------------------------------------------
+#
+# The gradients of L = <do, o>: causal softmax attention's (`attention`, the backward section), with the
+# band as the mask. The cache is the last keys and values themselves, so there is no state cotangent;
+# the gradients with respect to the cached keys and values come back as a WindowCache laid out like the
+# cache (token p's gradient in slot p % W). With q scaled and s_ij = q_i . k_j, W_ij = softmax_j(s_ij)
+# over i - W < j <= i:
+#     dv_j = sum_i W_ij do_i,   ds_ij = W_ij (do_i . v_j - D_i),   D_i = do_i . o_i,
+#     dq_i = sum_j ds_ij k_j,   dk_j = sum_i ds_ij q_i.
+# The engines take q scaled, and the keys and values oldest first: the L unrolled cached entries, then the
+# T new ones (`_with_past`), query i at index L + i; they return (dq, dk, dv) for those.
+
+
+def _backward_inputs(q, k, v, window, scale, initial_state, do, dstate):
+    """Check the forward's arguments and the cotangents (dstate must be None: the cache is no state of its
+    own). Returns (q * scale, k, v, cache_k, cache_v, P, W, scale, do)."""
+    q, k, v, cache_k, cache_v, P, window, a = _checked(q, k, v, window, scale, initial_state)
+    do, _ = SIGNATURE.check_cotangents(a, do, dstate)
+    return q, k, v, cache_k, cache_v, P, window, check_scale(scale, a.shapes["K"]), do
+
+
+def _gradients(scale, dq, dk, dv, dcache_k, dcache_v, P):
+    """The named tuple: dq through the scale (the engines see scale * q); the cache's gradients, in its
+    slot order, as a WindowCache (None without a cache)."""
+    cache = None if dcache_k is None else WindowCache(dcache_k, dcache_v, np.int64(P))
+    return SIGNATURE.gradients("sliding_window")(dq * scale, dk, dv, cache)
+
+
+def _split_off_cache(scale, dq, dk, dv, L, cache_k, P, window):
+    """Gradients over the L + T unrolled keys (oldest first) -> the new tokens' and the cache's (slot order)."""
+    if cache_k is None:
+        return _gradients(scale, dq, dk, dv, None, None, P)
+    return _gradients(scale, dq, dk[:, L:].copy(), dv[:, L:].copy(), _to_slots(dk[:, :L], P, window),
+                      _to_slots(dv[:, :L], P, window), P)
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, window, scale=None, initial_state=None):
+    """Gradients of <do, o> for `parallel`, from the banded n x (L + n) matrices. Returns
+    SlidingWindowGradients(dq, dk, dv, dinitial_state), dinitial_state a WindowCache(dk, dv, position) of
+    the cached entries' gradients, slot for slot, when initial_state is given (else None). do [B, T, H, V];
+    dstate must be None."""
+    q, k, v, cache_k, cache_v, P, window, scale, do = _backward_inputs(q, k, v, window, scale, initial_state,
+                                                                       do, dstate)
+    keys, values, L = _with_past(k, v, cache_k, cache_v, P, window)
+    return _split_off_cache(scale, *_parallel_backward(q, keys, values, do, L, window), L, cache_k, P, window)
+
+
+def recurrent_backward(q, k, v, *, do, dstate=None, window, scale=None, initial_state=None):
+    """Gradients of <do, o> for `recurrent`: its steps run backwards on the ring buffer
+    (`_recurrent_backward`). Returns SlidingWindowGradients as `parallel_backward`."""
+    q, k, v, cache_k, cache_v, P, window, scale, do = _backward_inputs(q, k, v, window, scale, initial_state,
+                                                                       do, dstate)
+    return _gradients(scale, *_recurrent_backward(q, k, v, do, cache_k, cache_v, P, window), P)
+
+
+def chunked_backward(q, k, v, *, do, dstate=None, window, scale=None, initial_state=None, chunk_size=64):
+    """Gradients of <do, o> for `chunked`: FlashAttention-2's backward over the band (`_chunked_backward`),
+    never n x n. Returns SlidingWindowGradients as `parallel_backward`."""
+    q, k, v, cache_k, cache_v, P, window, scale, do = _backward_inputs(q, k, v, window, scale, initial_state,
+                                                                       do, dstate)
+    C = check_chunk_size(chunk_size, q.shape[1])
+    keys, values, L = _with_past(k, v, cache_k, cache_v, P, window)
+    return _split_off_cache(scale, *_chunked_backward(q, keys, values, do, L, window, C), L, cache_k, P, window)
+
+
+def _parallel_backward(q, k, v, do, L, window):
+    """The banded n x (L + n) matrices written out (`attention._masked_backward`). -> (dq, dk, dv)."""
+    return attention._masked_backward(q, k, v, do, _band(q.shape[1], L, window, array_module(q)))
 
 
 def _chunked_backward(q, k, v, do, L, window, C):
@@ -360,3 +374,12 @@ def _to_slots(d_oldest_first, P, window):
     """Gradients of the L unrolled cached entries (oldest first) -> the cache's slot order (undoes the roll
     of `_with_past`)."""
     return array_module(d_oldest_first).roll(d_oldest_first, P % window, axis=1)
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs (see `minilin.examples`), window = max(1, T // 4). Returns (args, kwargs)."""
+    rng = examples.generator(seed)
+    q = examples.normal(rng, (B, T, H, K), dtype, xp)
+    k = examples.normal(rng, (B, T, H, K), dtype, xp)
+    v = examples.normal(rng, (B, T, H, V), dtype, xp)
+    return (q, k, v), {"window": max(1, T // 4)}
