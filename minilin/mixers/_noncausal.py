@@ -65,6 +65,13 @@ def check_no_state(initial_state, mixer: str) -> None:
                          f"sequence, so there is no state to continue from), got {type(initial_state).__name__}")
 
 
+def check_no_dstate(dstate, mixer: str) -> None:
+    """No state is returned, so a backward has no state cotangent to take."""
+    if dstate is not None:
+        raise ValueError(f"dstate: expected None ({mixer} is non-causal and returns no state, so there is no "
+                         f"state cotangent), got {type(dstate).__name__}")
+
+
 def check_option_names(options: dict, allowed: tuple, function: str) -> None:
     """`exact` accepts the approximation's own options (and ignores them), nothing else."""
     unknown = sorted(set(options) - set(allowed))

@@ -76,7 +76,7 @@ def _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state):
     if pinv not in PSEUDO_INVERSES:
         raise ValueError(f"pinv: expected one of {list(PSEUDO_INVERSES)}, got {pinv!r}")
     iterations = check_count("iterations", iterations)
-    return q * check_scale(scale, shapes["K"]), k, v, landmarks
+    return q * check_scale(scale, shapes["K"]), k, v, landmarks, a
 
 
 def parallel(q, k, v, *, landmarks, pinv="iterative", iterations=6, scale=None, initial_state=None):
@@ -84,7 +84,7 @@ def parallel(q, k, v, *, landmarks, pinv="iterative", iterations=6, scale=None, 
 
     pinv: "iterative" (the paper's, `iterations` steps) or "exact" (SVD).
     """
-    q, k, v, m = _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state)
+    q, k, v, m, _ = _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state)
     xp = array_module(q)
     P = _noncausal.segment_means(q.shape[1], m, q.dtype, xp)
     Q, K, V = (_noncausal.heads_first(x) for x in (q, k, v))                      # [B, H, T, .]
@@ -109,15 +109,20 @@ def exact(q, k, v, *, scale=None, **nystromformer_options):
     return _noncausal.softmax_attention(q * check_scale(scale, shapes["K"]), k, v), None
 
 
-def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
-    """q, k, v correlated along the sequence over T / 4 tokens (`_noncausal.correlated_normal`),
-    landmarks = min(T // 8, 64) (at least 1), the iterative pseudo-inverse. Returns (args, kwargs)."""
-    rng = examples.generator(seed)
-    q, k, v = (_noncausal.correlated_normal(rng, (B, T, H, D), max(1.0, T / 4), dtype, xp) for D in (K, K, V))
-    return (q, k, v), {"landmarks": max(1, min(T // 8, 64))}
-
-
 # --- backward ------------------------------------------------------------------------------------------
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, landmarks, pinv="iterative", iterations=6, scale=None,
+                      initial_state=None):
+    """Gradients of <do, o> for `parallel` (`_parallel_backward`), through the same pseudo-inverse.
+    Returns NystromformerGradients(dq, dk, dv, dinitial_state=None). do [B, T, H, V]; dstate must be None.
+    With pinv="exact" the gradient is that of the SVD pseudo-inverse at a fixed rank (Golub-Pereyra); it
+    is only meaningful where A~'s rank does not change under small perturbations (A~ well-conditioned)."""
+    _noncausal.check_no_dstate(dstate, "nystromformer")
+    q_scaled, k, v, m, a = _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state)
+    do, _ = SIGNATURE.check_cotangents(a, do, None)
+    dq, dk, dv = _parallel_backward(q_scaled, k, v, m, pinv, iterations, do)
+    return SIGNATURE.gradients("nystromformer")(dq * check_scale(scale, a.shapes["K"]), dk, dv)
 
 
 def _iterative_pinv_backward(A, dZ, iterations):
@@ -223,3 +228,11 @@ def _parallel_backward(q, k, v, m, pinv, iterations, do):
     dq = tf(dQ) + _noncausal.along_sequence_transposed(P, tf(dQ_land))
     dk = tf(dK) + _noncausal.along_sequence_transposed(P, tf(dK_land))
     return dq, dk, tf(dV)
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """q, k, v correlated along the sequence over T / 4 tokens (`_noncausal.correlated_normal`),
+    landmarks = min(T // 8, 64) (at least 1), the iterative pseudo-inverse. Returns (args, kwargs)."""
+    rng = examples.generator(seed)
+    q, k, v = (_noncausal.correlated_normal(rng, (B, T, H, D), max(1.0, T / 4), dtype, xp) for D in (K, K, V))
+    return (q, k, v), {"landmarks": max(1, min(T // 8, 64))}
