@@ -211,6 +211,14 @@ def test_pseudo_inverse_gradients(rng):
                       {"U": rng.standard_normal(U.shape), "W": rng.standard_normal(W.shape)})
 
 
+@pytest.mark.parametrize("mod, kw", [(linformer, {"rank": 256}), (nystromformer, {"landmarks": 64})])
+def test_non_causal_float32_long_sequence_is_finite(mod, kw):
+    (q, k, v), _ = mod.example_inputs(1, 4096, 2, 16, 8, dtype=np.float32, seed=2)
+    do = np.random.default_rng(0).standard_normal(v.shape).astype(np.float32)
+    for g in mod.parallel_backward(q, k, v, do=do, **kw)[:3]:
+        assert g.dtype == np.float32 and np.isfinite(g).all()
+
+
 @pytest.mark.parametrize("mod, kw", [(linformer, {"rank": 8}), (nystromformer, {"landmarks": 4})])
 def test_non_causal_cotangents(rng, mod, kw):
     q, k, v = (rng.standard_normal((1, 16, 2, D)) for D in (4, 4, 3))

@@ -7,6 +7,7 @@ alone (do = 0); the zero-order hold's derivative near z = 0; float32 at T = 4096
 exp(-20) finite; bad cotangents named."""
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -132,11 +133,12 @@ def test_s4_gradient_dtypes_follow_the_arguments(rng):
 
 
 def test_psi_is_accurate_on_both_sides_of_the_switch():
-    """psi(z) = (e^z - 1 - z) / z^2: its series (|z| < 1) and the closed form (|z| >= 1) meet without a
-    jump, and near 0 it is 1/2 + z/6 + z^2/24 to the last digit, where the closed form has no digits left."""
-    edge = np.exp(1j * np.linspace(0, 2 * np.pi, 13))
-    inside, outside = s4._psi(edge * (1 - 1e-12)), s4._psi(edge * (1 + 1e-12))
-    assert np.abs(inside - outside).max() < 4e-16
+    """psi(z) = (e^z - 1 - z) / z^2, summed as a series for |z| < 1 and in closed form beyond: both
+    branches against a 40-term Taylor sum (whose terms never cancel badly for |z| <= 2) around the unit
+    circle, and near 0 against 1/2 + z/6 + z^2/24, where the closed form would have no digits left."""
+    z = np.concatenate([r * np.exp(1j * np.linspace(0, 2 * np.pi, 13)) for r in (0.5, 0.999, 1.001, 1.5, 2.0)])
+    taylor = sum(z ** k / math.factorial(k + 2) for k in range(40))
+    assert np.abs(s4._psi(z) / taylor - 1).max() < 2e-15
     z = np.array([0, 1e-9, -3e-7, 2e-8j, -1e-6 + 1e-6j])
     assert np.abs(s4._psi(z) - (0.5 + z / 6 + z ** 2 / 24)).max() < 2e-16
 
@@ -194,3 +196,6 @@ def test_bad_cotangents_are_named(rng, mixer):
         mod.recurrent_backward(*args.values(), do=y, dstate=h[..., :1])
     with pytest.raises(TypeError, match=r"do: expected an array"):
         mod.recurrent_backward(*args.values(), do=None)
+    if mixer == "s4":  # a real state has a real cotangent
+        with pytest.raises(TypeError, match=r"dstate: expected a real array .*got complex128"):
+            mod.convolution_backward(*args.values(), do=y, dstate=h + 1j)

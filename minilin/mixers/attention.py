@@ -284,22 +284,19 @@ def _chunked_backward(q, k, v, do, C):
     doc = to_chunks(do, C)                                             # [B, H, Nq, C, V], zero padding
     D = (doc * o).sum(-1)                                              # D_i = do_i . o_i: [B, H, Nq, C]
     kc_T, vc_T = transposed(kc), transposed(vc)
-    B, H, Nq = qc.shape[:3]
     dqc = xp.zeros_like(qc)
     dkc, dvc = xp.zeros_like(kc), xp.zeros_like(vc)
     for j in range(kc.shape[2]):
         first, visible = _visible_tiles(j, q_pos, k_pos, prefix, C)
-        n = Nq - first
-        scores = xp.where(visible, qc[:, :, first:] @ kc_T[:, :, j, None], -xp.inf)   # [B, H, n, C, C]
+        scores = xp.where(visible, qc[:, :, first:] @ kc_T[:, :, j, None], -xp.inf)   # [B, H, Nq', C, C]
         W = xp.exp(scores - lse[:, :, first:, :, None])
         dW = doc[:, :, first:] @ vc_T[:, :, j, None]
         dS = W * (dW - D[:, :, first:, :, None])
         dqc[:, :, first:] += dS @ kc[:, :, j, None]
-        # Sums over the query blocks as one product each: [C, n C] x [n C, .].
-        W_keys = xp.moveaxis(W, -1, 2).reshape(B, H, C, n * C)        # [B, H, C(key), n C(query)]
-        dS_keys = xp.moveaxis(dS, -1, 2).reshape(B, H, C, n * C)
-        dvc[:, :, j] = W_keys @ doc[:, :, first:].reshape(B, H, n * C, -1)
-        dkc[:, :, j] = dS_keys @ qc[:, :, first:].reshape(B, H, n * C, -1)
+        # Tile by tile, then summed over the query blocks. (As one [C, Nq' C] x [Nq' C, V] product NumPy
+        # took 75 ms instead of 3 at C = 64, Nq' = 64, V = 8, float32, on the 2-core dev box.)
+        dvc[:, :, j] = (transposed(W) @ doc[:, :, first:]).sum(2)
+        dkc[:, :, j] = (transposed(dS) @ qc[:, :, first:]).sum(2)
     return from_chunks(dqc, T), from_chunks(dkc, total), from_chunks(dvc, total)
 
 

@@ -19,6 +19,8 @@ nothing; the parallel forms parallelize the recurrence itself with `minilin.scan
 - `scan`: `scan.associative_scan` over the whole sequence, log depth (HGRN's parallel form; the
   quadratic masked form o_i = sum_{j <= i} exp(G_i - G_j) x_j would cost T^2 D memory for nothing).
 - `step`: one token.
+Each of `recurrent`, `chunked`, `scan` has its backward (`<form>_backward`): the adjoint of the recurrence
+is itself a linear recurrence, run backwards in time, computed the same way (the backward section below).
 
 Shapes: x, g [B, T, D]; o [B, T, D]; state [B, D]. Every form returns (o, final_state).
 """
@@ -28,7 +30,7 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..scan import associative_scan, chunked_scan, scan_backward
+from ..scan import associative_scan, chunked_scan, scan_backward as recurrence_gradients
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate
 
@@ -76,15 +78,6 @@ def scan(x, g, *, initial_state=None):
     return o, o[:, -1].copy()
 
 
-def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
-    """Random valid inputs with D = H * K channels (V is unused: the state is a vector).
-    Returns (args, kwargs)."""
-    rng = examples.generator(seed)
-    x = examples.normal(rng, (B, T, H * K), dtype, xp)
-    g = examples.log_gates(rng, (B, T, H * K), dtype, xp)
-    return (x, g), {}
-
-
 # --- backward ------------------------------------------------------------------------------------------
 #
 # The gradients of L = <do, o> + <dstate, h_{T-1}> (o_t = h_t). With lambda_t = dL/dh_t, counting h_t's
@@ -95,6 +88,34 @@ def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=n
 #     dg_t = lambda_t exp(g_t) h_{t-1}          (d exp(g) / dg = exp(g); g <= 0, so exp(g) <= 1)
 #     dh_{-1} = exp(g_0) lambda_0
 # The gate's gradient is one product per token: the only exponential is exp(g_t) itself.
+
+
+def _backward_inputs(x, g, initial_state, do, dstate):
+    a = _checked(x, g, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    return a, do, dstate
+
+
+def recurrent_backward(x, g, *, do, dstate=None, initial_state=None):
+    """Gradients of <do, o> + <dstate, h_{T-1}> for `recurrent`, by its loop run backwards
+    (`_recurrent_backward`). Returns HgrnGradients(dx, dg, dinitial_state), dinitial_state None without an
+    initial state. do [B, T, D]; dstate [B, D] or None (zeros)."""
+    a, do, dstate = _backward_inputs(x, g, initial_state, do, dstate)
+    return SIGNATURE.gradients("hgrn")(*_recurrent_backward(a.x, a.g, a.state, do, dstate))
+
+
+def chunked_backward(x, g, *, do, dstate=None, initial_state=None, chunk_size=64):
+    """As `recurrent_backward`, the states and the adjoint each by the two-level `scan.chunked_scan`
+    (the adjoint's chunks scanned from the end)."""
+    a, do, dstate = _backward_inputs(x, g, initial_state, do, dstate)
+    C = check_chunk_size(chunk_size, a.shapes["T"])
+    return SIGNATURE.gradients("hgrn")(*_scan_backward(a.x, a.g, a.state, do, dstate, "chunked", C))
+
+
+def scan_backward(x, g, *, do, dstate=None, initial_state=None):
+    """As `recurrent_backward`, the states and the adjoint each by one log-depth `scan.associative_scan`."""
+    a, do, dstate = _backward_inputs(x, g, initial_state, do, dstate)
+    return SIGNATURE.gradients("hgrn")(*_scan_backward(a.x, a.g, a.state, do, dstate, "associative"))
 
 
 def _recurrent_backward(x, g, h0, do, dstate):
@@ -118,10 +139,19 @@ def _recurrent_backward(x, g, h0, do, dstate):
 
 
 def _scan_backward(x, g, h0, do, dstate, method, chunk_size=64):
-    """The same gradients with the backward recurrence as a scan (`scan.scan_backward`, `method`
+    """The same gradients with the backward recurrence as a scan (`minilin.scan.scan_backward`, `method`
     "associative" or "chunked"), the states recomputed by the same scan; dg = da exp(g) turns the
     gradient of the step's a = exp(g) into the log gate's. -> (dx, dg, dh0)."""
     decay = array_module(x).exp(g)
-    da, db, dh0 = scan_backward(decay, x, do, axis=1, initial=h0, dfinal=dstate, method=method,
+    da, db, dh0 = recurrence_gradients(decay, x, do, axis=1, initial=h0, dfinal=dstate, method=method,
                                 chunk_size=chunk_size)
     return db, da * decay, dh0
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs with D = H * K channels (V is unused: the state is a vector).
+    Returns (args, kwargs)."""
+    rng = examples.generator(seed)
+    x = examples.normal(rng, (B, T, H * K), dtype, xp)
+    g = examples.log_gates(rng, (B, T, H * K), dtype, xp)
+    return (x, g), {}

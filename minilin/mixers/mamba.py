@@ -27,6 +27,8 @@ associative scan of `minilin.scan` (h_t = a_t h_{t-1} + b_t, elementwise over [D
   time: the structure of Mamba's fused CUDA kernel, which keeps a chunk's states in SRAM and never
   writes the [T, D, N] states to HBM (the paper's "hardware-aware" scan).
 - `step`: one token, for decoding.
+Each of `recurrent`, `scan`, `chunked` has its backward (`<form>_backward`): the state's adjoint is a
+linear recurrence run backwards in time, by the same loop, scans or chunks (the backward section below).
 
 Shapes (the paper's, no heads: B and C are shared across channels):
 x, dt [B, T, D]; A [D, N]; B, C [B, T, N]; D [D] or None; y [B, T, D]; state [B, D, N].
@@ -38,7 +40,7 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..scan import associative_scan, scan_backward
+from ..scan import associative_scan, scan_backward as recurrence_gradients
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_max, check_min
 
@@ -123,23 +125,6 @@ def chunked(x, dt, A, B, C, D=None, *, initial_state=None, chunk_size=64):
     return y, h.copy()
 
 
-def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
-    """Random valid inputs: D = H * V channels, N = K states per channel. Returns (args, kwargs).
-
-    A follows S4D-Real's initialization A[d, n] = -(n + 1), jittered per channel, so the channels
-    forget at many rates; dt in [0.01, 0.3] as after Mamba's softplus.
-    """
-    rng = examples.generator(seed)
-    D, N = H * V, K
-    x = examples.normal(rng, (B, T, D), dtype, xp)
-    dt = examples.uniform(rng, 0.01, 0.3, (B, T, D), dtype, xp)
-    A = xp.asarray(-rng.uniform(0.5, 1.5, (D, N)) * np.arange(1, N + 1), dtype=dtype)
-    B_in = examples.normal(rng, (B, T, N), dtype, xp)
-    C_out = examples.normal(rng, (B, T, N), dtype, xp)
-    D_skip = examples.normal(rng, (D,), dtype, xp)
-    return (x, dt, A, B_in, C_out, D_skip), {}
-
-
 # --- backward ------------------------------------------------------------------------------------------
 #
 # The gradients of L = <dy, y> + <dstate, h_{T-1}>. Per channel d and state index n, the step is
@@ -155,6 +140,35 @@ def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=n
 #    ddt_t = sum_n (A dlog_t + x_t B_t db_t)[., n]
 #    dx_t += dt_t (db_t B_t)          (sum over n)
 #    dB_t  = sum_d dt_t[d] x_t[d] db_t[d, .]
+
+
+def _backward_inputs(x, dt, A, B, C, D, initial_state, do, dstate):
+    a = _checked(x, dt, A, B, C, D, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    return (a.x, a.dt, a.A, a.B, a.C, a.D, a.state, do, dstate), a
+
+
+def recurrent_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """Gradients of <do, y> + <dstate, h_{T-1}> for `recurrent`, by its loop run backwards
+    (`_recurrent_backward`). Returns MambaGradients(dx, ddt, dA, dB, dC, dD, dinitial_state); dD None
+    without D, dinitial_state None without an initial state. do [B, T, D]; dstate [B, D, N] or None."""
+    arrays, _ = _backward_inputs(x, dt, A, B, C, D, initial_state, do, dstate)
+    return SIGNATURE.gradients("mamba")(*_recurrent_backward(*arrays))
+
+
+def chunked_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None, chunk_size=64):
+    """As `recurrent_backward`, chunk by chunk from the last (`_chunked_backward`): one chunk's states
+    alive at a time, as in `chunked`."""
+    arrays, a = _backward_inputs(x, dt, A, B, C, D, initial_state, do, dstate)
+    C_ = check_chunk_size(chunk_size, a.shapes["T"])
+    return SIGNATURE.gradients("mamba")(*_chunked_backward(*arrays, C_))
+
+
+def scan_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """As `recurrent_backward`, by two log-depth scans over the whole sequence (`_scan_backward`): all T
+    states held, as in `scan`."""
+    arrays, _ = _backward_inputs(x, dt, A, B, C, D, initial_state, do, dstate)
+    return SIGNATURE.gradients("mamba")(*_scan_backward(*arrays))
 
 
 def _discretization_backward(x, dt, A, B, da, db):
@@ -211,8 +225,8 @@ def _span_backward(x, dt, A, B, C, h_in, dy, carry, method, chunk_size=64):
     a, b = _discretize(x, dt, A, B)                                     # [B, t, D, N]
     h_in = xp.zeros_like(a[:, 0]) if h_in is None else h_in
     h = associative_scan(a, b, axis=1, initial=h_in)
-    da, db, dh_in = scan_backward(a, b, dy[..., None] * C[:, :, None, :], axis=1, initial=h_in,
-                                  dfinal=carry, h=h, method=method, chunk_size=chunk_size)
+    da, db, dh_in = recurrence_gradients(a, b, dy[..., None] * C[:, :, None, :], axis=1, initial=h_in,
+                                         dfinal=carry, h=h, method=method, chunk_size=chunk_size)
     dx, ddt, dA, dB = _discretization_backward(x, dt, A, B, da, db)
     return dx, ddt, dA, dB, _read_backward(h, dy), dh_in
 
@@ -254,3 +268,20 @@ def _with_skip(x, dy, D, dx, ddt, dA, dB, dC, dh0):
     if D is None:
         return dx, ddt, dA, dB, dC, None, dh0
     return dx + D * dy, ddt, dA, dB, dC, (dy * x).reshape(-1, x.shape[-1]).sum(0), dh0
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
+    """Random valid inputs: D = H * V channels, N = K states per channel. Returns (args, kwargs).
+
+    A follows S4D-Real's initialization A[d, n] = -(n + 1), jittered per channel, so the channels
+    forget at many rates; dt in [0.01, 0.3] as after Mamba's softplus.
+    """
+    rng = examples.generator(seed)
+    D, N = H * V, K
+    x = examples.normal(rng, (B, T, D), dtype, xp)
+    dt = examples.uniform(rng, 0.01, 0.3, (B, T, D), dtype, xp)
+    A = xp.asarray(-rng.uniform(0.5, 1.5, (D, N)) * np.arange(1, N + 1), dtype=dtype)
+    B_in = examples.normal(rng, (B, T, N), dtype, xp)
+    C_out = examples.normal(rng, (B, T, N), dtype, xp)
+    D_skip = examples.normal(rng, (D,), dtype, xp)
+    return (x, dt, A, B_in, C_out, D_skip), {}

@@ -34,6 +34,9 @@ Forms (all equal):
 - `step`: one token, for decoding.
 There is no separate quadratic `parallel` form: it would be the [T, T] Toeplitz matrix per channel,
 which the convolution applies in O(T log T) without building it.
+Each of `recurrent`, `convolution`, `chunked` has its backward (`<form>_backward`), through the
+zero-order hold down to dt, A, B; complex gradients are packed as dL/dRe + i dL/dIm (the backward
+section below says why and how).
 
 Shapes: u [B, T, H] (one number per channel and token: S4 mixes along time, channel by channel, so a
 channel is a head of width 1 and the CONVENTIONS.md [B, T, H, ...] layout loses its last axis);
@@ -218,9 +221,11 @@ def _is_complex(x) -> bool:
     return x is not None and getattr(getattr(x, "dtype", None), "kind", None) == "c"
 
 
-def _prepare(u, dt, A, B, C, D, state, step=False):
+def _prepare(u, dt, A, B, C, D, state, step=False, *, cotangents=None):
     """Check every input; A, B, C and the state may be complex. Returns them cast: u, dt, D in the real
-    working precision, A, B, C and the state in the complex one if any of them is complex."""
+    working precision, A, B, C and the state in the complex one if any of them is complex.
+    cotangents=(do, dstate) (a backward): also checks those and returns (arrays, do, dstate), dstate in
+    the state's working dtype (complex when the state is)."""
     xp = array_module(u, dt, A, B, C, D, state)
     any_complex = any(_is_complex(x) for x in (A, B, C, state))
 
@@ -233,33 +238,14 @@ def _prepare(u, dt, A, B, C, D, state, step=False):
     check_max("A", A.real, 0.0, "Re(A) <= 0 (a stable state: |exp(dt A)| <= 1)")
     work = xp.result_type(a.u.dtype, xp.complex64) if any_complex else a.u.dtype
     A, B, C, state = (None if x is None else x.astype(work, copy=False) for x in (A, B, C, state))
-    return a.u, a.dt, A, B, C, a.D, state
-
-
-def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np, init="real"):
-    """Random valid inputs: H * V channels with N = K states each (the same state size H K V as the
-    matrix-state mixers). Returns (args, kwargs).
-
-    init="real" (the default, real arrays of `dtype`): S4D-Real's A_n = -(n + 1), jittered per channel.
-    init="lin": S4D-Lin's complex A_n = -1/2 + i pi n (jittered), with complex B and C.
-    """
-    rng = examples.generator(seed)
-    channels, N = H * V, K
-    u = examples.normal(rng, (B, T, channels), dtype, xp)
-    dt = xp.asarray(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), channels)), dtype=dtype)
-    jitter = rng.uniform(0.5, 1.5, (channels, N))
-    D = examples.normal(rng, (channels,), dtype, xp)
-    if init == "real":
-        A = xp.asarray(-jitter * np.arange(1, N + 1), dtype=dtype)
-        B_in, C_out = (examples.normal(rng, (channels, N), dtype, xp) for _ in range(2))
-        return (u, dt, A, B_in, C_out, D), {}
-    if init == "lin":
-        cdtype = np.result_type(dtype, np.complex64)
-        A = -0.5 * jitter + 1j * np.pi * np.arange(N) * rng.uniform(0.9, 1.1, (channels, N))
-        B_in, C_out = (rng.standard_normal((channels, N)) + 1j * rng.standard_normal((channels, N))
-                       for _ in range(2))
-        return (u, dt, *(xp.asarray(x, dtype=cdtype) for x in (A, B_in, C_out)), D), {}
-    raise ValueError(f"init: expected 'real' or 'lin', got {init!r}")
+    arrays = (a.u, a.dt, A, B, C, a.D, state)
+    if cotangents is None:
+        return arrays
+    do, dstate = cotangents
+    if _is_complex(dstate) and not any_complex:
+        raise TypeError(f"dstate: expected a real array (A, B, C and the state are real), got {dstate.dtype}")
+    do, _ = SIGNATURE.check_cotangents(a, do, real(dstate))
+    return arrays, do, (None if dstate is None else dstate.astype(work, copy=False))
 
 
 # --- backward ------------------------------------------------------------------------------------------
@@ -292,6 +278,42 @@ def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=n
 #     |z| < 1 (18 terms: the first left out is below 1 / 20! < 1e-18) and as (expm1(z) - z) / z^2 beyond,
 #     where expm1 has no cancellation and expm1(z) - z loses at most a factor 3.
 #     Chaining z = dt A:  dA = dt dz + ...,   ddt = Re(sum_n conj(A) dz) + ...
+
+
+def _backward(engine, arguments, initial_state, do, dstate, chunk_size=None):
+    """Check, run `engine` (with the chunk size when one is given), and return S4Gradients with each
+    gradient in its argument's dtype: the complex working dtype for a complex argument, the real one (and
+    the real part of the packed gradient) for a real argument."""
+    arrays, do, dstate = _prepare(*arguments, initial_state, cotangents=(do, dstate))
+    options = () if chunk_size is None else (check_chunk_size(chunk_size, arrays[0].shape[1]),)
+    grads = engine(*arrays, do, dstate, *options)
+    real_dtype = arrays[0].dtype
+    out = []
+    for given, work, g in zip(arguments + (initial_state,), arrays, grads):
+        if g is not None:
+            g = g if _is_complex(given) else g.real
+            g = g.astype(work.dtype if _is_complex(given) else real_dtype, copy=False)
+        out.append(g)
+    return SIGNATURE.gradients("s4")(*out)
+
+
+def recurrent_backward(u, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """Gradients of L = <do, y> + Re<dstate, h_{T-1}> for `recurrent`, by its loop run backwards
+    (`_recurrent_backward`). Returns S4Gradients(du, ddt, dA, dB, dC, dD, dinitial_state), complex ones
+    packed as dL/dRe + i dL/dIm; dD None without D, dinitial_state None without an initial state.
+    do [B, T, H]; dstate [B, H, N] (complex when the state is) or None."""
+    return _backward(_recurrent_backward, (u, dt, A, B, C, D), initial_state, do, dstate)
+
+
+def chunked_backward(u, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None, chunk_size=64):
+    """As `recurrent_backward`, for `chunked`: every chunk at once, the states passed backwards between
+    chunks (`_chunked_backward`)."""
+    return _backward(_chunked_backward, (u, dt, A, B, C, D), initial_state, do, dstate, chunk_size)
+
+
+def convolution_backward(u, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """As `recurrent_backward`, for `convolution`: FFT correlations and power sums (`_convolution_backward`)."""
+    return _backward(_convolution_backward, (u, dt, A, B, C, D), initial_state, do, dstate)
 
 
 def _psi(z):
@@ -497,3 +519,29 @@ def _convolution_backward(u, dt, A, B, C, D, h0, dy, dstate):
     ddt, dA, dB = _zoh_backward(dt, A, B, dz, dB_bar)
     du, dD = _skip_backward(u, dy, D, xp.moveaxis(du, 2, 1).astype(u.dtype, copy=False))
     return du, ddt, dA, dB, dC, dD, dh0
+
+
+def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np, init="real"):
+    """Random valid inputs: H * V channels with N = K states each (the same state size H K V as the
+    matrix-state mixers). Returns (args, kwargs).
+
+    init="real" (the default, real arrays of `dtype`): S4D-Real's A_n = -(n + 1), jittered per channel.
+    init="lin": S4D-Lin's complex A_n = -1/2 + i pi n (jittered), with complex B and C.
+    """
+    rng = examples.generator(seed)
+    channels, N = H * V, K
+    u = examples.normal(rng, (B, T, channels), dtype, xp)
+    dt = xp.asarray(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), channels)), dtype=dtype)
+    jitter = rng.uniform(0.5, 1.5, (channels, N))
+    D = examples.normal(rng, (channels,), dtype, xp)
+    if init == "real":
+        A = xp.asarray(-jitter * np.arange(1, N + 1), dtype=dtype)
+        B_in, C_out = (examples.normal(rng, (channels, N), dtype, xp) for _ in range(2))
+        return (u, dt, A, B_in, C_out, D), {}
+    if init == "lin":
+        cdtype = np.result_type(dtype, np.complex64)
+        A = -0.5 * jitter + 1j * np.pi * np.arange(N) * rng.uniform(0.9, 1.1, (channels, N))
+        B_in, C_out = (rng.standard_normal((channels, N)) + 1j * rng.standard_normal((channels, N))
+                       for _ in range(2))
+        return (u, dt, *(xp.asarray(x, dtype=cdtype) for x in (A, B_in, C_out)), D), {}
+    raise ValueError(f"init: expected 'real' or 'lin', got {init!r}")
