@@ -24,6 +24,10 @@ The three ways, all computing the same h:
   chunk of C steps from zero (all chunks at once), run the short sequential scan over the N = T / C
   chunk ends, then add each chunk's incoming state, decayed by the running product of a.
 
+The gradient (`adjoint_scan`, `scan_backward`): the adjoint of the recurrence is the same kind of
+recurrence run backwards in time, lambda_t = dh_t + a_{t+1} lambda_{t+1}, so any of the three scans
+computes it on the time-reversed sequence.
+
 Shapes: a and b are arrays of one shape [..., T, ...], the scanned axis given by `axis` (default 1,
 the T of minilin's sequence-first [B, T, ...] tensors); every other axis is independent and handled
 in the same vectorized call. initial: a's shape without the scanned axis. Returns h, b's shape.
@@ -161,7 +165,6 @@ def _prepare(a, b, initial, axis):
     dtype = common_dtype(xp, a, b, initial)
     cast = (x if x is None else x.astype(dtype, copy=False) for x in (a, b, initial))
     return (xp, *cast, axis)
-
 
 
 # --- the scan's gradient --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 
+from minilin import scan
 from minilin.mixers import hgrn, mamba, s4
 from conftest import rel_err
 import directional
@@ -199,3 +200,20 @@ def test_bad_cotangents_are_named(rng, mixer):
     if mixer == "s4":  # a real state has a real cotangent
         with pytest.raises(TypeError, match=r"dstate: expected a real array .*got complex128"):
             mod.convolution_backward(*args.values(), do=y, dstate=h + 1j)
+
+
+@pytest.mark.parametrize("method", ["sequential", "associative", "chunked"])
+@pytest.mark.parametrize("T, axis", [(1, 1), (2, 1), (13, 1), (13, 2)])
+def test_scan_gradients(rng, method, T, axis):
+    """`scan.scan_backward` (the adjoint scan) against finite differences of the scan, along either axis."""
+    shape = (2, T, 3) if axis == 1 else (2, 3, T)
+    a, b, dh = rng.uniform(0.1, 1.0, shape), rng.standard_normal(shape), rng.standard_normal(shape)
+    h0, dfinal = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+
+    def loss(a, b, initial):
+        h = scan.sequential_scan(a, b, axis=axis, initial=initial)
+        return float((dh * h).sum() + (dfinal * np.take(h, -1, axis=axis)).sum())
+    da, db, dh0 = scan.scan_backward(a, b, dh, axis=axis, initial=h0, dfinal=dfinal, method=method, chunk_size=4)
+    directional.check_all_and_each(rng, loss, {"a": a, "b": b, "initial": h0}, {"a": da, "b": db, "initial": dh0})
+    lam = scan.adjoint_scan(a, dh, axis=axis, dfinal=dfinal, method=method, chunk_size=4)
+    assert rel_err(lam, db) < TOL

@@ -144,7 +144,7 @@ def _scan_backward(x, g, h0, do, dstate, method, chunk_size=64):
     gradient of the step's a = exp(g) into the log gate's. -> (dx, dg, dh0)."""
     decay = array_module(x).exp(g)
     da, db, dh0 = recurrence_gradients(decay, x, do, axis=1, initial=h0, dfinal=dstate, method=method,
-                                chunk_size=chunk_size)
+                                       chunk_size=chunk_size)
     return db, da * decay, dh0
 
 

@@ -127,8 +127,9 @@ def chunked(x, dt, A, B, C, D=None, *, initial_state=None, chunk_size=64):
 
 # --- backward ------------------------------------------------------------------------------------------
 #
-# The gradients of L = <dy, y> + <dstate, h_{T-1}>. Per channel d and state index n, the step is
-# h_t = a_t h_{t-1} + b_t with a_t = exp(dt_t A), b_t = dt_t x_t B_t, read as y_t = h_t C_t + D x_t.
+# The gradients of L = <dy, y> + <dstate, h_{T-1}> (dy: the `do` argument). Per channel d and state index n,
+# the step is
+# h_t = a_t h_{t-1} + b_t with a_t = exp(dt_t A), b_t = dt_t x_t B_t, read as y_t = h_t C_t + D x_t:
 # 1. The read: dh_t (direct) = dy_t C_t^T  (dy_t[d] C_t[n]),  dC_t = h_t^T dy_t,  dD = sum_t dy_t x_t,
 #    dx_t += D dy_t.
 # 2. The state's adjoint lambda_t = dL/dh_t, the recurrence run backwards (`scan.adjoint_scan`):
@@ -184,7 +185,8 @@ def _discretization_backward(x, dt, A, B, da, db):
 
 
 def _read_backward(h, dy):
-    """Step 1's dh_t = dy_t C_t^T needs C: this gives dC_t = h_t^T dy_t. h [..., D, N], dy [..., D] -> [..., N]."""
+    """Step 1's dC_t = h_t^T dy_t (sum over the channels d of dy_t[d] h_t[d, .]). h [..., D, N], dy [..., D]
+    -> [..., N]."""
     return (dy[..., None, :] @ h)[..., 0, :]
 
 
@@ -210,30 +212,26 @@ def _recurrent_backward(x, dt, A, B, C, D, h0, dy, dstate):
             x[:, t], dt[:, t], A, B[:, t], lam * h_all[:, t], lam)
         dA += dA_t
         lam = a * lam                                                   # reaches h_{t-1} through a_t
-    dD = None
-    if D is not None:
-        dx += D * dy
-        dD = (dy * x).reshape(-1, Dch).sum(0)
-    return dx, ddt, dA, dB, dC, dD, (None if h0 is None else lam)
+    return _with_skip(x, dy, D, dx, ddt, dA, dB, dC, None if h0 is None else lam)
 
 
-def _span_backward(x, dt, A, B, C, h_in, dy, carry, method, chunk_size=64):
-    """Steps 1-4 over a span of tokens by scans: the states from h_in (zeros when None) by one scan, the
-    adjoint by `scan.scan_backward` with dfinal = carry (the adjoint arriving from after the span).
+def _span_backward(x, dt, A, B, C, h_in, dy, carry):
+    """Steps 1-4 over a span of tokens by associative scans: the states from h_in (zeros when None), then
+    the adjoint by `scan.scan_backward` with dfinal = carry (the adjoint arriving from after the span).
     Returns (dx without D dy, ddt, dA, dB, dC, the adjoint of h_in)."""
     xp = array_module(x)
     a, b = _discretize(x, dt, A, B)                                     # [B, t, D, N]
     h_in = xp.zeros_like(a[:, 0]) if h_in is None else h_in
     h = associative_scan(a, b, axis=1, initial=h_in)
     da, db, dh_in = recurrence_gradients(a, b, dy[..., None] * C[:, :, None, :], axis=1, initial=h_in,
-                                         dfinal=carry, h=h, method=method, chunk_size=chunk_size)
+                                         dfinal=carry, h=h, method="associative")
     dx, ddt, dA, dB = _discretization_backward(x, dt, A, B, da, db)
     return dx, ddt, dA, dB, _read_backward(h, dy), dh_in
 
 
 def _scan_backward(x, dt, A, B, C, D, h0, dy, dstate):
     """One span: the whole sequence, all T states held ([B, T, D, N]), as `scan`."""
-    dx, ddt, dA, dB, dC, dh0 = _span_backward(x, dt, A, B, C, h0, dy, dstate, "associative")
+    dx, ddt, dA, dB, dC, dh0 = _span_backward(x, dt, A, B, C, h0, dy, dstate)
     return _with_skip(x, dy, D, dx, ddt, dA, dB, dC, dh0 if h0 is not None else None)
 
 
@@ -258,7 +256,7 @@ def _chunked_backward(x, dt, A, B, C, D, h0, dy, dstate, chunk_size):
     for s, h_s in zip(reversed(starts), reversed(h_in)):
         e = min(s + chunk_size, T)
         dx[:, s:e], ddt[:, s:e], dA_c, dB[:, s:e], dC[:, s:e], carry = _span_backward(
-            x[:, s:e], dt[:, s:e], A, B[:, s:e], C[:, s:e], h_s, dy[:, s:e], carry, "associative")
+            x[:, s:e], dt[:, s:e], A, B[:, s:e], C[:, s:e], h_s, dy[:, s:e], carry)
         dA += dA_c
     return _with_skip(x, dy, D, dx, ddt, dA, dB, dC, carry if h0 is not None else None)
 
