@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from ..activations import l2_normalize
 from ..backend import array_module
-from ..chunking import (SUB_CHUNK, causal_mask, decay_matrix, decay_rows, decay_state, from_chunks, gated_gram,
-                        local_cumsum, num_chunks, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
+from ..chunking import (causal_mask, decay_matrix, decay_rows, decay_state, from_chunks, gated_gram,
+                        gated_gram_backward, local_cumsum, num_chunks, reverse_cumsum, state_or_zeros, to_chunks,
+                        transposed, unit_lower_inverse)
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
@@ -186,87 +187,6 @@ def recurrent_backward(q, k, v, g, beta, S0, do, dS, checkpoint_every=CHECKPOINT
     return dq, dk, dv, dg, dbeta, (None if S0 is None else dS_t)
 
 
-def gram_backward(dA, x, y, G):
-    """Gradients of A = chunking.gated_gram(x, y, G): given dA, return (dx, dy).
-
-        A_tj = sum_c x_tc y_jc exp(G_tc - G_jc)     (j <= t, or j < t)
-        dx_tc = sum_j dA_tj y_jc exp(G_tc - G_jc),   dy_jc = sum_t dA_tj x_tc exp(G_tc - G_jc)
-
-    dA [..., C, C] must already be zero outside the forward's mask. x may carry extra leading axes
-    (several grams against one y, as in the forward); dy then sums over them. The gradient with respect
-    to G is not returned: it is x * dx - y * dy (each exponent is +G_t - G_j), which the caller forms
-    from its totals.
-
-    No gate or a scalar gate: dM = dA * exp(G_t - G_j) (the decay matrix), dx = dM y, dy = dM^T x.
-    Per-channel gate: the decay differs per channel, so the same sub-blocks as `chunking.gated_gram`
-    (see `_channel_gram_backward`).
-    """
-    xp = array_module(x)
-    if G is not None and G.ndim == y.ndim:
-        return _channel_gram_backward(dA, x, y, G)
-    dM = dA if G is None else dA * decay_matrix(G)
-    dx = dM @ y
-    dy = dM.swapaxes(-1, -2) @ x                      # a swapped view on the left multiplies at full speed
-    while dy.ndim > y.ndim:
-        dy = dy.sum(0)
-    return dx, dy
-
-
-def _channel_gram_backward(dA, x, y, G):
-    """`gram_backward` for a per-channel gate [..., C, K]: the adjoint of `chunking._channel_gram`.
-
-    The forward cuts the chunk into sub-blocks of c = SUB_CHUNK positions. Diagonal sub-block a builds
-    the decay tensor D_ijc = exp(G_ic - G_jc) (j <= i in block a) outright; then
-        dx_ic = sum_j dA_ij y_jc D_ijc,    dy_jc = sum_i dA_ij x_ic D_ijc.
-    Below the diagonal, block (a, b) with b < a is a product X_a Y_ab^T through the reference r_a (the
-    last position before block a):
-        X_a = x_a * exp(G_a - G_{r_a}),   Y_ab = y_b * exp(G_{r_a} - G_b),
-    so dX_a = sum_b dA_ab Y_ab,  dY_ab = dA_ab^T X_a,  and back through the (non-positive) exponentials:
-        dx_a += dX_a * exp(G_a - G_{r_a}),   dy_b += sum_{a > b} dY_ab * exp(G_{r_a} - G_b).
-    """
-    xp = array_module(x)
-    C, K = x.shape[-2:]
-    c = min(SUB_CHUNK, C)
-    ns = -(-C // c)
-    pad = ns * c - C
-    if pad:
-        def widths(a, last=(0, 0)):
-            return [(0, 0)] * (a.ndim - 2) + [(0, pad), last]
-        x, y = xp.pad(x, widths(x)), xp.pad(y, widths(y))
-        G = xp.pad(G, widths(G), mode="edge")
-        dA = xp.pad(dA, widths(dA, (0, pad)))
-    xs, ys, Gs = (a.reshape(*a.shape[:-2], ns, c, K) for a in (x, y, G))
-    # dA [..., (a, i), (b, j)] -> blocks [..., a, b, i, j]
-    dblocks = xp.moveaxis(dA.reshape(*dA.shape[:-2], ns, c, ns, c), -2, -3)
-
-    # Diagonal sub-blocks.
-    a = xp.arange(ns)
-    d_diagonal = dblocks[..., a, a, :, :]                                      # [..., ns, c(i), c(j)]
-    diff = Gs[..., :, None, :] - Gs[..., None, :, :]
-    decay = xp.exp(xp.where(causal_mask(c, xp)[..., None], diff, -xp.inf))    # [..., ns, c, c, K]
-    weighted = d_diagonal[..., None] * decay
-    dxs = (weighted * ys[..., None, :, :]).sum(-2)
-    dys = (weighted * xs[..., :, None, :]).sum(-3)
-
-    # Sub-blocks below the diagonal, through the references.
-    G_ref = xp.concatenate([xp.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], axis=-2)
-    from_ref = xp.exp(Gs - G_ref[..., None, :])                                # [..., a, c, K]
-    earlier = (a[:, None] > a[None, :])[:, :, None, None]                      # [a, b, 1, 1]
-    to_ref = xp.exp(xp.where(earlier, G_ref[..., :, None, None, :] - Gs[..., None, :, :, :], -xp.inf))
-    X = xs * from_ref                                                          # [..., a, c, K]
-    Y = ys[..., None, :, :, :] * to_ref                                        # [..., a, b, c, K]
-    dX = (dblocks @ Y).sum(-3)                                                 # [..., a, c, K]
-    dY = dblocks.swapaxes(-1, -2) @ X[..., :, None, :, :]                      # [..., a, b, c, K]
-    dxs = dxs + dX * from_ref
-    dys = dys + (dY * to_ref).sum(-4)
-
-    dx = dxs.reshape(*dxs.shape[:-3], ns * c, K)[..., :C, :]
-    dy = dys.reshape(*dys.shape[:-3], ns * c, K)[..., :C, :]
-    while dy.ndim > y.ndim:
-        dy = dy.sum(0)
-    return dx, dy
-
-
 def _rowdot(a, b, axis=-1):
     """sum(a * b, axis) in one pass where the array module has `vecdot` (NumPy >= 2), else two."""
     xp = array_module(a)
@@ -326,7 +246,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         from (2):  T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
                        dA = -T^T (dDelta rhs^T) T^T = -R (T rhs)^T = -R Delta^T,
                    kept strictly lower: only those entries of A are inputs.
-        from (1):  `gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
+        from (1):  `chunking.gated_gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
     Then beta K and beta V give dK += beta d(beta K), dbeta = sum_c K d(beta K) + sum_v V d(beta V),
     dV = beta d(beta V).
 
@@ -461,7 +381,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     mask_grams(d_grams)                                                  # scalar gate: dM = d[P; A] * decay
     if per_channel:
         d_stacked = xp.moveaxis(d_grams.reshape(Bn, H, N, 2, C, C), 3, 0)
-        d_rows_stacked, dkc = _channel_gram_backward(d_stacked, xp.stack([qc, k_beta]), kc, G)
+        d_rows_stacked, dkc = gated_gram_backward(d_stacked, xp.stack([qc, k_beta]), kc, G)
         d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)
         del d_stacked, d_rows_stacked
     else:
@@ -487,7 +407,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
             dG = _rowdot(rows, d_rows).reshape(Bn, H, N, 2, C).sum(3) - _rowdot(kc, dkc)
             at_end = at_end.sum(-1)
         dG[:, :, :, -1] += at_end
-        dg = from_chunks(xp.flip(xp.cumsum(xp.flip(dG, 3), axis=3), 3), T)   # reverse cumsum in the chunk
+        dg = from_chunks(reverse_cumsum(dG, 3), T)                       # dg_s = sum_{t >= s} dG_t
     dbeta_c += _rowdot(kc, dk_beta)
     dk_beta *= beta_c
     dkc += dk_beta

@@ -46,11 +46,11 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (causal_mask, decay_rows, decay_state, exclusive_cumsum, from_chunks, gated_gram,
-                        gram_before_decay, local_cumsum, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
+from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gated_gram, gated_gram_backward,
+                        gram_before_decay, gram_before_decay_backward, local_cumsum, reverse_cumsum,
+                        state_or_zeros, to_chunks, transposed, unit_lower_inverse)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
-from ._delta_rule import gram_backward
 
 SIGNATURE = Signature(
     inputs=(Tensor("r", "B T H K"), Tensor("w", "B T H K", gate=True), Tensor("k", "B T H K"),
@@ -198,21 +198,6 @@ def _recurrent_backward(q, w, k, v, a, b, S0, do, dS, checkpoint_every=CHECKPOIN
     return dq, dw, dk, dv, da, db, (None if S0 is None else dS_t)
 
 
-def _gram_before_decay_backward(dM, x, y, G):
-    """(dx, dy) of M = chunking.gram_before_decay(x, y, G) from dM (zero outside j < t).
-
-    The forward is gated_gram(x, y', G') read one column to the right (y'_{j+1} = y_j, G'_t = G_{t-1}):
-    M_tj = M'_t,j+1. So dM'_t,j+1 = dM_tj (column 0 of dM' is 0), (dx, dy') = gram_backward(dM', x, y', G'),
-    and dy_j = dy'_{j+1} (the last position's y is read by no one). The gate: x_t enters as
-    x_t exp(+G_{t-1}), y_j as y_j exp(-G_j).
-    """
-    xp = array_module(x)
-    y_later = xp.concatenate([xp.zeros_like(y[..., :1, :]), y[..., :-1, :]], axis=-2)
-    d_shifted = xp.concatenate([xp.zeros_like(dM[..., :1]), dM[..., :-1]], axis=-1)
-    dx, dy_later = gram_backward(d_shifted, x, y_later, exclusive_cumsum(G))
-    return dx, xp.concatenate([dy_later[..., 1:, :], xp.zeros_like(dy_later[..., :1, :])], axis=-2)
-
-
 def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
     """The chunked form's backward, chunk-parallel (the structure of `_delta_rule.chunked_backward`).
     Returns (dq, dw, dk, dv, da, db, dS0).
@@ -238,7 +223,7 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
                    dG_C += sum_v dS+ * exp(G_C) S
         from (3):  d(A * E_prev) = X S^T,  dMak = X V^T (strict),  dV += Mak^T X
         from (2):  (I - Mab) U = rhs, so (the solve's adjoint) dMab = +X U^T (strict)
-        from (1):  `_delta_rule.gram_backward` and `_gram_before_decay_backward` give dQ, dA, dB, dK.
+        from (1):  `chunking.gated_gram_backward` and `gram_before_decay_backward` give dQ, dA, dB, dK.
     ([dO; X] is stacked: [dRb; dMab] = [dO; X] U^T and [dRk; dMak] = [dO; X] V^T are one product each.)
     The gate, as in the delta rule: Q's rows carry exp(+G_t), A's exp(+G_{t-1}), B's and K's exp(-G_j),
     and the chunk end exp(+G_C), so with every total gradient
@@ -255,8 +240,6 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
     G_last = G[:, :, :, -1]
     E, E_prev, E_end = xp.exp(G), xp.exp(exclusive_cumsum(G)), xp.exp(G_last[:, :, :, None] - G)
     decay_end = xp.exp(G_last)[..., None]                                # exp(G_C) on the state's rows
-    causal = causal_mask(C, xp)
-    strict = causal_mask(C, xp, strict=True)
 
     # Step 0: recompute (1)-(4).
     M_ab, M_ak = gram_before_decay(ac, bc, G), gram_before_decay(ac, kc, G)
@@ -307,10 +290,11 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
     at_end = ((dS_out * (S_in * decay_end)).sum(-1)
               + (b_to_end * d_b_to_end).sum(-2) + (k_to_end * d_k_to_end).sum(-2))   # [B, H, N, K]
 
-    dq_b, db_r = gram_backward(d_by_U[..., :C, :] * causal, qc, bc, G)
-    dq_k, dk_r = gram_backward(d_by_V[..., :C, :] * causal, qc, kc, G)
-    da_b, db_m = _gram_before_decay_backward(d_by_U[..., C:, :] * strict, ac, bc, G)
-    da_k, dk_m = _gram_before_decay_backward(d_by_V[..., C:, :] * strict, ac, kc, G)
+    # (each backward applies its gram's mask itself)
+    dq_b, db_r = gated_gram_backward(d_by_U[..., :C, :], qc, bc, G)
+    dq_k, dk_r = gated_gram_backward(d_by_V[..., :C, :], qc, kc, G)
+    da_b, db_m = gram_before_decay_backward(d_by_U[..., C:, :], ac, bc, G)
+    da_k, dk_m = gram_before_decay_backward(d_by_V[..., C:, :], ac, kc, G)
     dqc = dq_b + dq_k + by_state[..., :C, :] * E
     dac = da_b + da_k + by_state[..., C:, :] * E_prev
     dbc = db_r + db_m + d_b_to_end * E_end
@@ -319,7 +303,7 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
     dG = qc * dqc - bc * dbc - kc * dkc
     dG[..., :-1, :] += (ac * dac)[..., 1:, :]                             # A's rows carry exp(+G_{t-1})
     dG[:, :, :, -1] += at_end
-    dw = from_chunks(xp.flip(xp.cumsum(xp.flip(dG, 3), axis=3), 3), T)   # reverse cumsum in the chunk
+    dw = from_chunks(reverse_cumsum(dG, 3), T)                           # dw_s = sum_{t >= s} dG_t
     return (from_chunks(dqc, T), dw, from_chunks(dkc, T), from_chunks(dvc, T), from_chunks(dac, T),
             from_chunks(dbc, T), dS0)
 
