@@ -180,8 +180,9 @@ def test_runner_statuses(course):
 
 def test_a_not_implemented_error_elsewhere_is_a_failure_not_a_todo(course):
     ex = _solve(course, 1)
-    ex.path().write_text(ex.path().read_text().replace(
-        "    # TODO: scores", "    import minilin.cache\n    minilin.cache.LayerCache().elements(1)\n    # TODO: scores"))
+    (ex.path().parent / "helper.py").write_text("def unfinished():\n    raise NotImplementedError('not here')\n")
+    ex.path().write_text("import helper\n" + ex.path().read_text().replace(
+        "    # TODO: scores", "    helper.unfinished()\n    # TODO: scores"))
     result = runner.run(ex)
     assert result.status == runner.FAILING
     assert "NotImplementedError" in result.first_problem.message and "attention.py, line" in result.first_problem.message

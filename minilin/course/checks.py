@@ -11,7 +11,10 @@ Failures raise `CheckFailure` (an AssertionError), so pytest and `minilin check`
 """
 from __future__ import annotations
 
+import importlib.util
 import numbers
+import subprocess
+import sys
 
 import numpy as np
 
@@ -164,8 +167,40 @@ def assert_output_and_state(name: str, result, expected, where: str, *, args: st
     assert_close(f"{name}{args}: final state {where}", S, expected[1], dims="B H K V")
 
 
+_GPU_PROBE = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"
+_gpu_answer: list = []
+
+
 def gpu_status() -> tuple[bool, str]:
-    """(True, device name) when CuPy imports and sees a GPU, else (False, why not)."""
+    """(True, device name) when CuPy imports and sees a GPU, else (False, why not); asked once per process.
+
+    The question is put to a short-lived child Python unless CuPy is imported here already: asking it here
+    would start CUDA in this process, and a process forked from one that started CUDA cannot use the GPU
+    (the runner forks one per check)."""
+    if _gpu_answer:
+        return _gpu_answer[0]
+    if "cupy" in sys.modules:
+        answer = _gpu_status_here()
+    elif importlib.util.find_spec("cupy") is None:
+        answer = (False, "needs a GPU: CuPy is not available (No module named 'cupy')")
+    else:
+        try:
+            done = subprocess.run([sys.executable, "-c", _GPU_PROBE], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            answer = (False, f"needs a GPU: asking CuPy for one failed ({error})")
+        else:
+            lines = done.stdout.split()
+            if done.returncode != 0 or not lines or not lines[-1].isdigit():
+                why = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+                answer = (False, f"needs a GPU: CuPy is not available or sees none ({why})")
+            else:
+                count = int(lines[-1])
+                answer = (True, f"GPU 0 of {count}") if count > 0 else (False, "needs a GPU: CuPy sees none")
+    _gpu_answer.append(answer)
+    return answer
+
+
+def _gpu_status_here() -> tuple[bool, str]:
     try:
         import cupy
     except Exception as error:  # ImportError, or a CUDA library that fails to load
