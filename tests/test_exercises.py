@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -20,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minilin.course import runner, stubs, tree
-from minilin.course.checks import gpu_status
+from minilin.mixers import linear_attention
+
+from minilin.course import mutants, runner, stubs, tree
+from minilin.course.checks import CheckFailure, assert_close, check_form, gpu_status
 from minilin.course.emulated_cupy import EMULATED, GXX, fake_cupy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +66,14 @@ def test_exercise_is_complete(ex):
     assert ex.path("solutions").is_file(), f"missing {ex.relpath('solutions')}"
     assert ex.test_path().is_file()
     assert ex.reference, f"{ex.folder}: name the minilin module(s) its check compares against"
+    assert not set(ex.allow) & set(ex.reference), f"{ex.folder}: a module cannot be both the reference and allowed"
+    functions = public_functions(runner.load_module(ex.path("solutions"), prefix="hints"))
+    for function, hints in ex.function_hints:
+        assert function in functions, f"{ex.folder}: function_hints names {function}(), not a function of the file"
+        assert 1 <= len(hints) <= 3 and all(h.strip() for h in hints), f"{ex.folder}: 1 to 3 hints for {function}"
+    if len(functions) > 1:
+        assert {f for f, _ in ex.function_hints} == set(functions), (
+            f"{ex.folder}: give every function of the file its own hints (function_hints)")
 
 
 def test_points_grow_with_difficulty():
@@ -239,6 +250,269 @@ def test_checks_reject_a_slightly_wrong_solution(ex):
     """For every public function of the solution and every value it returns: the check fails when only that
     value is changed by about a millionth. So no returned value goes unchecked, and no tolerance is loose."""
     _reject_wrong_results(ex)
+
+
+# ---------------------------------------------------------------- what the checks catch, and how they say it
+
+def _variant(ex, tmp_path, *replacements, function=None):
+    """The solution of `ex` with each (old, new) replaced once (inside `function` when given), loaded as a
+    module from tmp_path."""
+    text = ex.path("solutions").read_text(encoding="utf-8")
+    start = text.index(f"def {function}(") if function else 0
+    head, body = text[:start], text[start:]
+    for old, new in replacements:
+        assert old in body, f"{ex.folder}: {old!r} is not in the solution"
+        body = body.replace(old, new, 1)
+    path = tmp_path / ex.folder / ex.file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head + body, encoding="utf-8")
+    return runner.load_module(path, prefix="variant")
+
+
+def _failure(ex, module, **kwargs) -> str:
+    result = runner.run(ex, module=module, **kwargs)
+    assert result.status == runner.FAILING, [(c.name, c.outcome) for c in result.checks]
+    problem = result.first_problem
+    return problem.message if problem is not None else result.message
+
+
+TOKEN_LOOP = """
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    S = np.zeros((B, H, K, v.shape[-1]))
+    o = np.empty(v.shape)
+    for t in range(T):
+        v_old = np.einsum("bhkv,bhk->bhv", S, k[:, t])
+        S = S + np.einsum("bhk,bhv->bhkv", beta[:, t, :, None] * k[:, t], v[:, t] - v_old)
+        o[:, t] = scale * np.einsum("bhk,bhkv->bhv", q[:, t], S)
+    return o, S
+"""
+
+FORWARD_SUBSTITUTION = """
+    C = k.shape[-2]
+    k_beta = beta[..., None] * k
+    A = np.tril(k_beta @ np.swapaxes(k, -1, -2), -1)
+    rhs = np.concatenate([k_beta, beta[..., None] * v], axis=-1)
+    X = np.zeros_like(rhs)
+    for t in range(C):
+        X[..., t, :] = rhs[..., t, :] - np.einsum("...j,...jd->...d", A[..., t, :t], X[..., :t, :])
+    return X[..., :k.shape[-1]], X[..., k.shape[-1]:]
+"""
+
+
+def _body(ex, function):
+    """(the TODO block's code of `function`, as text) in the solution of `ex`."""
+    text = ex.path("solutions").read_text(encoding="utf-8")
+    start = text.index(f"def {function}(")
+    begin = text.index("# TODO:", start)
+    begin = text.index("\n", begin) + 1
+    return text[begin:text.index("    # END TODO", begin)]
+
+
+def test_checks_name_a_missing_scale(tmp_path):
+    ex = EXERCISES[5]  # 06: retnet_recurrent ignoring the caller's scale
+    module = _variant(ex, tmp_path, ("scale = K ** -0.5 if scale is None else scale", "scale = K ** -0.5"),
+                      function="retnet_recurrent")
+    message = _failure(ex, module)
+    assert "retnet_recurrent(scale=0.4): o" in message and "times the expected one (= K ** -0.5 / scale)" in message
+
+
+def test_checks_name_a_one_token_shift(tmp_path):
+    ex = EXERCISES[1]  # 02: the read before the write
+    module = _variant(ex, tmp_path, (
+        '        S = S + np.einsum("bhk,bhv->bhkv", k[:, t], v[:, t])\n'
+        '        o[:, t] = scale * np.einsum("bhk,bhkv->bhv", q[:, t], S)\n',
+        '        o[:, t] = scale * np.einsum("bhk,bhkv->bhv", q[:, t], S)\n'
+        '        S = S + np.einsum("bhk,bhv->bhkv", k[:, t], v[:, t])\n'))
+    assert "every value is 0 where the expected ones are not" in _failure(ex, module)   # at T = 1, first
+    (q, k, v), _ = linear_attention.example_inputs(B=2, T=37, H=3, K=8, V=5, seed=1)
+    with pytest.raises(CheckFailure, match="shifted by one token: each output reads the state before its own token"):
+        check_form("linear_attention_recurrent", module.linear_attention_recurrent, (q, k, v),
+                   linear_attention.recurrent(q, k, v), reference=linear_attention.recurrent)
+    # An output stored one step late (o[:, t + 1] = ...) is named from the two arrays alone.
+    late = np.concatenate([np.zeros_like(q[:, :1, :, :5]), linear_attention.recurrent(q, k, v)[0][:, :-1]], axis=1)
+    with pytest.raises(CheckFailure, match="shifted by one token, late: the value at t is the one expected at t - 1"):
+        assert_close("o", late, linear_attention.recurrent(q, k, v)[0], dims="B T H V")
+
+
+def test_checks_name_a_leak_from_the_future(tmp_path):
+    ex = EXERCISES[1]  # 02: no causal mask
+    module = _variant(ex, tmp_path, ("scores = scores * np.tril(np.ones((T, T)))", "scores = scores * np.ones((T, T))"))
+    message = _failure(ex, module)
+    assert "the output reads the future: o at t=0 changed when only the inputs after t=0 changed" in message
+    ex = EXERCISES[12]  # 13: the mask inside the chunk lets the chunk's later tokens in
+    module = _variant(ex, tmp_path, ("lower = np.tril(np.ones((C, C), dtype=bool))", "lower = np.ones((C, C), dtype=bool)"))
+    assert "the output reads the future" in _failure(ex, module)
+
+
+def test_checks_name_an_argument_changed_in_place(tmp_path):
+    ex = EXERCISES[10]  # 11: the delta write into the caller's S
+    module = _variant(ex, tmp_path, (
+        '    return S + np.einsum("bhk,bhv->bhkv", beta_t[..., None] * k_t, v_t - v_old)',
+        '    S += np.einsum("bhk,bhv->bhkv", beta_t[..., None] * k_t, v_t - v_old)\n    return S'))
+    result = runner.run(ex, module=module)
+    messages = {c.name: c.message for c in result.checks}
+    assert messages["test_delta_write"].startswith("delta_write() changed its argument S in place")
+    assert messages["test_deltanet_recurrent_from_a_state"].startswith(
+        "deltanet_recurrent() changed its argument initial_state in place")
+
+
+def test_checks_refuse_minilin_own_code(tmp_path):
+    ex = EXERCISES[11]  # 12: the chunked form handing the work to minilin's DeltaNet
+    module = _variant(ex, tmp_path, ("    B, T, H, K = q.shape\n", "    from minilin.mixers import deltanet\n"
+                                     "    return deltanet.recurrent(q, k, v, beta, scale=scale)\n"),
+                      function="deltanet_chunked")
+    message = _failure(ex, module)
+    assert message.startswith("deltanet_chunked() calls minilin.mixers.deltanet.recurrent (line ")
+    module = _variant(ex, tmp_path, ("    B, T, H, K = q.shape\n", "    from minilin.mixers import gated_deltanet\n"
+                                     "    return gated_deltanet.chunked(q, k, v, 0 * beta, beta, scale=scale)\n"),
+                      function="deltanet_chunked")
+    assert "calls minilin.mixers.gated_deltanet.chunked" in _failure(ex, module)
+
+
+def test_chunked_checks_refuse_a_token_loop(tmp_path):
+    ex = EXERCISES[11]  # 12: right values, but one token at a time
+    module = _variant(ex, tmp_path, (_body(ex, "deltanet_chunked"), TOKEN_LOOP), function="deltanet_chunked")
+    result = runner.run(ex, module=module)
+    failed = [c for c in result.checks if c.outcome == runner.FAILED]
+    assert [c.name for c in failed] == ["test_deltanet_chunked_loops_over_chunks"], [c.name for c in failed]
+    assert failed[0].message.startswith("deltanet_chunked: a loop over tokens? ")
+    # A forward substitution, row by row, is fine in wy_representation: the chunked form's work still
+    # follows the chunks.
+    module = _variant(ex, tmp_path, (_body(ex, "wy_representation"), FORWARD_SUBSTITUTION), function="wy_representation")
+    assert runner.run(ex, module=module).status == runner.SOLVED
+
+
+def test_parallel_checks_refuse_a_token_loop(tmp_path):
+    ex = EXERCISES[1]  # 02: the parallel form written as the recurrence
+    loop = _body(ex, "linear_attention_recurrent").replace("    return o, S\n", "    return o\n")
+    module = _variant(ex, tmp_path, (_body(ex, "linear_attention_parallel"), loop), function="linear_attention_parallel")
+    assert _failure(ex, module).startswith("linear_attention_parallel: a loop over tokens? ")
+
+
+def test_an_endless_loop_times_out_and_the_other_checks_still_run(tmp_path):
+    ex = EXERCISES[6]  # 07: the offset never doubles
+    module = _variant(ex, tmp_path, ("offset *= 2", "offset *= 1"))
+    result = runner.run(ex, module=module, timeout=1)
+    outcomes = {c.name: (c.outcome, c.message) for c in result.checks}
+    assert outcomes["test_combine"][0] == outcomes["test_sequential_scan"][0] == runner.PASSED
+    outcome, message = outcomes["test_associative_scan"]
+    assert outcome == runner.FAILED
+    assert message.startswith("check timed out after 1 s: an endless loop? associative_scan() was still running")
+    module = _variant(ex, tmp_path, ("    T = a.shape[1]\n", "    import os\n    os._exit(3)\n"))
+    message = runner.run(ex, module=module).first_problem.message
+    assert message.startswith("the check stopped Python itself (exit status 3) while associative_scan() ran")
+
+
+@pytest.mark.parametrize("isolation", ["thread", "none"])
+def test_the_other_isolations_run_the_checks_too(isolation, tmp_path):
+    ex = EXERCISES[6]
+    assert runner.run(ex, tree="solutions", isolation=isolation).status == runner.SOLVED
+    if isolation == "thread":
+        module = _variant(ex, tmp_path, ("offset *= 2", "offset *= 1"))
+        message = runner.run(ex, module=module, timeout=1, isolation="thread").first_problem.message
+        assert message.startswith("check timed out after 1 s")
+
+
+def _scales_checked(ex, gpu=None) -> dict:
+    """For each function of the solution taking `scale`: the scales its check passed (None: the default)."""
+    recording = mutants.Recording(ex, gpu=gpu)
+    seen = {}
+    for name, function in recording.solution.items():
+        if "scale" in inspect.signature(function).parameters:
+            seen[name] = set()
+    for call in recording.calls:
+        if call.name in seen:
+            value = call.kwargs.get("scale")
+            seen[call.name].add(None if value is None else "given")
+    return seen
+
+
+@pytest.mark.parametrize("ex", CPU, ids=[ex.folder for ex in CPU])
+def test_every_scale_is_checked_at_its_default_and_at_another_value(ex):
+    """A function that takes `scale` and ignores the caller's (or gets the default wrong) must fail."""
+    for name, seen in _scales_checked(ex).items():
+        assert seen == {None, "given"}, f"{ex.folder}: the check calls {name}() with scale {sorted(map(str, seen))} only"
+
+
+@pytest.mark.parametrize("ex", GPU, ids=[ex.folder for ex in GPU])
+def test_every_gpu_scale_is_checked_both_ways(ex, emulated_cupy):
+    for name, seen in _scales_checked(ex, gpu=EMULATED).items():
+        assert seen == {None, "given"}, f"{ex.folder}: the check calls {name}() with scale {sorted(map(str, seen))} only"
+
+
+# ---------------------------------------------------------------- mutation testing of the checks
+
+def test_mutants_of_a_small_solution():
+    source = (
+        '"""doc"""\n'
+        'def f(x, *, scale=None):\n'
+        '    """doc"""\n'
+        '    # TODO: it\n'
+        '    scale = 2.0 if scale is None else scale\n'
+        '    y = x * scale - 1\n'
+        '    return y\n'
+        '    # END TODO\n'
+        'def g(x):\n'
+        '    return x + 1\n')
+    found = mutants.python_mutants(source)
+    pairs = {(m.kind, m.before, m.after) for m in found}
+    assert ("default", "2.0 if scale is None else scale", "(2.0)") in pairs        # the caller's scale ignored
+    assert ("operator", "x * scale - 1", "(x * scale + 1)") in pairs
+    assert ("term", "x * scale - 1", "(x * scale)") in pairs
+    assert ("constant", "1", "(2)") in pairs and ("constant", "2.0", "(4.0)") in pairs
+    assert ("statement", "y = x * scale - 1", "pass") in pairs
+    assert ("in place", "y = x * scale - 1", "y") not in {(k, b, a[:1]) for k, b, a in pairs}
+    assert all(m.line in (5, 6, 7) for m in found), "mutants only inside the TODO block"
+    kernel = mutants.kernel_mutants('def k():\n    # TODO: k\n    return r"""\n#define N 4\n'
+                                    '__global__ void f(float* o, int n) {\n    for (int i = 0; i < n; ++i) o[i] = 2 * o[i];\n}\n"""\n'
+                                    '    # END TODO\n')
+    changes = {(m.before, m.after) for m in kernel}
+    line = "for (int i = 0; i < n; ++i) o[i] = 2 * o[i];"
+    assert (line, line.replace("i < n", "i <= n")) in changes and (line, line.replace("2 *", "3 *")) in changes
+    assert not any("#define" in m.before or "float*" not in m.source for m in kernel)
+
+
+def test_mutation_verdicts(tmp_path):
+    ex = EXERCISES[4]  # 05
+    found = {m.after: m for m in mutants.mutants(ex)}
+    in_place = next(m for m in found.values() if m.kind == "in place")        # S += ... on the local state
+    wrong = next(m for m in found.values() if m.kind == "default" and "K ** " in m.after)
+    outcomes = {o.mutant.index: o for o in mutants.sweep(ex, [in_place, wrong])}
+    assert outcomes[in_place.index].verdict == mutants.EQUIVALENT
+    assert outcomes[wrong.index].verdict == mutants.KILLED
+    assert mutants.score(list(outcomes.values()))["score"] == 1.0
+
+
+@pytest.mark.parametrize("ex", CPU, ids=[ex.folder for ex in CPU])
+def test_a_sample_of_mutants_is_rejected(ex):
+    """Three mutants of each solution, the same three every run: the check rejects each (or the mutant
+    computes the same function). The whole sweep: MINILIN_MUTATION_SWEEP=1, or python -m minilin.course.mutants."""
+    picked = mutants.sample(mutants.mutants(ex), 3, seed=ex.number)
+    outcomes = mutants.sweep(ex, picked)
+    survivors = [f"{o.mutant.label}: {o.why}" for o in outcomes if o.verdict == mutants.SURVIVED]
+    assert not survivors, survivors
+
+
+SWEEP = os.environ.get("MINILIN_MUTATION_SWEEP")
+
+
+@pytest.mark.skipif(not SWEEP, reason="the whole mutation sweep (minutes): MINILIN_MUTATION_SWEEP=1 runs it")
+@pytest.mark.parametrize("ex", CPU, ids=[ex.folder for ex in CPU])
+def test_checks_reject_97_percent_of_mutants(ex):
+    outcomes = mutants.sweep(ex)
+    counts = mutants.score(outcomes)
+    survivors = [o.mutant.label for o in outcomes if o.verdict == mutants.SURVIVED]
+    assert counts["score"] >= 0.97, f"{ex.folder}: {100 * counts['score']:.1f}% rejected; survivors: {survivors}"
+
+
+@pytest.mark.skipif(not SWEEP, reason="the whole mutation sweep (minutes): MINILIN_MUTATION_SWEEP=1 runs it")
+@pytest.mark.parametrize("ex", GPU, ids=[ex.folder for ex in GPU])
+def test_gpu_checks_reject_97_percent_of_mutants(ex, emulated_cupy):
+    outcomes = mutants.sweep(ex, gpu=EMULATED)
+    counts = mutants.score(outcomes)
+    survivors = [o.mutant.label for o in outcomes if o.verdict == mutants.SURVIVED]
+    assert counts["score"] >= 0.97, f"{ex.folder}: {100 * counts['score']:.1f}% rejected; survivors: {survivors}"
 
 
 # ---------------------------------------------------------------- CUDA C++ of the GPU exercises

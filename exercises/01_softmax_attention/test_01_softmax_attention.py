@@ -16,7 +16,7 @@ def test_causal_attention(learner):
             expected, _ = attention.parallel(q, k, v, scale=scale)
             check_form("causal_attention", learner.causal_attention, (q, k, v), expected, kwargs=dict(scale=scale),
                        where=f"[{label(case)}]", outputs="o", dims="B T H V")
-    case = SEQUENCE_CASES[1]
+    case = SEQUENCE_CASES[0]
     (q, k, v), _ = attention.example_inputs(**case, seed=5)
     expected, _ = attention.parallel(LOUD * q, LOUD * k, v)
     with np.errstate(all="ignore"):
@@ -63,7 +63,7 @@ def test_decode_step(learner):
         expected, _ = attention.parallel(q, k, v, scale=0.5)
         assert_close(f"decode_step(scale=0.5) for t = 0..T-1 from an empty cache, stacked [{label(case)}]",
                      _decode(learner, q, k, v, 0.5), expected, dims="B T H V", scales={"scale": 0.5})
-    case = SEQUENCE_CASES[1]
+    case = SEQUENCE_CASES[0]
     (q, k, v), _ = attention.example_inputs(**case, seed=15)
     expected, _ = attention.parallel(LOUD * q, LOUD * k, v)
     with np.errstate(all="ignore"):

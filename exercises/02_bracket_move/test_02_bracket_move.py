@@ -14,7 +14,8 @@ def test_parallel(learner):
         for scale in (None, 0.7):
             expected, _ = linear_attention.parallel(q, k, v, scale=scale)
             check_form("linear_attention_parallel", learner.linear_attention_parallel, (q, k, v), expected,
-                       kwargs=dict(scale=scale), where=f"[{label(case)}]", outputs="o", dims="B T H V")
+                       kwargs=dict(scale=scale), where=f"[{label(case)}]", outputs="o", dims="B T H V",
+                       reference=lambda q, k, v, scale: linear_attention.parallel(q, k, v, scale=scale)[0])
 
     def call(T, chunk_size):
         (q, k, v), _ = linear_attention.example_inputs(B=1, T=T, H=1, K=4, V=4, seed=T)
@@ -29,7 +30,7 @@ def test_recurrent(learner):
         for scale in (None, 0.7):
             check_form("linear_attention_recurrent", learner.linear_attention_recurrent, (q, k, v),
                        linear_attention.recurrent(q, k, v, scale=scale), kwargs=dict(scale=scale),
-                       where=f"[{label(case)}]")
+                       where=f"[{label(case)}]", reference=linear_attention.recurrent)
 
 
 def test_flops_and_crossover(learner):

@@ -34,7 +34,8 @@ def test_retnet_parallel(learner):
         for scale in (None, 0.4):
             expected, _ = retnet.parallel(q, k, v, gamma=gamma, scale=scale)
             check_form("retnet_parallel", learner.retnet_parallel, (q, k, v, gamma), expected,
-                       kwargs=dict(scale=scale), where=f"[{label(case)}]", outputs="o", dims="B T H V")
+                       kwargs=dict(scale=scale), where=f"[{label(case)}]", outputs="o", dims="B T H V",
+                       reference=lambda q, k, v, gamma, scale: retnet.parallel(q, k, v, gamma=gamma, scale=scale)[0])
     assert_no_token_loop("retnet_parallel", learner.retnet_parallel, _small, chunked=False)
 
 
@@ -44,7 +45,7 @@ def test_retnet_recurrent(learner):
         for scale in (None, 0.4):
             check_form("retnet_recurrent", learner.retnet_recurrent, (q, k, v, gamma),
                        retnet.recurrent(q, k, v, gamma=gamma, scale=scale), kwargs=dict(scale=scale),
-                       where=f"[{label(case)}]")
+                       where=f"[{label(case)}]", reference=_reference)
 
 
 def test_retnet_chunked(learner):
@@ -54,9 +55,14 @@ def test_retnet_chunked(learner):
             expected = retnet.recurrent(q, k, v, gamma=gamma, scale=scale)
             for C in ((16, 1, 64, 5) if scale else (16,)):
                 check_form("retnet_chunked", learner.retnet_chunked, (q, k, v, gamma), expected,
-                           kwargs=dict(scale=scale, chunk_size=C), where=f"[{label(case)}]", chunk_size=C)
+                           kwargs=dict(scale=scale, chunk_size=C), where=f"[{label(case)}]", chunk_size=C,
+                           reference=_reference)
     assert_no_token_loop("retnet_chunked", learner.retnet_chunked,
                          lambda T, C: (_small(T, C)[0], dict(chunk_size=C)), chunked=True)
+
+
+def _reference(q, k, v, gamma, scale=None, chunk_size=None):
+    return retnet.recurrent(q, k, v, gamma=gamma, scale=scale)
 
 
 def _small(T, chunk_size):

@@ -7,12 +7,16 @@ from minilin.course.checks import SEQUENCE_CASES, assert_no_token_loop, check_fo
 from minilin.mixers import gla
 
 
+def _reference(q, k, v, g, scale=None, chunk_size=None):
+    return gla.recurrent(q, k, v, g, scale=scale)
+
+
 def test_gla_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 100):
         (q, k, v, g), _ = gla.example_inputs(**case, seed=seed)
         for scale in (None, 0.5):
             check_form("gla_recurrent", learner.gla_recurrent, (q, k, v, g), gla.recurrent(q, k, v, g, scale=scale),
-                       kwargs=dict(scale=scale), where=f"[{label(case)}]")
+                       kwargs=dict(scale=scale), where=f"[{label(case)}]", reference=_reference)
 
 
 def test_gla_chunked(learner):
@@ -21,7 +25,7 @@ def test_gla_chunked(learner):
         expected = gla.recurrent(q, k, v, g, scale=0.5)
         for C in (16, 1, 64, 5):
             check_form("gla_chunked", learner.gla_chunked, (q, k, v, g), expected, kwargs=dict(scale=0.5, chunk_size=C),
-                       where=f"[{label(case)}]", chunk_size=C)
+                       where=f"[{label(case)}]", chunk_size=C, reference=_reference)
 
 
 def test_gla_chunked_strong_gates(learner):

@@ -27,20 +27,24 @@ def test_wy_representation(learner):
         assert_close(f"wy_representation: U {where}", U, expected_U)
 
 
+def _reference(q, k, v, beta, scale=None, chunk_size=None):
+    return deltanet.recurrent(q, k, v, beta, scale=scale)
+
+
 def test_deltanet_chunked(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 170):
         (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=seed)
         expected = deltanet.recurrent(q, k, v, beta)
         for C in (16, 1, 64, 5):
             check_form("deltanet_chunked", learner.deltanet_chunked, (q, k, v, beta), expected,
-                       kwargs=dict(chunk_size=C), where=f"[{label(case)}]", chunk_size=C)
+                       kwargs=dict(chunk_size=C), where=f"[{label(case)}]", chunk_size=C, reference=_reference)
 
 
 def test_deltanet_chunked_scale(learner):
     case = dict(B=1, T=50, H=2, K=8, V=4)
     (q, k, v, beta), _ = deltanet.example_inputs(**case, seed=180)
     check_form("deltanet_chunked", learner.deltanet_chunked, (q, k, v, beta), deltanet.recurrent(q, k, v, beta, scale=1.5),
-               kwargs=dict(scale=1.5, chunk_size=16), where=f"[{label(case)}]", chunk_size=16)
+               kwargs=dict(scale=1.5, chunk_size=16), where=f"[{label(case)}]", chunk_size=16, reference=_reference)
 
 
 def test_deltanet_chunked_loops_over_chunks(learner):

@@ -8,13 +8,17 @@ from minilin.course.checks import SEQUENCE_CASES, assert_no_token_loop, check_fo
 from minilin.mixers import gated_deltanet
 
 
+def _reference(q, k, v, g, beta, scale=None, chunk_size=None):
+    return gated_deltanet.recurrent(q, k, v, g, beta, scale=scale)
+
+
 def test_gated_deltanet_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 190):
         (q, k, v, g, beta), _ = gated_deltanet.example_inputs(**case, seed=seed)
         for scale in (None, 0.8):
             check_form("gated_deltanet_recurrent", learner.gated_deltanet_recurrent, (q, k, v, g, beta),
                        gated_deltanet.recurrent(q, k, v, g, beta, scale=scale), kwargs=dict(scale=scale),
-                       where=f"[{label(case)}]")
+                       where=f"[{label(case)}]", reference=_reference)
 
 
 def test_gated_deltanet_chunked(learner):
@@ -23,7 +27,8 @@ def test_gated_deltanet_chunked(learner):
         expected = gated_deltanet.recurrent(q, k, v, g, beta, scale=0.8)
         for C in (16, 1, 64, 5):
             check_form("gated_deltanet_chunked", learner.gated_deltanet_chunked, (q, k, v, g, beta), expected,
-                       kwargs=dict(scale=0.8, chunk_size=C), where=f"[{label(case)}]", chunk_size=C)
+                       kwargs=dict(scale=0.8, chunk_size=C), where=f"[{label(case)}]", chunk_size=C,
+                       reference=_reference)
 
 
 def test_gated_deltanet_chunked_strong_decay(learner):

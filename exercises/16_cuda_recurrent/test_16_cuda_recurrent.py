@@ -47,7 +47,7 @@ def test_recurrent_forward_takes_any_layout(learner):
     copies before it hands raw pointers to the kernel."""
     import cupy
 
-    case = SEQUENCE_CASES[1]
+    case = SEQUENCE_CASES[0]
     (q, k, v, g), _ = simple_gla.example_inputs(**case, seed=247)
     expected_o, expected_S = simple_gla.recurrent(q, k, v, g)
     views = [cupy.asarray(np.ascontiguousarray(np.swapaxes(x, 1, 2))).swapaxes(1, 2) for x in (q, k, v, g)]

@@ -42,7 +42,7 @@ def test_chunked_forward_takes_any_layout(learner):
     copies before it hands raw pointers to the kernel."""
     import cupy
 
-    case = SEQUENCE_CASES[1]
+    case = SEQUENCE_CASES[0]
     (q, k, v), _ = linear_attention.example_inputs(**case, seed=257)
     expected_o, expected_S = linear_attention.recurrent(q, k, v)
     views = [cupy.asarray(np.ascontiguousarray(np.swapaxes(x, 1, 2))).swapaxes(1, 2) for x in (q, k, v)]

@@ -22,10 +22,11 @@ import numpy as np
 
 from ..backend import to_numpy
 
-# The shapes most sequence checks run over: T = 1, T not a multiple of the chunk, K != V, B, H > 1.
+# The shapes most sequence checks run over: T not a multiple of the chunk, K != V, B, H > 1 first (where a
+# wrong answer shows the most: which step, which chunk, a shift, a leak), then T = 1, then T = 64 with K = V.
 SEQUENCE_CASES = (
-    dict(B=1, T=1, H=1, K=4, V=3),
     dict(B=2, T=37, H=3, K=8, V=5),
+    dict(B=1, T=1, H=1, K=4, V=3),
     dict(B=1, T=64, H=2, K=16, V=16),
 )
 
@@ -199,7 +200,10 @@ def _causes(got, expected, letters, rtol, scales) -> list:
     causes = []
     c = _proportional(got, expected, rtol)
     if c is not None and abs(c - 1) > rtol:
-        if abs(c + 1) <= 1e-6:
+        if abs(c) <= 1e-12:
+            causes.append("every value is 0 where the expected ones are not: an output never written, or a read "
+                          "of a state before anything was written to it?")
+        elif abs(c + 1) <= 1e-6:
             causes.append("every value has the wrong sign (got = -expected): a sign, or a subtraction the wrong way round")
         else:
             causes.append(f"every value is {c:.6g} times the expected one{_name_ratio(c, scales)}: a constant ratio, "
@@ -274,7 +278,7 @@ def _keywords_text(kwargs: dict) -> str:
 
 def check_form(name: str, function, args: tuple, expected, *, kwargs: dict | None = None, where: str = "",
                outputs=("o", "final state"), dims=("B T H V", "B H K V"), chunk_size: int | None = None,
-               scales: dict | None = None):
+               scales: dict | None = None, reference=None, read: int = 0):
     """Call a learner's sequence form, `function(*args, **kwargs)`, and compare its result with `expected`
     (one array, or a tuple with one item per name in `outputs`, of the axes in `dims`).
 
@@ -282,7 +286,11 @@ def check_form(name: str, function, args: tuple, expected, *, kwargs: dict | Non
     axes start with B T that differs is probed for a leak from the future (causality_probe: the inputs after
     the first wrong step are changed, and the outputs up to it must not move), and the message names it.
     `scales` defaults to {"scale": the scale passed, "K ** -0.5": the default scale of q [B, T, H, K]}, so
-    that a constant ratio is named in their terms. Returns the function's result.
+    that a constant ratio is named in their terms. `reference(*args, **kwargs)`, when given, computes the
+    expected result from the same arguments: the output that differs is then compared with it on the
+    per-token inputs other than args[read] (the query) delayed by one token, and advanced by one, which is
+    what a read of the state before the token's own write (o_t = S_{t-1}^T q_t), or after the next token's,
+    gives. Returns the function's result.
     """
     __tracebackhide__ = True
     kwargs = dict(kwargs or {})
@@ -311,8 +319,42 @@ def check_form(name: str, function, args: tuple, expected, *, kwargs: dict | Non
                                        first < T - 1 else None, pick=(lambda r, i=i: r[i]) if several else (lambda r: r))
                 if leak:
                     raise CheckFailure(f"{failure}\n  likely cause: {leak}") from None
+                if reference is not None and i == 0 and "likely cause" not in str(failure):
+                    shift = _shifted_read(reference, args, kwargs, read, got, T, several)
+                    if shift:
+                        raise CheckFailure(f"{failure}\n  likely cause: {shift}") from None
             raise
     return result
+
+
+def _shifted_read(reference, args, kwargs, read, got, T, several):
+    """'reads the state before ...' when got is the reference with the per-token inputs other than
+    args[read] delayed (or advanced) by one token; else None."""
+    if T < 2:
+        return None
+    got = np.asarray(to_numpy(got)).astype(np.float64)
+    for how, move in (("before", 1), ("after", -1)):
+        moved = []
+        for i, x in enumerate(args):
+            if i != read and hasattr(x, "ndim") and x.ndim >= 3 and x.shape[1] == T:
+                x = np.asarray(x)
+                pad = np.zeros_like(x[:, :1])
+                x = np.concatenate([pad, x[:, :-1]], axis=1) if move > 0 else np.concatenate([x[:, 1:], pad], axis=1)
+            moved.append(x)
+        try:
+            with np.errstate(all="ignore"):
+                hypothesis = reference(*moved, **kwargs)
+        except Exception:
+            continue
+        hypothesis = np.asarray(to_numpy(hypothesis[0] if several else hypothesis)).astype(np.float64)
+        if hypothesis.shape == got.shape and np.max(np.abs(got - hypothesis), initial=0.0) <= \
+                1e-6 * max(float(np.max(np.abs(hypothesis), initial=0.0)), 1e-300):
+            if move > 0:
+                return ("shifted by one token: each output reads the state before its own token is written "
+                        "(o_t = S_{t-1}^T q_t); write token t into the state first, then read it with q_t")
+            return ("shifted by one token: each output reads the state after the next token is written "
+                    "(o_t = S_{t+1}^T q_t); read right after token t's own write")
+    return None
 
 
 def count_lines(function, args: tuple = (), kwargs: dict | None = None, *, exempt=()) -> int:

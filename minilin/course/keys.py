@@ -22,6 +22,7 @@ class Keys:
         self.mode = "none"        # "cbreak", "windows", "lines" or "none"
         self._saved = None
         self._fd = None
+        self._pending = b""      # lines mode: what was read past the last line handed out
 
     @property
     def single(self) -> bool:
@@ -64,6 +65,10 @@ class Keys:
             self._saved = None
         return False
 
+    def _line(self) -> str:
+        line, self._pending = self._pending.split(b"\n", 1)
+        return (line.decode(errors="replace").strip()[:1] or "\n").lower()
+
     def wait(self, seconds: float):
         """The next key (lower-cased; Enter alone gives "\\n"), or None after `seconds` without one."""
         if self.mode == "windows":
@@ -75,26 +80,28 @@ class Keys:
                     return msvcrt.getwch().lower()
                 time.sleep(0.05)
             return None
+        if self.mode == "lines" and b"\n" in self._pending:
+            return self._line()
         if self.mode in ("cbreak", "lines"):
             import select
 
-            try:
-                ready, _, _ = select.select([self._fd], [], [], seconds)
-            except (OSError, ValueError):
-                self.mode = "none"
-                return None
-            if not ready:
-                return None
-            if self.mode == "cbreak":
-                data = os.read(self._fd, 1)
-                if not data:
+            end = time.monotonic() + seconds
+            while True:
+                try:
+                    ready, _, _ = select.select([self._fd], [], [], max(end - time.monotonic(), 0.0))
+                except (OSError, ValueError):
                     self.mode = "none"
                     return None
-                return data.decode(errors="replace").lower()
-            line = self.stream.readline()
-            if not line:  # the input ended: from now on, only wait
-                self.mode = "none"
-                return None
-            return (line.strip()[:1] or "\n").lower()
+                if not ready:
+                    return None
+                data = os.read(self._fd, 1 if self.mode == "cbreak" else 1024)
+                if not data:  # the input ended: from now on, only wait
+                    self.mode = "none"
+                    return None
+                if self.mode == "cbreak":
+                    return data.decode(errors="replace").lower()
+                self._pending += data
+                if b"\n" in self._pending:
+                    return self._line()
         time.sleep(seconds)
         return None
