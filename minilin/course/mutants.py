@@ -498,7 +498,9 @@ def _in_child(work, seconds: float):
     import signal
 
     reader, writer = multiprocessing.Pipe(duplex=False)
-    pid = os.fork()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # see runner._in_child
+        pid = os.fork()
     if pid == 0:
         try:
             reader.close()

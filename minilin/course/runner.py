@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -319,7 +320,9 @@ def _in_child(job: _Job, start: int, seconds: float, result: ExerciseResult, fee
     reader, writer = multiprocessing.Pipe(duplex=False)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12 warns of fork in a process with threads (NumPy's BLAS pool):
+        warnings.simplefilter("ignore", DeprecationWarning)  # the child runs Python code only, never waits on them
+        pid = os.fork()
     if pid == 0:  # the child: run, report, and leave without running the parent's exit handlers
         code = 0
         try:
