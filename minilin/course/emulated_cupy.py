@@ -121,6 +121,7 @@ extern "C" void minilin_launch(unsigned gx, unsigned gy, unsigned gz, unsigned b
             library.minilin_launch.argtypes = [ctypes.c_uint] * 6 + argtypes
             library.minilin_launch(*grid, *block, *values)
 
+    cp.__minilin_emulated__ = True   # not a GPU: the runner may fork around it (see runner.isolation_for)
     cp.ndarray, cp.RawKernel = ndarray, RawKernel
     cp.float32, cp.float64, cp.int32 = np.float32, np.float64, np.int32
     cp.asarray = lambda a, dtype=None: np.array(plain(a), dtype=dtype).view(ndarray)

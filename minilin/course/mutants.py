@@ -470,7 +470,9 @@ def differs(recording: Recording, module) -> str | None:
     return None
 
 
-def _judge(m: Mutant, ex, recording: Recording, gpu, timeout: float, folder: Path) -> Outcome:
+def _judge(m: Mutant, ex, recording, gpu, timeout: float, folder: Path) -> Outcome:
+    """The verdict on one mutant. `recording`: a function giving the Recording of the solution's check (made
+    once, when a first mutant survives)."""
     path = folder / ex.folder / ex.file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(m.source, encoding="utf-8")
@@ -479,21 +481,42 @@ def _judge(m: Mutant, ex, recording: Recording, gpu, timeout: float, folder: Pat
     except Exception as error:
         return Outcome(m, INVALID, f"{type(error).__name__}: {error}")
     try:
+        if ex.gpu and not runner.cuda_started_here() and "cupy" not in sys.modules:
+            # A real GPU: this process must not start CUDA (its children could not use the GPU), so the
+            # checks, the solution's recording and the replay all run in one child of their own.
+            ok, verdict = _in_child(lambda: _verdict_here(ex, module, gpu), timeout * 12)
+            if not ok:
+                return Outcome(m, KILLED, verdict)
+            return Outcome(m, *verdict)
         result = runner.run(ex, module=module, stop_at_first_failure=True, gpu=gpu, timeout=timeout)
         if result.status != runner.SOLVED:
-            problem = result.first_problem
-            return Outcome(m, KILLED, (problem.message if problem else result.message).splitlines()[0][:200])
-        how = _in_child(lambda: differs(recording, module), timeout * 4)
+            return Outcome(m, KILLED, _first_line(result))
+        made = recording()      # here, not in the child: made once for all the mutants
+        ok, how = _in_child(lambda: differs(made, module), timeout * 4)
+        how = how if ok else how or "the replay failed"
         return Outcome(m, SURVIVED, how) if how else Outcome(m, EQUIVALENT)
     finally:
         sys.modules.pop(module.__name__, None)
 
 
+def _first_line(result) -> str:
+    problem = result.first_problem
+    return (problem.message if problem else result.message).splitlines()[0][:200]
+
+
+def _verdict_here(ex, module, gpu):
+    result = runner.run(ex, module=module, stop_at_first_failure=True, gpu=gpu, isolation="none")
+    if result.status != runner.SOLVED:
+        return KILLED, _first_line(result)
+    how = differs(Recording(ex, gpu=gpu), module)
+    return (SURVIVED, how) if how else (EQUIVALENT, "")
+
+
 def _in_child(work, seconds: float):
-    """work() in a forked child (a mutant may loop forever or crash), its result back; a time-out or a crash
-    counts as a difference."""
+    """(True, work()) from a forked child (a mutant may loop forever or crash), or (False, what went
+    wrong): a time-out or a crash."""
     if not hasattr(os, "fork"):
-        return work()
+        return True, work()
     import multiprocessing
     import signal
 
@@ -504,10 +527,10 @@ def _in_child(work, seconds: float):
     if pid == 0:
         try:
             reader.close()
-            writer.send(work())
+            writer.send((True, work()))
         except BaseException as error:
             try:
-                writer.send(f"the replay raised {type(error).__name__}")
+                writer.send((False, f"the replay raised {type(error).__name__}: {error}"[:200]))
             except BaseException:
                 pass
         finally:
@@ -518,8 +541,8 @@ def _in_child(work, seconds: float):
             try:
                 return reader.recv()
             except EOFError:
-                return "the replay crashed"
-        return f"the replay ran past {seconds:g} s"
+                return False, "the mutant crashed Python"
+        return False, f"timed out after {seconds:g} s"
     finally:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -533,7 +556,13 @@ def sweep(ex, chosen=None, *, gpu=None, timeout=None, progress=None) -> list:
     """Judge the mutants `chosen` (default: all) of exercise `ex`; a list of Outcome."""
     chosen = mutants(ex) if chosen is None else chosen
     timeout = timeout or (max(ex.timeout, 60.0) if ex.gpu else MUTANT_TIMEOUT)
-    recording = Recording(ex, gpu=gpu)
+    made = []
+
+    def recording():
+        if not made:
+            made.append(Recording(ex, gpu=gpu))
+        return made[0]
+
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="minilin-mutants-") as folder, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a mutant dividing by zero says so; the verdict is what counts

@@ -25,6 +25,11 @@ out after N s: an endless loop?", and a fresh child runs the checks after it. Wh
 Python loop; a single NumPy call that never returns cannot be stopped there). `isolation="none"` runs them
 in this process, with no time limit. $MINILIN_CHECK_ISOLATION = process | thread | none overrides the
 default.
+
+CUDA and fork: a child forked from a process that has started CUDA cannot use the GPU. So the commands never
+touch CuPy themselves (checks.gpu_status asks a separate Python whether there is a GPU), each child starts
+CUDA for itself, and a GPU exercise run from a process that has imported CuPy already (a test session)
+runs its checks in a thread instead (isolation_for).
 """
 from __future__ import annotations
 
@@ -137,6 +142,22 @@ def default_isolation() -> str:
     return "process" if hasattr(os, "fork") else "thread"
 
 
+def cuda_started_here() -> bool:
+    """Whether this process has imported the real CuPy (and so may have started CUDA): a process forked
+    from it could not use the GPU. (The CPU emulation of tests and the mutation tool is not CUDA.)"""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and not getattr(cupy, "__minilin_emulated__", False)
+
+
+def isolation_for(exercise: Exercise, isolation: str | None = None) -> str:
+    """The isolation a run of `exercise` gets: `isolation`, else the default, except that a GPU exercise in a
+    process that has imported CuPy runs in a thread instead of a forked child."""
+    isolation = isolation or default_isolation()
+    if isolation == "process" and exercise.gpu and cuda_started_here():
+        return "thread"
+    return isolation
+
+
 def time_limit(exercise: Exercise, timeout=None) -> float:
     """Seconds one check of `exercise` may run: `timeout`, else $MINILIN_CHECK_TIMEOUT, else the exercise's."""
     if timeout is None and os.environ.get("MINILIN_CHECK_TIMEOUT"):
@@ -162,7 +183,7 @@ def run(exercise: Exercise, *, tree: str = "exercises", module=None, stop_at_fir
             result.status, result.message = SKIPPED, reason
             return result
     job = _Job(exercise, tree, module, stop_at_first_failure)
-    isolation = isolation or default_isolation()
+    isolation = isolation_for(exercise, isolation)
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation: expected one of {ISOLATIONS}, got {isolation!r}")
     if isolation == "none":
