@@ -324,12 +324,15 @@ def test_checks_name_a_one_token_shift(tmp_path):
         '        o[:, t] = scale * np.einsum("bhk,bhkv->bhv", q[:, t], S)\n',
         '        o[:, t] = scale * np.einsum("bhk,bhkv->bhv", q[:, t], S)\n'
         '        S = S + np.einsum("bhk,bhv->bhkv", k[:, t], v[:, t])\n'))
-    assert "every value is 0 where the expected ones are not" in _failure(ex, module)   # at T = 1, first
-    (q, k, v), _ = linear_attention.example_inputs(B=2, T=37, H=3, K=8, V=5, seed=1)
-    with pytest.raises(CheckFailure, match="shifted by one token: each output reads the state before its own token"):
+    assert ("likely cause: shifted by one token: each output reads the state before its own token is written "
+            "(o_t = S_{t-1}^T q_t)") in _failure(ex, module)
+    # At T = 1 the same mistake leaves the output all zeros, and says so.
+    (q, k, v), _ = linear_attention.example_inputs(B=1, T=1, H=1, K=4, V=3, seed=1)
+    with pytest.raises(CheckFailure, match="every value is 0 where the expected ones are not"):
         check_form("linear_attention_recurrent", module.linear_attention_recurrent, (q, k, v),
                    linear_attention.recurrent(q, k, v), reference=linear_attention.recurrent)
     # An output stored one step late (o[:, t + 1] = ...) is named from the two arrays alone.
+    (q, k, v), _ = linear_attention.example_inputs(B=2, T=37, H=3, K=8, V=5, seed=1)
     late = np.concatenate([np.zeros_like(q[:, :1, :, :5]), linear_attention.recurrent(q, k, v)[0][:, :-1]], axis=1)
     with pytest.raises(CheckFailure, match="shifted by one token, late: the value at t is the one expected at t - 1"):
         assert_close("o", late, linear_attention.recurrent(q, k, v)[0], dims="B T H V")

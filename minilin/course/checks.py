@@ -4,8 +4,17 @@ A check runs the learner's function and minilin's reference on the same fresh, s
 compares them with `assert_close`. When they differ the failure says how, in this order:
 1. the wrong kind of thing (None, a tuple, a list) or the wrong shape or dtype, in plain words;
 2. otherwise the worst element, with its index named by axis (b, t, h, v), expected and got, the max
-   absolute and the relative error, and for sequences the first time step that differs.
+   absolute and the relative error, and for sequences the first time step that differs;
+3. then a likely cause, where one is found: every value a constant multiple of the expected one (a scale
+   missing, doubled or wrong, named as `scale` or `K ** -0.5` where it matches), the sequence shifted by
+   one token, or all zeros.
 NaN never passes.
+
+`check_form` does that for a learner's sequence form and adds what only calling it again can tell: a leak
+from the future (outputs that move when only later inputs change) and a read of the state before (or after)
+the token's own write. `assert_no_token_loop` fails a chunked or parallel form whose Python work grows with
+the tokens instead of the chunks (it counts the lines of the learner's file that run). Arguments changed in
+place and calls into minilin's own code are caught around every call by minilin/course/guard.py.
 
 Failures raise `CheckFailure` (an AssertionError), so pytest and `minilin check` both report them.
 """

@@ -3,7 +3,9 @@ C++ with g++ as plain C++20 (one std::thread per CUDA thread, a std::barrier per
 `__shared__` as function-static storage, blocks one after another) and calls it through ctypes. The exercise
 checks, the launchers and the kernels all run unchanged. It proves the kernels' indexing, synchronization
 structure and arithmetic, not their speed or their behaviour under the GPU's memory model; `cupy.empty`
-fills with NaN, so an output the kernel forgets to write fails the check.
+fills with NaN, so an output the kernel forgets to write fails the check, and every array sits between two
+zones of NaN (GUARD), so a read just out of bounds poisons the result and a write out of bounds fails the
+launch, where a GPU would go on with corrupted memory.
 
     cupy = fake_cupy(workdir); sys.modules["cupy"] = cupy; runner.run(ex, gpu=EMULATED, ...)
 
@@ -44,6 +46,8 @@ CTYPES = {np.dtype(np.int32): ("int", "c_int"), np.dtype(np.uint32): ("unsigned"
 POINTERS = {np.dtype(np.float32): "float*", np.dtype(np.float64): "double*", np.dtype(np.int32): "int*"}
 GXX = shutil.which("g++")
 EMULATED = (True, "emulated on the CPU")   # what runner.run takes as `gpu` for the emulation
+GUARD = 256   # elements of NaN before and after every array: a read out of bounds poisons the result, a write
+              # out of bounds is found after the launch (the GPU itself would corrupt memory silently)
 
 
 def fake_cupy(workdir: Path):
@@ -120,13 +124,30 @@ extern "C" void minilin_launch(unsigned gx, unsigned gy, unsigned gz, unsigned b
             library = ctypes.CDLL(str(build(CUDA_SHIM + self.code + launcher, ["-shared"])))
             library.minilin_launch.argtypes = [ctypes.c_uint] * 6 + argtypes
             library.minilin_launch(*grid, *block, *values)
+            for i, a in enumerate(args):   # a write past either end of an array lands in its guard zones
+                for zone in getattr(a, "_minilin_zones", ()):
+                    touched = ~np.isnan(zone) if zone.dtype.kind == "f" else zone != 0
+                    if touched.any():
+                        raise RuntimeError(f"the kernel wrote outside argument {i} (an array of {a.size} elements): "
+                                           "an index past its end, or before its start")
 
     cp.__minilin_emulated__ = True   # not a GPU: the runner may fork around it (see runner.isolation_for)
     cp.ndarray, cp.RawKernel = ndarray, RawKernel
     cp.float32, cp.float64, cp.int32 = np.float32, np.float64, np.int32
-    cp.asarray = lambda a, dtype=None: np.array(plain(a), dtype=dtype).view(ndarray)
-    cp.ascontiguousarray = lambda a, dtype=None: np.ascontiguousarray(plain(a), dtype=dtype).view(ndarray)
-    cp.empty = lambda shape, dtype=np.float64: np.full(shape, np.nan, dtype).view(ndarray)
-    cp.zeros = lambda shape, dtype=np.float64: np.zeros(shape, dtype).view(ndarray)
+    def guarded(values, dtype=None):
+        """A contiguous copy of `values` between two guard zones of NaN (see GUARD)."""
+        values = np.asarray(plain(values), dtype=dtype)
+        poison = np.nan if values.dtype.kind == "f" else 0
+        base = np.full(values.size + 2 * GUARD, poison, values.dtype)
+        base[GUARD:GUARD + values.size] = values.ravel()
+        a = base[GUARD:GUARD + values.size].reshape(values.shape).view(ndarray)
+        a._minilin_zones = (base[:GUARD], base[GUARD + values.size:])
+        return a
+
+    cp.asarray = lambda a, dtype=None: a if isinstance(a, ndarray) and dtype in (None, a.dtype) else guarded(a, dtype)
+    cp.ascontiguousarray = lambda a, dtype=None: (a if isinstance(a, ndarray) and a.flags.c_contiguous and
+                                                  dtype in (None, a.dtype) else guarded(a, dtype))
+    cp.empty = lambda shape, dtype=np.float64: guarded(np.full(shape, np.nan, dtype))
+    cp.zeros = lambda shape, dtype=np.float64: guarded(np.zeros(shape, dtype))
     cp.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
     return cp
