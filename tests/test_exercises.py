@@ -438,12 +438,6 @@ def test_every_scale_is_checked_at_its_default_and_at_another_value(ex):
         assert seen == {None, "given"}, f"{ex.folder}: the check calls {name}() with scale {sorted(map(str, seen))} only"
 
 
-@pytest.mark.parametrize("ex", GPU, ids=[ex.folder for ex in GPU])
-def test_every_gpu_scale_is_checked_both_ways(ex, emulated_cupy):
-    for name, seen in _scales_checked(ex, gpu=EMULATED).items():
-        assert seen == {None, "given"}, f"{ex.folder}: the check calls {name}() with scale {sorted(map(str, seen))} only"
-
-
 # ---------------------------------------------------------------- mutation testing of the checks
 
 def test_mutants_of_a_small_solution():
@@ -552,8 +546,9 @@ def emulated_cupy(tmp_path_factory, monkeypatch):
 
 @pytest.mark.parametrize("ex", GPU, ids=[ex.folder for ex in GPU])
 def test_gpu_solution_passes_under_cpu_emulation(ex, emulated_cupy):
-    result = runner.run(ex, tree="solutions", gpu=EMULATED)
-    assert result.status == runner.SOLVED, "\n".join(f"{c.name}: {c.outcome}\n{c.message}" for c in result.checks)
+    """Solved (mutants.Recording raises otherwise), with every scale checked at its default and another value."""
+    for name, seen in _scales_checked(ex, gpu=EMULATED).items():
+        assert seen == {None, "given"}, f"{ex.folder}: the check calls {name}() with scale {sorted(map(str, seen))} only"
 
 
 @pytest.mark.parametrize("ex", GPU, ids=[ex.folder for ex in GPU])
