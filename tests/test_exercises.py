@@ -379,7 +379,8 @@ def test_chunked_checks_refuse_a_token_loop(tmp_path):
     result = runner.run(ex, module=module)
     failed = [c for c in result.checks if c.outcome == runner.FAILED]
     assert [c.name for c in failed] == ["test_deltanet_chunked_loops_over_chunks"], [c.name for c in failed]
-    assert failed[0].message.startswith("deltanet_chunked: a loop over tokens? ")
+    assert failed[0].message.startswith("deltanet_chunked: a loop over tokens?\n  ")
+    assert "lines of your file ran for T=128 (chunk_size=32) against" in failed[0].message
     # A forward substitution, row by row, is fine in wy_representation: the chunked form's work still
     # follows the chunks.
     module = _variant(ex, tmp_path, (_body(ex, "wy_representation"), FORWARD_SUBSTITUTION), function="wy_representation")
@@ -390,7 +391,7 @@ def test_parallel_checks_refuse_a_token_loop(tmp_path):
     ex = EXERCISES[1]  # 02: the parallel form written as the recurrence
     loop = _body(ex, "linear_attention_recurrent").replace("    return o, S\n", "    return o\n")
     module = _variant(ex, tmp_path, (_body(ex, "linear_attention_parallel"), loop), function="linear_attention_parallel")
-    assert _failure(ex, module).startswith("linear_attention_parallel: a loop over tokens? ")
+    assert _failure(ex, module).startswith("linear_attention_parallel: a loop over tokens?\n")
 
 
 def test_an_endless_loop_times_out_and_the_other_checks_still_run(tmp_path):

@@ -422,14 +422,16 @@ def assert_no_token_loop(name: str, function, make_call, *, chunked: bool, exemp
     (T0, C0), (T1, C1) = sizes
     if counts[1] > 1.5 * counts[0] + 8:
         if chunked:
-            fail(f"{name}: a loop over tokens? {counts[1]} lines of your file ran for T={T1} (chunk_size={C1}) "
-                 f"against {counts[0]} for T={T0} (chunk_size={C0}): 4 chunks both times, but the work in Python "
-                 "grew with the tokens. The chunked form loops over the T / C chunks only; inside a chunk, matrix "
-                 "products (and masks from np.tril) do the work for all its tokens at once"
+            fail(f"{name}: a loop over tokens?\n"
+                 f"  {counts[1]} lines of your file ran for T={T1} (chunk_size={C1}) against {counts[0]} for T={T0} "
+                 f"(chunk_size={C0}):\n  4 chunks both times, but the work in Python grew with the tokens.\n"
+                 "  The chunked form loops over the T / C chunks only; inside a chunk, matrix products (and masks\n"
+                 "  from np.tril) do the work for all its tokens at once"
                  + (f" (a loop over the tokens of a chunk may live in {', '.join(exempt)})" if exempt else ""))
-        fail(f"{name}: a loop over tokens? {counts[1]} lines of your file ran for T={T1} against {counts[0]} "
-             f"for T={T0}. The parallel form computes every token at once: matrix products, and the causal mask "
-             "from np.tril / np.triu, with no Python loop over t")
+        fail(f"{name}: a loop over tokens?\n"
+             f"  {counts[1]} lines of your file ran for T={T1} against {counts[0]} for T={T0}.\n"
+             "  The parallel form computes every token at once: matrix products, and the causal mask from\n"
+             "  np.tril / np.triu, with no Python loop over t")
 
 
 _GPU_PROBE = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"
