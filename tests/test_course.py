@@ -469,7 +469,7 @@ def io_without_fileno():
 
 # ---------------------------------------------------------------- pytest exercises
 
-def _pytest(course, *args):
+def _pytest(course, *args, **environment):
     """`pytest exercises` in the copied tree, as a learner runs it. The summaries asserted below are those of
     a machine without a GPU, so the GPU is hidden from the child; minilin is importable from this checkout
     even where it is not pip-installed."""
@@ -478,7 +478,7 @@ def _pytest(course, *args):
     package_root = str(Path(minilin.__file__).resolve().parents[1])
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}  # not an xdist worker
     env.update(CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p), **environment)
     done = subprocess.run([sys.executable, "-m", "pytest", "exercises", "-p", "no:cacheprovider", *args],
                           cwd=course, capture_output=True, text=True, env=env)
     return done.returncode, done.stdout + done.stderr
@@ -488,7 +488,9 @@ def test_pytest_exercises_on_a_learner_tree(course):
     _solve(course, 1)
     ex = _solve(course, 2)
     ex.path().write_text(ex.path().read_text().replace("return 2 * d_k * d_v / (d_k + d_v)", "return d_k"))
-    code, text = _pytest(course)
+    endless = _solve(course, 7)
+    endless.path().write_text(endless.path().read_text().replace("offset *= 2", "offset *= 1"))
+    code, text = _pytest(course, MINILIN_CHECK_TIMEOUT="1")
     assert code == 1
     lines = text.splitlines()
     table = lines[lines.index(next(l for l in lines if "minilin exercises (exercises/)" in l)) + 1:]
@@ -501,6 +503,8 @@ def test_pytest_exercises_on_a_learner_tree(course):
                          "next: 02 The bracket move: linear attention, parallel and recurrent, exercises/02_bracket_move/bracket.py")
     assert "NotImplementedError" not in text            # untouched ones are a line in the table, not tracebacks
     assert "crossover(d_k=16, d_v=48): values differ" in text
+    assert "check timed out after 1 s: an endless loop? associative_scan() was still running" in text
+    assert table[6].startswith("07 ") and "failing" in table[6]
     assert " todo" in lines[-1] and "failed" in lines[-1]
 
 

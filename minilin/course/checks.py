@@ -287,7 +287,7 @@ def _keywords_text(kwargs: dict) -> str:
 
 def check_form(name: str, function, args: tuple, expected, *, kwargs: dict | None = None, where: str = "",
                outputs=("o", "final state"), dims=("B T H V", "B H K V"), chunk_size: int | None = None,
-               scales: dict | None = None, reference=None, read: int = 0):
+               scales: dict | None = None, reference=None, read: int = 0, causal: bool = True):
     """Call a learner's sequence form, `function(*args, **kwargs)`, and compare its result with `expected`
     (one array, or a tuple with one item per name in `outputs`, of the axes in `dims`).
 
@@ -299,7 +299,8 @@ def check_form(name: str, function, args: tuple, expected, *, kwargs: dict | Non
     expected result from the same arguments: the output that differs is then compared with it on the
     per-token inputs other than args[read] (the query) delayed by one token, and advanced by one, which is
     what a read of the state before the token's own write (o_t = S_{t-1}^T q_t), or after the next token's,
-    gives. Returns the function's result.
+    gives. causal=False turns the probe for a leak off, for results that may depend on later tokens (the
+    gradients of a backward pass: dq_t depends on every do_s with s >= t). Returns the function's result.
     """
     __tracebackhide__ = True
     kwargs = dict(kwargs or {})
@@ -321,7 +322,7 @@ def check_form(name: str, function, args: tuple, expected, *, kwargs: dict | Non
             assert_close(f"{call}: {what} {where}".rstrip(), got, want, dims=letters, chunk_size=chunk_size,
                          scales=scales)
         except CheckFailure as failure:
-            if letters and letters.split()[:2] == ["B", "T"] and hasattr(got, "shape") and got.ndim >= 2:
+            if causal and letters and letters.split()[:2] == ["B", "T"] and hasattr(got, "shape") and got.ndim >= 2:
                 T = got.shape[1]
                 first = getattr(failure, "first_step", None)
                 leak = causality_probe(function, args, kwargs, got, T, at=first if first is not None and
