@@ -313,6 +313,18 @@ def test_check_times_out_an_endless_loop(course, monkeypatch):
     assert "hint for associative_scan() (1 of 3)" in text
 
 
+def test_check_shows_what_the_learner_code_printed(course, monkeypatch):
+    ex = _solve(course, 4)
+    ex.path().write_text(ex.path().read_text().replace(
+        "    return keys.T @ values", "    print('keys of shape', keys.shape)\n    return keys.T @ values"))
+    code, text = minilin(course, "check", "4", monkeypatch=monkeypatch)
+    assert code == 0 and "what your code printed:\n  | keys of shape (1, 4)\n  | keys of shape (6, 8)" in text
+    ex.path().write_text(ex.path().read_text().replace("print('keys of shape', keys.shape)",
+                                                       "[print(i) for i in range(100)]"))
+    code, text = minilin(course, "check", "4", monkeypatch=monkeypatch)
+    assert "what your code printed (the last 20 of 500 lines):\n  | 80\n" in text and text.count("  | ") == 20
+
+
 class FakeKeys:
     """Stands in for minilin.course.keys.Keys: each wait() takes the next scripted step, a key or a function
     that edits files (the learner saving); when the script is over, 'q'."""

@@ -23,6 +23,7 @@ from .stubs import make_stub
 from .tree import CourseError, load, select
 
 POLL_SECONDS = 0.5
+PRINTED_LINES = 20         # of what the learner's code printed, shown with a result
 CLEAR = "\033[H\033[2J\033[3J"   # cursor home, clear the screen and its scrollback
 
 
@@ -241,6 +242,11 @@ def show(result, style, tree="exercises", *, hints: int = 1) -> None:
     for c in result.checks:
         note = f"  ({c.todo}() is still a TODO)" if c.outcome == TODO else ""
         print(f"  {style.paint(style.marks[c.outcome], c.outcome)} {c.name}{note}")
+    if result.output.strip():
+        lines = result.output.rstrip().splitlines()
+        shown = lines[-PRINTED_LINES:]
+        print(f"\n  what your code printed{f' (the last {len(shown)} of {len(lines)} lines)' if len(lines) > len(shown) else ''}:")
+        print("\n".join("  | " + line for line in shown))
     problem = result.first_problem
     if problem is not None and problem.outcome == FAILED:
         print()

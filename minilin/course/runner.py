@@ -41,6 +41,7 @@ import os
 import queue
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -55,6 +56,7 @@ from .tree import Exercise
 PASSED, TODO, FAILED, SKIPPED = "passed", "todo", "failed", "skipped"
 SOLVED, NOT_STARTED, IN_PROGRESS, FAILING = "solved", "not started", "in progress", "failing"
 ISOLATIONS = ("process", "thread", "none")
+OUTPUT_LIMIT = 4000        # characters of the learner's printed output kept with a result
 
 _counter = itertools.count()
 
@@ -75,6 +77,8 @@ class ExerciseResult:
     checks: list = field(default_factory=list)
     status: str = FAILING
     message: str = ""          # why, when the exercise could not be run at all (import error, no GPU)
+    output: str = ""           # what the learner's code printed (isolation "process"; otherwise it went
+                               # straight to the terminal)
 
     @property
     def first_problem(self):
@@ -324,6 +328,14 @@ def _run_isolated(job: _Job, result: ExerciseResult, seconds: float, isolation: 
             return
 
 
+def _tail(stream, limit: int = OUTPUT_LIMIT) -> str:
+    """The last `limit` characters written to the file `stream`."""
+    size = stream.seek(0, os.SEEK_END)
+    stream.seek(max(0, size - limit))
+    text = stream.read().decode(errors="replace")
+    return (f"... ({size - limit} bytes before these)\n" + text) if size > limit else text
+
+
 def _describe_exit(status: int) -> str:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
@@ -339,6 +351,7 @@ def _in_child(job: _Job, start: int, seconds: float, result: ExerciseResult, fee
     import multiprocessing
 
     reader, writer = multiprocessing.Pipe(duplex=False)
+    printed = tempfile.TemporaryFile()   # what the learner's code prints, shown with the result
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     with warnings.catch_warnings():  # Python 3.12 warns of fork in a process with threads (NumPy's BLAS pool):
@@ -348,6 +361,9 @@ def _in_child(job: _Job, start: int, seconds: float, result: ExerciseResult, fee
         code = 0
         try:
             reader.close()
+            os.dup2(printed.fileno(), 1)
+            os.dup2(printed.fileno(), 2)
+            sys.stdout = sys.stderr = open(printed.fileno(), "w", buffering=1, closefd=False, errors="replace")
             job.run(writer.send, start)
         except BaseException:
             code = 1
@@ -382,6 +398,8 @@ def _in_child(job: _Job, start: int, seconds: float, result: ExerciseResult, fee
                 pass
         _, status = os.waitpid(pid, 0)
         reader.close()
+        result.output += _tail(printed)
+        printed.close()
     if outcome == "crash":
         return _describe_exit(status)
     return outcome
