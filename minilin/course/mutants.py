@@ -44,7 +44,10 @@ solution does not, such as a softmax without its max subtracted; a keyword the c
 the check left it at its default; other floats times 1.3; chunk sizes 3 and 7), on the mutant
 and on the solution: the same results (to 1e-9 in float64, 1e-5 in float32) and the same arguments
 afterwards on every one makes it equivalent. That is evidence, not proof; the report lists every
-equivalent mutant so that a person can read them. The score of a check is killed / (killed + survived).
+equivalent mutant so that a person can read them. The score of a check is killed / (killed + survived);
+the table also counts the mutants killed by an error of their own (an exception, a time-out, a crash:
+"(errors)"), and "compared" is the score among the others, the mutants that ran to the end: what the
+comparisons and the guard catch.
 
 tests/test_exercises.py runs a sample of mutants on every test run and the whole sweep when
 MINILIN_MUTATION_SWEEP=1. A new exercise needs nothing here: its solution's TODO blocks are the sites.
@@ -574,11 +577,30 @@ def sweep(ex, chosen=None, *, gpu=None, timeout=None, progress=None) -> list:
     return outcomes
 
 
+_ERROR = re.compile(r"^(\w+(Error|Exception)\b|check timed out|the check stopped Python|timed out|the mutant crashed)")
+
+
+def by_error(outcome) -> bool:
+    """A mutant killed because its own code raised, hung or crashed, not because a comparison failed."""
+    return outcome.verdict == KILLED and bool(_ERROR.match(outcome.why))
+
+
 def score(outcomes) -> dict:
+    """Counts of each verdict; "errors": the killed ones that raised, hung or crashed; "score": killed /
+    (killed + survived); "compared": the same among the mutants that ran to the end (killed by a comparison
+    or a guard, or survived), a stricter measure of what the comparisons catch."""
     counts = {verdict: sum(o.verdict == verdict for o in outcomes) for verdict in (KILLED, SURVIVED, EQUIVALENT, INVALID)}
+    counts["errors"] = sum(by_error(o) for o in outcomes)
     judged = counts[KILLED] + counts[SURVIVED]
     counts["score"] = counts[KILLED] / judged if judged else 1.0
+    ran = judged - counts["errors"]
+    counts["compared"] = (counts[KILLED] - counts["errors"]) / ran if ran else 1.0
     return counts
+
+
+def _row(name, count, c) -> str:
+    return (f"{name:<32} {count:>7} {c[KILLED]:>6} {'(' + str(c['errors']) + ')':>8} {c[SURVIVED]:>8} "
+            f"{c[EQUIVALENT]:>6} {c[INVALID]:>7} {100 * c['score']:>6.1f}% {100 * c['compared']:>7.1f}%")
 
 
 def main(argv=None) -> int:
@@ -618,7 +640,8 @@ def main(argv=None) -> int:
                 chosen = [ex for ex in chosen if not ex.gpu]
     report, everything = [], []
     began = time.perf_counter()
-    print(f"{'exercise':<32} {'mutants':>7} {'killed':>6} {'survived':>8} {'equiv.':>6} {'invalid':>7} {'score':>7}")
+    print(f"{'exercise':<32} {'mutants':>7} {'killed':>6} {'(errors)':>8} {'survived':>8} {'equiv.':>6} {'invalid':>7} "
+          f"{'score':>7} {'compared':>8}")
     for ex in chosen:
         found = mutants(ex)
         picked = sample(found, args.sample, args.seed) if args.sample else found
@@ -626,17 +649,15 @@ def main(argv=None) -> int:
         counts = score(outcomes)
         report.append((ex, counts))
         everything += outcomes
-        print(f"{ex.folder:<32} {len(outcomes):>7} {counts[KILLED]:>6} {counts[SURVIVED]:>8} {counts[EQUIVALENT]:>6} "
-              f"{counts[INVALID]:>7} {100 * counts['score']:>6.1f}%", flush=True)
+        print(_row(ex.folder, len(outcomes), counts), flush=True)
         if args.show:
             for o in outcomes:
                 if o.verdict in (SURVIVED, EQUIVALENT):
                     print(f"    {o.verdict:<10} {o.mutant.label}" + (f"\n               {o.why}" if o.why else ""))
     total = score(everything)
-    print(f"{'all':<32} {len(everything):>7} {total[KILLED]:>6} {total[SURVIVED]:>8} {total[EQUIVALENT]:>6} "
-          f"{total[INVALID]:>7} {100 * total['score']:>6.1f}%   ({time.perf_counter() - began:.0f} s)")
+    print(_row("all", len(everything), total) + f"   ({time.perf_counter() - began:.0f} s)")
     if args.json:
-        data = [dict(asdict(o.mutant), verdict=o.verdict, why=o.why) for o in everything]
+        data = [dict(asdict(o.mutant), verdict=o.verdict, why=o.why, by_error=by_error(o)) for o in everything]
         for d in data:
             d.pop("source")
         Path(args.json).write_text(json.dumps(data, indent=1), encoding="utf-8")
