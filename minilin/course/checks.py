@@ -268,17 +268,6 @@ def causality_probe(function, args: tuple, kwargs: dict, output, T: int, *, pick
             f"(a causal form lets token i see tokens j <= i only: the mask, or a slice that reaches past i?)")
 
 
-def assert_output_and_state(name: str, result, expected, where: str, *, args: str = "",
-                             chunk_size: int | None = None, scales: dict | None = None):
-    """A mixer form's result checked as the pair (o, final_state) of CONVENTIONS.md against the reference pair
-    `expected`: o [B, T, H, V] (its first wrong step located by chunk when chunk_size is given) and the state
-    [B, H, K, V]. Messages name `name` + `args` (e.g. "(scale=0.25)") and say `where`."""
-    __tracebackhide__ = True
-    o, S = unpack(f"{name}(...)", result, 2, "(o, final_state)")
-    assert_close(f"{name}{args}: o {where}", o, expected[0], dims="B T H V", chunk_size=chunk_size, scales=scales)
-    assert_close(f"{name}{args}: final state {where}", S, expected[1], dims="B H K V", scales=scales)
-
-
 def _keywords_text(kwargs: dict) -> str:
     shown = [f"{key}={value}" for key, value in kwargs.items() if not hasattr(value, "shape")]
     hidden = [key for key, value in kwargs.items() if hasattr(value, "shape")]

@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 
 from . import progress, runner
 from .checks import gpu_status
