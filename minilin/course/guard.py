@@ -128,7 +128,7 @@ def _wrap(function, guard: Guard):
     name = function.__name__
     parameters = list(inspect.signature(function).parameters)
 
-    given = set()   # the code of the callables passed in by the check (a feature map phi): callable
+    given = set()   # the code of the callables the check passed in (a feature map phi): those may be called
 
     def profile(frame, event, arg):
         if event != "call" or guard.violation is not None:
