@@ -4,7 +4,7 @@ Notation: x the input, y the output, dy = dL/dy the gradient arriving from above
 passed below; [N, d] means N rows (all batch and time positions flattened) of d features.
 
     Embedding   y = E[tokens]                          dE[tokens] += dy (rows of repeated tokens add up)
-    Linear      y = x W                                dx = dy W^T,   dW = x^T dy
+    Linear      y = x W + b                            dx = dy W^T,   dW = x^T dy,   db = sum(dy)
     RMSNorm     y = x / r * w,  r = sqrt(mean(x^2) + eps)
                                                        dw = sum(dy * x / r)
                                                        dx = (w dy) / r - x (x . (w dy)) / (d r^3)
@@ -36,18 +36,23 @@ class Embedding(Module):
 
 
 class Linear(Module):
-    """y = x W, W [d_in, d_out] drawn N(0, 1 / d_in) (no bias: none of these models needs one)."""
+    """y = x W (+ b), W [d_in, d_out] drawn N(0, scale^2 / d_in); the bias, where there is one, starts at `bias`."""
 
-    def __init__(self, d_in: int, d_out: int, rng, dtype=np.float32, scale: float = 1.0):
+    def __init__(self, d_in: int, d_out: int, rng, dtype=np.float32, scale: float = 1.0, bias: float | None = None):
         super().__init__()
         self.weight = self.add_param("weight", (rng.standard_normal((d_in, d_out)) * scale * d_in ** -0.5).astype(dtype))
+        self.bias = None if bias is None else self.add_param("bias", np.full(d_out, bias, dtype))
 
     def forward(self, x):
-        return x @ self.weight, x
+        y = x @ self.weight
+        return (y if self.bias is None else y + self.bias), x
 
     def backward(self, x, dy):
-        """dW = x^T dy summed over every leading position, dx = dy W^T."""
-        self.grads["weight"] += x.reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])
+        """dW = x^T dy summed over every leading position, db = sum of dy, dx = dy W^T."""
+        flat_dy = dy.reshape(-1, dy.shape[-1])
+        self.grads["weight"] += x.reshape(-1, x.shape[-1]).T @ flat_dy
+        if self.bias is not None:
+            self.grads["bias"] += flat_dy.sum(0)
         return dy @ self.weight.T
 
 

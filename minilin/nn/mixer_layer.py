@@ -19,9 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import catalog, hybrid
+from .. import activations, catalog, hybrid
 from .layers import Linear, RMSNorm, ShortConv
 from .module import Module
+
+# Where a projection's bias starts, by its activation: gates start remembering (log-sigmoid(4) = -0.018, a
+# decay of 0.982 per token; RWKV-7's -e^{-1/2} sigmoid(-4) = -0.011), as trained gated models initialize them
+# (Mamba's dt and A, FLA's gate normalizers) rather than at decay 0.5. Projections with other activations
+# have no bias.
+GATE_BIAS = {activations.log_sigmoid: 4.0, activations.rwkv7_decay: -4.0, activations.sigmoid: 0.0,
+             activations.step_size: 0.0}
 
 # RWKV-7 derives a = -kappa and b = kappa * alpha from two hidden projections (minilin.hybrid.DERIVED); their
 # backward: d kappa = -da + db * alpha, d alpha = db * kappa.
@@ -46,7 +53,7 @@ class MixerLayer(Module):
         for name, kind, dims, source in self.sources:
             shape = tuple(self.sizes[letter] for letter in dims.split()) if dims else ()
             if kind == "projected":
-                self.children[f"W_{name}"] = Linear(d_model, int(np.prod(shape)), rng, dtype)
+                self.children[f"W_{name}"] = Linear(d_model, int(np.prod(shape)), rng, dtype, bias=GATE_BIAS.get(source))
             elif kind == "parameter":
                 self.add_param(name, np.asarray(source(rng, shape), dtype=dtype))
         # The output projection starts small, so that each residual layer begins close to the identity.
