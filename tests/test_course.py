@@ -17,6 +17,10 @@ from minilin.course import _toml, runner, stubs, tree
 from minilin.course.checks import CheckFailure, assert_close, assert_equal, unpack
 
 ROOT = Path(__file__).resolve().parent.parent
+EXERCISES = tree.load(ROOT)
+COUNT, POINTS = len(EXERCISES), sum(ex.points for ex in EXERCISES)
+GPU = [ex.number for ex in EXERCISES if ex.gpu]
+SKIPPED = f"({', '.join(f'{n:02d}' for n in GPU)} skipped: no GPU here)"
 
 
 # ---------------------------------------------------------------- the list
@@ -217,7 +221,7 @@ def minilin(course, *args, stdin_tty=False, answer="", monkeypatch=None):
 def test_course_commands_come_first_and_bare_minilin_is_status(course, monkeypatch):
     assert cli.COMMAND_MODULES[0] == "minilin.course"
     code, text = minilin(course, monkeypatch=monkeypatch)
-    assert code == 0 and "0/17 solved, 0/177 points" in text
+    assert code == 0 and f"0/{COUNT} solved, 0/{POINTS} points" in text
     assert "next: 01 Causal softmax attention" in text and "minilin check 1" in text
 
 
@@ -225,7 +229,7 @@ def test_status_check_and_hint(course, monkeypatch):
     _solve(course, 1)
     _solve(course, 2)
     code, text = minilin(course, "status", monkeypatch=monkeypatch)
-    assert "2/17 solved, 10/177 points" in text and "next: 03 Feature maps" in text
+    assert f"2/{COUNT} solved, 10/{POINTS} points" in text and "next: 03 Feature maps" in text
     code, text = minilin(course, "check", monkeypatch=monkeypatch)
     assert code == 1 and text.startswith("03 Feature maps") and "not started" in text
     code, text = minilin(course, "check", "2", monkeypatch=monkeypatch)
@@ -380,8 +384,9 @@ def watching(course, keys, *args, monkeypatch):
 
 def test_watch_confirms_moves_on_and_passes_over_the_gpu_exercises(course, monkeypatch):
     exercises = tree.load(course)
-    for ex in exercises[:12] + [exercises[13]]:
-        _solve(course, ex.number)                      # 13 and 15 are left; 16 and 17 need a GPU
+    for ex in exercises:
+        if not ex.gpu and ex.number not in (13, 15):
+            _solve(course, ex.number)                  # 13 and 15 are left; the GPU ones cannot run here
     from minilin.course import progress
 
     progress.remember(exercises[14])                   # the learner is on 15
@@ -390,7 +395,7 @@ def test_watch_confirms_moves_on_and_passes_over_the_gpu_exercises(course, monke
     assert code == 0 and keys.entered
     assert "minilin watch: checks run on every save of exercises/15_hybrid_stack/hybrid.py" in text
     assert "15 solved, +10 points" in text
-    # past 16 and 17 (no GPU here), round to 13, the one left
+    # past the GPU ones (no GPU here) and the solved ones, round to 13, the one left
     assert "next: 13 Gated DeltaNet" in text and "exercises/13_gated_deltanet/gated_deltanet.py" in text
     assert "16_cuda_recurrent" not in text and "Stopped watching." in text
     keys = FakeKeys(_save(exercises[12]))
@@ -510,8 +515,8 @@ def test_pytest_exercises_on_a_learner_tree(course):
     assert table[1].startswith("02 ") and "failing" in table[1]
     assert table[2].startswith("03 ") and table[2].rstrip().endswith(
         "not started: open exercises/03_feature_maps/feature_maps.py (minilin hint 3)")
-    assert [l[:2] for l in table[:17]] == [f"{n:02d}" for n in range(1, 18)]
-    assert table[17] == ("1/17 solved, 5/177 points (16, 17 skipped: no GPU here); "
+    assert [l[:2] for l in table[:COUNT]] == [f"{n:02d}" for n in range(1, COUNT + 1)]
+    assert table[COUNT] == (f"1/{COUNT} solved, 5/{POINTS} points {SKIPPED}; "
                          "next: 02 The bracket move: linear attention, parallel and recurrent, exercises/02_bracket_move/bracket.py")
     assert "NotImplementedError" not in text            # untouched ones are a line in the table, not tracebacks
     assert "crossover(d_k=16, d_v=48): values differ" in text
@@ -523,14 +528,15 @@ def test_pytest_exercises_on_a_learner_tree(course):
 def test_pytest_exercises_solutions(course):
     code, text = _pytest(course, "--solutions")
     assert code == 0, text[-3000:]
-    assert "15/17 solved, 142/177 points (16, 17 skipped: no GPU here)" in text
+    cpu = [ex for ex in EXERCISES if not ex.gpu]
+    assert f"{len(cpu)}/{COUNT} solved, {sum(ex.points for ex in cpu)}/{POINTS} points {SKIPPED}" in text
 
 
 def test_pytest_runs_only_the_named_exercises(course):
     code, text = _pytest(course, "--solutions", "-k", "16 or 17 or 06")
     assert code == 0
     assert "06 Fixed decay" in text and "16 GPU" in text and "17 GPU" in text and "05 Chunked" not in text
-    assert "(ran 3 of 17 exercises" in text
+    assert f"(ran 3 of {COUNT} exercises" in text
 
 
 def test_the_list_loads_without_tomllib(monkeypatch):

@@ -100,7 +100,8 @@ def assert_equal(name: str, got, expected):
 
 
 def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: float | None = None,
-                 atol: float = 0.0, chunk_size: int | None = None, scales: dict | None = None):
+                 atol: float = 0.0, chunk_size: int | None = None, scales: dict | None = None,
+                 kind: str = "output"):
     """Compare `got` with the reference `expected` (NumPy or CuPy arrays, or real numbers).
 
     Passes when max |got - expected| <= rtol * max |expected| + atol (rtol: 1e-8 in float64, 1e-4 in
@@ -114,6 +115,8 @@ def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: flo
     Values that differ are also looked at for two common causes, named in the message when found: got is a
     constant multiple of expected (a missing, doubled or wrong scale; a wrong sign), or got is expected
     shifted by one step along T (o_t holding o_{t-1}: a read before the write, or the other way round).
+    kind="gradient" words those causes for the gradient of a backward pass, and names the last time step
+    that differs as well as the first (a backward pass runs from the last token to the first).
     """
     __tracebackhide__ = True
     expected = np.asarray(to_numpy(expected))
@@ -172,8 +175,14 @@ def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: flo
         where = f" (chunk {t // chunk_size}, position {t % chunk_size} with chunk_size={chunk_size})" if chunk_size else ""
         before = "" if t == 0 else ("; t=0 matches" if t == 1 else f"; t=0..{t - 1} match")
         lines.append(f"  first time step that differs: t={t}{where}{before}")
+        if kind == "gradient" and per_step.sum() > 1:
+            last = int(len(per_step) - 1 - np.argmax(per_step[::-1]))
+            T = len(per_step)
+            after = "" if last == T - 1 else (f"; t={T - 1} matches" if last == T - 2 else f"; t={last + 1}..{T - 1} match")
+            lines.append(f"  last time step that differs: t={last}{after} (a backward pass runs from t=T-1 down "
+                         "to 0: a mistake made at step t shows at t and at the steps before it)")
     if not nonfinite.any():
-        lines += [f"  likely cause: {cause}" for cause in _causes(got64, exp64, letters, rtol, scales)]
+        lines += [f"  likely cause: {cause}" for cause in _causes(got64, exp64, letters, rtol, scales, kind)]
     failure = CheckFailure("\n".join(lines))
     failure.first_step = first
     raise failure
@@ -205,9 +214,20 @@ def _name_ratio(c: float, scales: dict | None) -> str:
     return ""
 
 
-def _causes(got, expected, letters, rtol, scales) -> list:
+def _causes(got, expected, letters, rtol, scales, kind="output") -> list:
     causes = []
     c = _proportional(got, expected, rtol)
+    if c is not None and abs(c - 1) > rtol and kind == "gradient":
+        if abs(c) <= 1e-12:
+            causes.append("every value is 0 where the expected ones are not: a gradient never accumulated, or "
+                          "a contribution assigned where it should be added?")
+        elif abs(c + 1) <= 1e-6:
+            causes.append("every value has the wrong sign (got = -expected): a sign of the chain rule, or a "
+                          "subtraction the wrong way round")
+        else:
+            causes.append(f"every value is {c:.6g} times the expected one{_name_ratio(c, scales)}: a constant factor "
+                          "of the chain rule missing, applied twice, or the wrong one (the scale on q?)")
+        return causes
     if c is not None and abs(c - 1) > rtol:
         if abs(c) <= 1e-12:
             causes.append("every value is 0 where the expected ones are not: an output never written, or a read "
@@ -222,10 +242,17 @@ def _causes(got, expected, letters, rtol, scales) -> list:
         axis = letters.index("T")
         late = np.take(got, range(1, got.shape[axis]), axis), np.take(expected, range(got.shape[axis] - 1), axis)
         early = np.take(got, range(got.shape[axis] - 1), axis), np.take(expected, range(1, got.shape[axis]), axis)
-        for (g, e), how in ((late, "late: the value at t is the one expected at t - 1 (reading before the "
-                                   "write of token t, or an index t - 1?)"),
-                            (early, "early: the value at t is the one expected at t + 1 (a write of the next "
-                                    "token before the read, or an index t + 1?)")):
+        if kind == "gradient":
+            hows = ("late: the gradient at t is the one expected at t - 1 (stored at index t + 1, or made from "
+                    "token t - 1's inputs and adjoint?)",
+                    "early: the gradient at t is the one expected at t + 1 (stored at index t - 1, or made from "
+                    "token t + 1's inputs and adjoint?)")
+        else:
+            hows = ("late: the value at t is the one expected at t - 1 (reading before the write of token t, or "
+                    "an index t - 1?)",
+                    "early: the value at t is the one expected at t + 1 (a write of the next token before the "
+                    "read, or an index t + 1?)")
+        for (g, e), how in ((late, hows[0]), (early, hows[1])):
             if np.max(np.abs(g - e), initial=0.0) <= 1e3 * rtol * max(float(np.max(np.abs(e), initial=0.0)), 1e-300):
                 causes.append(f"shifted by one token, {how}")
     return causes
@@ -354,6 +381,113 @@ def _shifted_read(reference, args, kwargs, read, got, T, several):
             return ("shifted by one token: each output reads the state after the next token is written "
                     "(o_t = S_{t+1}^T q_t); read right after token t's own write")
     return None
+
+
+def directional_derivative(loss, inputs: tuple, index: int, direction, step: float | None = None) -> float:
+    """Central finite difference of the scalar loss(*inputs) along `direction` in input number `index`:
+        (L(x + h d) - L(x - h d)) / 2h = <dL/dx, d> + O(h^2).
+    h defaults to 1e-6 * max(1, max |x|) / max |d|: small enough for the O(h^2) term to vanish in float64,
+    large enough for rounding (about 1e-16 |L| / h) to stay far below the checks' tolerance."""
+    x = np.asarray(inputs[index], dtype=np.float64)
+    d = np.asarray(direction, dtype=np.float64)
+    if step is None:
+        step = 1e-6 * max(1.0, float(np.max(np.abs(x), initial=0.0))) / max(float(np.max(np.abs(d), initial=0.0)), 1e-300)
+
+    def at(sign):
+        moved = list(inputs)
+        moved[index] = x + sign * step * d
+        with np.errstate(all="ignore"):
+            return float(loss(*moved))
+
+    return (at(+1) - at(-1)) / (2 * step)
+
+
+FD_RTOL = 1e-6   # finite differences against <gradient, direction>, relative to sum |gradient * direction|
+
+
+def _fd_verdict(loss, inputs, index, got, expected, label_, direction):
+    """(agrees, sentence): whether <got, d> matches the finite difference along d; the sentence gives both
+    (and minilin's <expected, d>, when given)."""
+    fd = directional_derivative(loss, inputs, index, direction)
+    got64 = np.asarray(to_numpy(got), dtype=np.float64)
+    predicted = float(np.sum(got64 * direction))
+    size = float(np.sum(np.abs(got64 * direction)))
+    if expected is not None:
+        size = max(size, float(np.sum(np.abs(np.asarray(to_numpy(expected), dtype=np.float64) * direction))))
+    agrees = np.isfinite(predicted) and abs(predicted - fd) <= FD_RTOL * size + 1e-12 * max(abs(fd), 1.0)
+    text = f"central finite differences along a random direction d of {label_}: (L(x + h d) - L(x - h d)) / 2h = {fd:.9g}"
+    if expected is not None:
+        text += f"; minilin's gradient gives <d{label_}, d> = {float(np.sum(np.asarray(to_numpy(expected), dtype=np.float64) * direction)):.9g}"
+    text += f", yours {predicted:.9g}"
+    return agrees, text
+
+
+def check_gradients(name: str, got, expected, *, names, dims, where: str = "", chunk_size: int | None = None,
+                    scales: dict | None = None, loss=None, inputs=None, seed: int = 0):
+    """Compare the gradients a learner's backward pass returned with minilin's, one input at a time, and
+    with central finite differences of the loss they are the gradients of.
+
+    got: what the learner's function returned, a tuple (or named tuple) with one item per name in `names`
+    (such as ("dq", "dk", "dv", "dg", "dinitial_state")); expected: minilin's, in the same order, None where
+    no gradient is expected (dinitial_state without an initial state). dims: the axes of each item
+    ("B T H K", ...), so that a difference is located by time step: the first and the last that differ.
+    A difference is explained as assert_close explains one, worded for gradients (a constant factor, a sign,
+    a one-step shift; every value 0), and also when the gradient is another input's (dk returned where dq
+    belongs: the order of the tuple?).
+
+    loss, inputs: when given, L = loss(*inputs) is the scalar these are the gradients of (for a mixer
+    <do, o> + <dstate, S_T>, from minilin's forward), inputs[i] the array names[i] belongs to (None: not
+    checked this way). Then a gradient that differs from minilin's is reported with the verdict of central
+    finite differences along a random direction (they side with minilin: the reference is the derivative
+    of L), and gradients that match minilin's are also checked against them, one input at a time.
+    Returns the gradients as a tuple.
+    """
+    __tracebackhide__ = True
+    names, dims = tuple(names), tuple(dims)
+    parts = unpack(f"{name}", got, len(names), f"({', '.join(names)})")
+    expected = tuple(expected)
+    rng = np.random.default_rng(seed)
+    directions = [None if inputs is None or inputs[i] is None else rng.standard_normal(np.shape(inputs[i]))
+                  for i in range(len(names))]
+    prefix = f"{name}: " if name else ""
+    for i, (what, part, want, letters) in enumerate(zip(names, parts, expected, dims)):
+        title = f"{prefix}{what} {where}".rstrip()
+        if want is None:
+            if part is not None:
+                fail(f"{title}: expected None (there is no such input in this call: {what} is None when the "
+                     f"input was not given), got {_describe(part)}")
+            continue
+        try:
+            assert_close(title, part, want, dims=letters, chunk_size=chunk_size, scales=scales, kind="gradient")
+        except CheckFailure as failure:
+            extra = []
+            if hasattr(part, "shape") and "likely cause" not in str(failure):
+                got64 = np.asarray(to_numpy(part), dtype=np.float64)
+                for j, (other, other_want) in enumerate(zip(names, expected)):
+                    if j != i and other_want is not None and np.shape(other_want) == got64.shape:
+                        o64 = np.asarray(to_numpy(other_want), dtype=np.float64)
+                        if np.max(np.abs(got64 - o64), initial=0.0) <= 1e-6 * max(float(np.max(np.abs(o64), initial=0.0)), 1e-300):
+                            extra.append(f"  likely cause: this is the expected {other}: the gradients returned in "
+                                         f"the wrong order? (expected the order {', '.join(names)})")
+                            break
+            if loss is not None and directions[i] is not None and hasattr(part, "shape") and \
+                    np.shape(part) == np.shape(want):
+                _, text = _fd_verdict(loss, inputs, i, part, want, what[1:] if what.startswith("d") else what,
+                                      directions[i])
+                extra.append(f"  {text}: the finite differences side with minilin's")
+            if extra:
+                raise CheckFailure("\n".join([str(failure), *extra])) from None
+            raise
+    if loss is not None:
+        for i, (what, part) in enumerate(zip(names, parts)):
+            if directions[i] is None or expected[i] is None:
+                continue
+            agrees, text = _fd_verdict(loss, inputs, i, part, None, what[1:] if what.startswith("d") else what,
+                                       directions[i])
+            if not agrees:
+                fail(f"{prefix}{what} {where}: matches minilin's gradient but not the finite differences of the "
+                     f"loss (a bug in the check, not in your code):\n  {text}")
+    return parts
 
 
 def count_lines(function, args: tuple = (), kwargs: dict | None = None, *, exempt=()) -> int:
