@@ -101,7 +101,7 @@ def assert_equal(name: str, got, expected):
 
 def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: float | None = None,
                  atol: float = 0.0, chunk_size: int | None = None, scales: dict | None = None,
-                 kind: str = "output"):
+                 kind: str = "output", factors: dict | None = None):
     """Compare `got` with the reference `expected` (NumPy or CuPy arrays, or real numbers).
 
     Passes when max |got - expected| <= rtol * max |expected| + atol (rtol: 1e-8 in float64, 1e-4 in
@@ -117,6 +117,9 @@ def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: flo
     shifted by one step along T (o_t holding o_{t-1}: a read before the write, or the other way round).
     kind="gradient" words those causes for the gradient of a backward pass, and names the last time step
     that differs as well as the first (a backward pass runs from the last token to the first).
+    factors: named arrays that broadcast against the leading axes of got, such as {"exp(g_t)": exp(g)}
+    [B, T, H]: got equal to expected times one of them (or divided by it), entry by entry, is named
+    (a decay applied once too often, or missing).
     """
     __tracebackhide__ = True
     expected = np.asarray(to_numpy(expected))
@@ -182,7 +185,8 @@ def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: flo
             lines.append(f"  last time step that differs: t={last}{after} (a backward pass runs from t=T-1 down "
                          "to 0: a mistake made at step t shows at t and at the steps before it)")
     if not nonfinite.any():
-        lines += [f"  likely cause: {cause}" for cause in _causes(got64, exp64, letters, rtol, scales, kind)]
+        causes = _causes(got64, exp64, letters, rtol, scales, kind)
+        lines += [f"  likely cause: {cause}" for cause in causes or _factor_causes(got64, exp64, factors, rtol)]
     failure = CheckFailure("\n".join(lines))
     failure.first_step = first
     raise failure
@@ -212,6 +216,24 @@ def _name_ratio(c: float, scales: dict | None) -> str:
         if abs(c - value) <= 1e-6 * abs(value):
             return f" (= {name})"
     return ""
+
+
+def _factor_causes(got, expected, factors, rtol) -> list:
+    """'got = expected * name' (or / name) for a named array of factors broadcast over the trailing axes."""
+    for name, factor in (factors or {}).items():
+        f = np.asarray(to_numpy(factor), dtype=np.float64)
+        if f.ndim > got.ndim or f.shape != got.shape[:f.ndim]:
+            continue
+        f = f.reshape(f.shape + (1,) * (got.ndim - f.ndim))
+        size = max(float(np.max(np.abs(expected), initial=0.0)), 1e-300)
+        with np.errstate(all="ignore"):
+            for how, value in (("times", expected * f), ("divided by", expected / f)):
+                if np.all(np.isfinite(value)) and np.max(np.abs(got - value)) <= 1e3 * rtol * max(
+                        size, float(np.max(np.abs(value), initial=0.0))):
+                    return [f"every value is the expected one {how} {name}, token by token: that factor "
+                            + ("applied once too often, or one step early?" if how == "times" else
+                               "missing, or applied one step late?")]
+    return []
 
 
 def _causes(got, expected, letters, rtol, scales, kind="output") -> list:
@@ -383,11 +405,14 @@ def _shifted_read(reference, args, kwargs, read, got, T, several):
     return None
 
 
-def directional_derivative(loss, inputs: tuple, index: int, direction, step: float | None = None) -> float:
+def directional_derivative(loss, inputs: tuple, index: int, direction, step: float | None = None,
+                           with_rounding: bool = False):
     """Central finite difference of the scalar loss(*inputs) along `direction` in input number `index`:
         (L(x + h d) - L(x - h d)) / 2h = <dL/dx, d> + O(h^2).
     h defaults to 1e-6 * max(1, max |x|) / max |d|: small enough for the O(h^2) term to vanish in float64,
-    large enough for rounding (about 1e-16 |L| / h) to stay far below the checks' tolerance."""
+    large enough for rounding (about 1e-16 |L| / h) to stay far below the checks' tolerance.
+    with_rounding=True returns (the derivative, a bound on its rounding error, 1e-13 (|L+| + |L-|) / 2h):
+    a gradient much smaller than that bound is beyond what finite differences can resolve."""
     x = np.asarray(inputs[index], dtype=np.float64)
     d = np.asarray(direction, dtype=np.float64)
     if step is None:
@@ -399,7 +424,9 @@ def directional_derivative(loss, inputs: tuple, index: int, direction, step: flo
         with np.errstate(all="ignore"):
             return float(loss(*moved))
 
-    return (at(+1) - at(-1)) / (2 * step)
+    plus, minus = at(+1), at(-1)
+    derivative = (plus - minus) / (2 * step)
+    return (derivative, 1e-13 * (abs(plus) + abs(minus)) / (2 * step)) if with_rounding else derivative
 
 
 FD_RTOL = 1e-6   # finite differences against <gradient, direction>, relative to sum |gradient * direction|
@@ -408,13 +435,13 @@ FD_RTOL = 1e-6   # finite differences against <gradient, direction>, relative to
 def _fd_verdict(loss, inputs, index, got, expected, label_, direction):
     """(agrees, sentence): whether <got, d> matches the finite difference along d; the sentence gives both
     (and minilin's <expected, d>, when given)."""
-    fd = directional_derivative(loss, inputs, index, direction)
+    fd, rounding = directional_derivative(loss, inputs, index, direction, with_rounding=True)
     got64 = np.asarray(to_numpy(got), dtype=np.float64)
     predicted = float(np.sum(got64 * direction))
     size = float(np.sum(np.abs(got64 * direction)))
     if expected is not None:
         size = max(size, float(np.sum(np.abs(np.asarray(to_numpy(expected), dtype=np.float64) * direction))))
-    agrees = np.isfinite(predicted) and abs(predicted - fd) <= FD_RTOL * size + 1e-12 * max(abs(fd), 1.0)
+    agrees = bool(np.isfinite(predicted)) and abs(predicted - fd) <= FD_RTOL * size + rounding
     text = f"central finite differences along a random direction d of {label_}: (L(x + h d) - L(x - h d)) / 2h = {fd:.9g}"
     if expected is not None:
         text += f"; minilin's gradient gives <d{label_}, d> = {float(np.sum(np.asarray(to_numpy(expected), dtype=np.float64) * direction)):.9g}"
@@ -423,7 +450,7 @@ def _fd_verdict(loss, inputs, index, got, expected, label_, direction):
 
 
 def check_gradients(name: str, got, expected, *, names, dims, where: str = "", chunk_size: int | None = None,
-                    scales: dict | None = None, loss=None, inputs=None, seed: int = 0):
+                    scales: dict | None = None, factors: dict | None = None, loss=None, inputs=None, seed: int = 0):
     """Compare the gradients a learner's backward pass returned with minilin's, one input at a time, and
     with central finite differences of the loss they are the gradients of.
 
@@ -432,8 +459,8 @@ def check_gradients(name: str, got, expected, *, names, dims, where: str = "", c
     no gradient is expected (dinitial_state without an initial state). dims: the axes of each item
     ("B T H K", ...), so that a difference is located by time step: the first and the last that differ.
     A difference is explained as assert_close explains one, worded for gradients (a constant factor, a sign,
-    a one-step shift; every value 0), and also when the gradient is another input's (dk returned where dq
-    belongs: the order of the tuple?).
+    a one-step shift; every value 0; a per-token factor named in `factors`, see assert_close), and also
+    when the gradient is another input's (dk returned where dq belongs: the order of the tuple?).
 
     loss, inputs: when given, L = loss(*inputs) is the scalar these are the gradients of (for a mixer
     <do, o> + <dstate, S_T>, from minilin's forward), inputs[i] the array names[i] belongs to (None: not
@@ -458,7 +485,8 @@ def check_gradients(name: str, got, expected, *, names, dims, where: str = "", c
                      f"input was not given), got {_describe(part)}")
             continue
         try:
-            assert_close(title, part, want, dims=letters, chunk_size=chunk_size, scales=scales, kind="gradient")
+            assert_close(title, part, want, dims=letters, chunk_size=chunk_size, scales=scales, kind="gradient",
+                         factors=factors)
         except CheckFailure as failure:
             extra = []
             if hasattr(part, "shape") and "likely cause" not in str(failure):
