@@ -1,0 +1,56 @@
+"""Exercise 21: the backward pass of DeltaNet, recurrent.
+
+Exercise 11's forward, one token (q'_t = scale q_t; S [K, V] per batch and head):
+
+    p   = S_{t-1}^T k_t                  the memory's prediction for k_t            [V]
+    r   = v_t - p                        the correction                              [V]
+    S_t = S_{t-1} + beta_t k_t r^T       the delta write
+    o_t = S_t^T q'_t                     the read
+
+The backward pass gets do_t and dS_t = dL/dS_t as it arrives from the later tokens (dstate after the last
+one) and walks the four lines bottom to top, one adjoint per line (for y = A x: dA = dy x^T, dx = A^T dy):
+
+    o_t = S_t^T q'_t          ->  dS  = dS_t + q'_t do_t^T           (dS_t collects the read of this token)
+                                  dq'_t = S_t do_t
+    S_t = S_{t-1} + beta k r^T ->  dr = beta_t dS^T k_t,   dbeta_t = r . (dS^T k_t),   dk_t = beta_t dS r
+                                  and S_{t-1} receives dS unchanged
+    r = v_t - p               ->  dv_t = dr,               dp = -dr
+    p = S_{t-1}^T k_t         ->  dk_t += S_{t-1} dp,      dS_{t-1} = dS + k_t dp^T
+
+So k_t appears twice (in the write and in the prediction) and collects a gradient from both. The state's
+adjoint passes back through I - beta_t k_t k_t^T, the transpose of the forward's transition, as it must:
+dS_{t-1} = dS - k_t dr^T = (I - beta_t k_t k_t^T) dS.
+
+`deltanet_recurrent_backward` runs the forward once to have every S_{t-1} (here all are kept: T states of
+K x V; minilin's recurrent_backward keeps one every 64 tokens and recomputes the others), then the step
+backward for t = T-1 down to 0, starting from dstate (zeros when None). dinitial_state is dS_{-1}, and
+dq = scale dq'.
+
+Shapes: q, k [B, T, H, K] (k unit-norm); v, do [B, T, H, V]; beta [B, T, H]; states [B, H, K, V]; in the
+step, one token: q_t, k_t [B, H, K], v_t, do_t [B, H, V], beta_t [B, H]. scale defaults to K ** -0.5.
+Check: `minilin check 21` (compares with minilin.mixers.deltanet's recurrent_backward and with central
+finite differences of <do, o> + <dstate, S_T>).
+"""
+import numpy as np
+
+
+def delta_step_backward(S_prev, q_t, k_t, v_t, beta_t, do_t, dS_t):
+    """One token of the backward pass (module docstring), q_t already multiplied by scale.
+
+    S_prev: [B, H, K, V], the state before the token; q_t, k_t: [B, H, K]; v_t, do_t: [B, H, V];
+    beta_t: [B, H]; dS_t: [B, H, K, V], dL/dS_t from the later tokens (the read of this one not included).
+    Returns (dS_prev [B, H, K, V], dq_t [B, H, K], dk_t [B, H, K], dv_t [B, H, V], dbeta_t [B, H]).
+    """
+    raise NotImplementedError(
+        "TODO: recompute p, r and S_t; then the adjoints of the read, the write, the correction and the prediction (about 10 lines)")
+
+
+def deltanet_recurrent_backward(q, k, v, beta, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of L = sum_t <do_t, o_t> + <dstate, S_{T-1}> through exercise 11's recurrence.
+
+    q, k: [B, T, H, K]; v, do: [B, T, H, V]; beta: [B, T, H]; dstate, initial_state: [B, H, K, V] or None.
+    Returns (dq, dk, dv, dbeta, dinitial_state), shaped like q, k, v, beta and initial_state;
+    dinitial_state is None when initial_state is None.
+    """
+    raise NotImplementedError(
+        "TODO: the forward, keeping the state before each token; then delta_step_backward for t = T-1 down to 0 (about 15 lines)")
