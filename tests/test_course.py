@@ -103,6 +103,43 @@ def test_assert_close_never_passes_nan():
     assert "got nan at (b=0, t=1, h=0, v=0)" in _message(assert_close, "o", got, expected, dims="B T H V")
 
 
+def test_check_gradients_names_sign_shift_and_a_missing_none():
+    from minilin.course.checks import check_gradients
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 9, 3))
+    loss = lambda x: float(np.sum(np.sin(x)))                       # dL/dx = cos(x)
+    grad = np.cos(x)
+    check_gradients("f", (grad, None), (grad, None), names=("dx", "dS0"), dims=("B T H", "B H"),
+                    loss=lambda x, S0: loss(x), inputs=(x, None))
+    with pytest.raises(CheckFailure, match="every value has the wrong sign") as failure:
+        check_gradients("f", (-grad,), (grad,), names=("dx",), dims=("B T H",), loss=loss, inputs=(x,))
+    assert "finite differences side with minilin's" in str(failure.value)
+    late = np.concatenate([np.zeros_like(grad[:, :1]), grad[:, :-1]], axis=1)
+    with pytest.raises(CheckFailure, match="shifted by one token, late: the gradient at t is the one expected at t - 1"):
+        check_gradients("f", (late,), (grad,), names=("dx",), dims=("B T H",))
+    with pytest.raises(CheckFailure, match=r"f: dS0: expected None \(there is no such input"):
+        check_gradients("f", (grad, grad[:, 0]), (grad, None), names=("dx", "dS0"), dims=("B T H", "B H"))
+    with pytest.raises(CheckFailure, match=r"expected a tuple \(dx, dS0\) of 2 items, got an array"):
+        check_gradients("f", grad, (grad, None), names=("dx", "dS0"), dims=("B T H", "B H"))
+    # A gradient that matches the expected one but not the loss's finite differences: the check's own bug.
+    with pytest.raises(CheckFailure, match="a bug in the check, not in your code"):
+        check_gradients("f", (2 * grad,), (2 * grad,), names=("dx",), dims=("B T H",), loss=loss, inputs=(x,))
+
+
+def test_blas_threads_restores_the_count():
+    from minilin.course.checks import _openblas_threads, blas_threads
+
+    found = _openblas_threads()
+    if found is None:
+        pytest.skip("no OpenBLAS found in this process")
+    get, _ = found
+    before = get()
+    with blas_threads(1):
+        assert get() == 1
+    assert get() == before
+
+
 def test_assert_equal_and_unpack():
     assert_equal("n", np.int64(4), 4)
     assert "expected 5, got 4" in _message(assert_equal, "n", 4, 5)

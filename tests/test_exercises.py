@@ -180,11 +180,13 @@ class _Perturb:
     a string at its middle character."""
 
     def __init__(self, target: int):
-        self.target, self.hit, self.count = target, False, 0
+        self.target, self.hit, self.count, self.most = target, False, 0, 0
 
     def __call__(self, value):
         self.count = 0
-        return self._walk(value)
+        value = self._walk(value)
+        self.most = max(self.most, self.count)      # the most leaves one call returned
+        return value
 
     def _walk(self, x):
         if isinstance(x, tuple) and hasattr(x, "_fields"):
@@ -230,19 +232,22 @@ def _wrap(function, perturb):
 def _reject_wrong_results(ex, skip=(), gpu=None):
     names = [name for name in public_functions(runner.load_module(ex.path("solutions"), prefix="names"))
              if name not in skip]
+    # One run that changes nothing counts the values each function returns (the most over its calls)...
+    module = runner.load_module(ex.path("solutions"), prefix="counted")
+    counters = {name: _Perturb(-1) for name in names}
+    for name, counter in counters.items():
+        setattr(module, name, _wrap(getattr(module, name), counter))
+    assert runner.run(ex, module=module, gpu=gpu, isolation="none").status == runner.SOLVED
+    # ... then one run per value, changed by a millionth in every call that returns it.
     for name in names:
-        target = 0
-        while True:
+        assert counters[name].most > 0, f"{ex.folder}: the checks never call {name}()"
+        for target in range(counters[name].most):
             module = runner.load_module(ex.path("solutions"), prefix="mutant")
             perturb = _Perturb(target)
             setattr(module, name, _wrap(getattr(module, name), perturb))
             result = runner.run(ex, module=module, stop_at_first_failure=True, gpu=gpu, isolation="none")
-            if not perturb.hit:
-                assert target > 0, f"{ex.folder}: the checks never call {name}()"
-                break
-            assert result.status == runner.FAILING, (
+            assert perturb.hit and result.status == runner.FAILING, (
                 f"{ex.folder}: the checks accept {name}() with returned value #{target} changed by a millionth")
-            target += 1
 
 
 @pytest.mark.parametrize("ex", CPU, ids=[ex.folder for ex in CPU])
@@ -392,6 +397,77 @@ def test_parallel_checks_refuse_a_token_loop(tmp_path):
     loop = _body(ex, "linear_attention_recurrent").replace("    return o, S\n", "    return o\n")
     module = _variant(ex, tmp_path, (_body(ex, "linear_attention_parallel"), loop), function="linear_attention_parallel")
     assert _failure(ex, module).startswith("linear_attention_parallel: a loop over tokens?\n")
+
+
+GLA_TOKEN_LOOP = """
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    S = np.zeros((B, H, K, v.shape[-1])) if initial_state is None else initial_state
+    states = []
+    for t in range(T):
+        S = np.exp(g[:, t])[..., None, None] * S + np.einsum("bhk,bhv->bhkv", k[:, t], v[:, t])
+        states.append(S)
+    Sbar = np.zeros(S.shape) if dstate is None else dstate
+    dq, dk, dv, dg = np.empty(q.shape), np.empty(k.shape), np.empty(v.shape), np.empty(g.shape)
+    for t in range(T - 1, -1, -1):
+        Sbar = Sbar + scale * np.einsum("bhk,bhv->bhkv", q[:, t], do[:, t])
+        S_prev = states[t - 1] if t else (np.zeros(S.shape) if initial_state is None else initial_state)
+        dq[:, t] = scale * np.einsum("bhkv,bhv->bhk", states[t], do[:, t])
+        dk[:, t] = np.einsum("bhkv,bhv->bhk", Sbar, v[:, t])
+        dv[:, t] = np.einsum("bhkv,bhk->bhv", Sbar, k[:, t])
+        dg[:, t] = np.sum(Sbar * np.exp(g[:, t])[..., None, None] * S_prev, axis=(-2, -1))
+        Sbar = np.exp(g[:, t])[..., None, None] * Sbar
+    return dq, dk, dv, dg, (None if initial_state is None else Sbar)
+"""
+
+
+def test_chunked_backward_checks_refuse_a_token_loop(tmp_path):
+    ex = EXERCISES[19]  # 20: the right gradients, one token at a time
+    module = _variant(ex, tmp_path, (_body(ex, "chunked_backward"), GLA_TOKEN_LOOP), function="chunked_backward")
+    result = runner.run(ex, module=module)
+    failed = [c for c in result.checks if c.outcome == runner.FAILED]
+    assert [c.name for c in failed] == ["test_chunked_backward_loops_over_chunks"], [(c.name, c.message) for c in failed]
+    assert failed[0].message.startswith("chunked_backward: a loop over tokens?\n  ")
+
+
+def test_gradient_checks_say_what_is_wrong(tmp_path):
+    ex = EXERCISES[18]  # 19: dq without the scale, dv without its dS^T k ... each named
+    module = _variant(ex, tmp_path, ("dq = scale * np.einsum", "dq = np.einsum"), function="recurrent_backward")
+    message = _failure(ex, module)
+    assert message.startswith("recurrent_backward(scale=None): dq [B=2 T=37 H=3 K=8 V=5]: values differ")
+    assert "likely cause: every value is 2.82843 times the expected one (= 1 / scale)" in message
+    assert "the finite differences side with minilin's" in message
+    module = _variant(ex, tmp_path, ("        adjoints[:, t] = Sbar\n        Sbar = np.exp(g[:, t])[..., None, None] * Sbar",
+                                     "        Sbar = np.exp(g[:, t])[..., None, None] * Sbar\n        adjoints[:, t] = Sbar"),
+                      function="state_adjoints")
+    message = _failure(ex, module)
+    assert "last time step that differs: t=36" in message
+    assert "likely cause: every value is the expected one times exp(g_t), token by token" in message
+    module = _variant(ex, tmp_path, ("return dq, dk, dv, dg, dS0", "return dk, dq, dv, dg, dS0"), function="recurrent_backward")
+    assert "likely cause: this is the expected dk: the gradients returned in the wrong order?" in _failure(ex, module)
+    ex = EXERCISES[17]  # 18: the tiled form forming the whole [T, T] matrix
+    module = _variant(ex, tmp_path, ("    B, T, H, K = q.shape\n", "    return attention_backward(q, k, v, o, lse, do, scale=scale)\n"),
+                      function="attention_backward_tiled")
+    result = runner.run(ex, module=module)
+    failed = {c.name: c.message for c in result.checks if c.outcome == runner.FAILED}
+    assert list(failed) == ["test_attention_backward_tiled_memory"], failed
+    assert "MiB at its peak, more than 1.0 MiB (an eighth of one [T, T] float64 matrix" in failed["test_attention_backward_tiled_memory"]
+
+
+def test_training_check_rejects_a_broken_step(tmp_path):
+    """Exercise 22's thresholds: a correct solution learns (the solution's check passes elsewhere); the loop
+    without zero_grad, and the gradient of the blocks' input with the wrong sign, do not."""
+    ex = EXERCISES[21]
+    for replacement, function in ((("        model.zero_grad()\n", ""), "train"),
+                                  (("        dx = block.backward(ctx, dx)\n", "        dx = block.backward(ctx, -dx)\n"),
+                                   "loss_and_grads")):
+        module = _variant(ex, tmp_path, replacement, function=function)
+        outcomes = {c.name: c for c in runner.run(ex, module=module).checks}
+        assert outcomes["test_training_learns"].outcome == runner.FAILED, replacement
+        assert outcomes["test_training_learns"].message.startswith("train() did not learn enough: after 150 steps")
+    module = _variant(ex, tmp_path, ("    embed, norm, head = ", "    return model.loss_and_grads(tokens, targets)[0]\n    embed, norm, head = "),
+                      function="loss_and_grads")
+    assert "loss_and_grads() calls LanguageModel.loss_and_grads: that is minilin's own backward" in _failure(ex, module)
 
 
 def test_an_endless_loop_times_out_and_the_other_checks_still_run(tmp_path):

@@ -16,10 +16,18 @@ the token's own write. `assert_no_token_loop` fails a chunked or parallel form w
 the tokens instead of the chunks (it counts the lines of the learner's file that run). Arguments changed in
 place and calls into minilin's own code are caught around every call by minilin/course/guard.py.
 
+`check_gradients` does it for the gradients a learner's backward pass returns: each against minilin's
+backward, then against central finite differences of the loss they are the gradients of (one random
+direction per input, `directional_derivative`), so that a failure says which input's gradient is wrong, the
+first and the last time step that differ (a backward pass runs from the last token to the first), and a
+likely cause: a constant factor, a sign, a one-step shift, a per-token factor such as exp(g_t), another
+input's gradient in its place; with the finite differences' verdict beside minilin's.
+
 Failures raise `CheckFailure` (an AssertionError), so pytest and `minilin check` both report them.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import itertools
@@ -590,6 +598,55 @@ def assert_no_token_loop(name: str, function, make_call, *, chunked: bool, exemp
              f"  {counts[1]} lines of your file ran for T={T1} against {counts[0]} for T={T0}.\n"
              "  The parallel form computes every token at once: matrix products, and the causal mask from\n"
              "  np.tril / np.triu, with no Python loop over t")
+
+
+_OPENBLAS_PREFIXES = ("openblas_", "scipy_openblas_")
+_OPENBLAS_SUFFIXES = ("", "64_")
+
+
+def _openblas_threads():
+    """(get, set) for the thread count of the OpenBLAS that NumPy loaded, found among the shared libraries
+    of this process (Linux: /proc/self/maps), or None where there is none to find (another BLAS, macOS)."""
+    import ctypes
+    import re
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps.read())))
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix in _OPENBLAS_PREFIXES:
+            for suffix in _OPENBLAS_SUFFIXES:
+                get = getattr(library, f"{prefix}get_num_threads{suffix}", None)
+                put = getattr(library, f"{prefix}set_num_threads{suffix}", None)
+                if get is not None and put is not None:
+                    get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+                    return get, put
+    return None
+
+
+@contextlib.contextmanager
+def blas_threads(count: int = 1):
+    """Run the block with NumPy's OpenBLAS on `count` threads, then restore its thread count (a no-op where
+    no OpenBLAS is found). For checks that make many small matrix products, such as exercise 22's training:
+    on a busy machine with few cores the threads of one small product mostly wait for each other (measured
+    on a shared 2-core machine: one thread was ten times faster than two)."""
+    found = _openblas_threads()
+    if found is None:
+        yield
+        return
+    get, put = found
+    before = get()
+    put(count)
+    try:
+        yield
+    finally:
+        put(before)
 
 
 _GPU_PROBE = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"

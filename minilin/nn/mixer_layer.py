@@ -45,7 +45,6 @@ class MixerLayer(Module):
                  chunk_size: int = 64, conv_width: int = 4, dtype=np.float32):
         super().__init__()
         self.mixer, self.heads, self.head_dim = mixer, heads, head_dim
-        self.module = catalog.module(mixer)
         self.window, self.chunk_size = window, chunk_size
         self.sizes = {"H": heads, "K": head_dim, "V": head_dim, "D": heads * head_dim}
         self.sources = hybrid.layer_inputs(mixer)
@@ -58,6 +57,12 @@ class MixerLayer(Module):
                 self.add_param(name, np.asarray(source(rng, shape), dtype=dtype))
         # The output projection starts small, so that each residual layer begins close to the identity.
         self.children["W_o"] = Linear(heads * head_dim, d_model, rng, dtype, scale=0.5)
+
+    @property
+    def module(self):
+        """The mixer's module (minilin.mixers.<name>), looked up by name rather than kept, so that a layer, and
+        a model, can be copied with copy.deepcopy (a module object cannot be)."""
+        return catalog.module(self.mixer)
 
     def options(self) -> dict:
         return hybrid.OPTIONS.get(self.mixer, lambda layer: {})(self)
