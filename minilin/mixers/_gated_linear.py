@@ -13,8 +13,8 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; state [B, H, K, V]; o [B, T, H, V].
 from __future__ import annotations
 
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
-                        pass_states, state_or_zeros, to_chunks)
+from ..chunking import (causal_mask, channel_gram, chunk_view, decay_matrix, decay_state, read_and_pass,
+                        state_or_zeros, transposed)
 
 
 def step(q, k, v, g, S):
@@ -38,23 +38,37 @@ def chunked(q, k, v, g, S0, chunk_size):
     """Chunked form: dense work inside chunks of C tokens, the state passed between chunks.
 
     With G the chunk-local cumulative gate and S_n the state entering chunk n, for token i of chunk n:
-        o_i = sum_{j <= i in chunk} (q_i . exp(G_i - G_j) k_j) v_j      intra-chunk, A = gated_gram(q, k, G)
+        o_i = sum_{j <= i in chunk} (q_i . exp(G_i - G_j) k_j) v_j      intra-chunk, A V
             + (q_i * exp(G_i))^T S_n                                      inter-chunk
         S_{n+1} = exp(G_C) S_n + sum_j (k_j * exp(G_C - G_j)) v_j^T        state passing
     For a scalar gate this is Mamba-2's SSD algorithm (diagonal blocks, chunk states, state passing,
     state-to-output); without a gate it is chunked linear attention.
-    """
-    T = q.shape[1]
-    qc, kc, vc = (to_chunks(x, chunk_size) for x in (q, k, v))  # [B, H, N, C, .]
-    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
-    G_last = None if G is None else G[:, :, :, -1]  # log-decay over each whole chunk
 
-    o = gated_gram(qc, kc, G) @ vc                  # intra-chunk: masked, decayed Q K^T, then V
-    k_to_end = decay_rows(kc, None if G is None else G_last[:, :, :, None] - G)
-    dS = k_to_end.swapaxes(-1, -2) @ vc             # what each chunk writes: [B, H, N, K, V]
-    S_in, S_final = pass_states(dS, G_last, S0)
-    o = o + decay_rows(qc, G) @ S_in                # inter-chunk: read the state entering the chunk
-    return from_chunks(o, T), S_final
+    A per gate: none, (Q K^T) causally masked; scalar, (Q K^T) * `decay_matrix(G)` with G summed in float64
+    (long chunks, the parallel form's one chunk of T included, keep float32's precision in every
+    difference G_i - G_j); per channel, `chunking.channel_gram`, which builds A by halving the chunk and
+    returns q * exp(G), k * exp(G_C - G) and exp(G_C) with it; then `chunking.read_and_pass`. q, k, v are
+    read in place through chunk views and o is written in place, so the only large arrays are A, the chunk
+    writes (summed in place into the states) and o.
+    """
+    xp = array_module(q)
+    C = chunk_size
+    qc, kc = chunk_view(q, C), chunk_view(k, C)              # [B, H, N, C, K], views
+    if g is None:
+        A = qc @ transposed(kc)
+        A *= causal_mask(C, xp)
+        q_from_start, k_to_end, chunk_decay = qc, kc, None
+    elif g.ndim == 3:                                        # scalar gate [B, T, H]
+        G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)                 # [B, H, N, C]
+        A = qc @ transposed(kc)
+        A *= decay_matrix(G, dtype=q.dtype)
+        G_last = G[..., -1:]
+        q_from_start = qc * xp.exp(G).astype(q.dtype)[..., None]
+        k_to_end = kc * xp.exp(G_last - G).astype(q.dtype)[..., None]
+        chunk_decay = xp.exp(G_last[..., 0]).astype(q.dtype)                        # [B, H, N]
+    else:                                                    # per-channel gate [B, T, H, K]
+        A, q_from_start, k_to_end, chunk_decay = channel_gram(qc, kc, chunk_view(g, C))
+    return read_and_pass(A, q_from_start, k_to_end, chunk_decay, v, S0, C)
 
 
 def parallel(q, k, v, g, S0):
