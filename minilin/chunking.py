@@ -245,11 +245,9 @@ def channel_gram(x, y, g, *, strict: bool = False, before_decay: bool = False) -
     d = xp.ones(g.shape[:-2] + (P, K), X.dtype)
     xp.exp(g, out=d[..., :C, :])                             # d_1: each token's own decay
     A = xp.empty(tuple(np.broadcast_shapes(X.shape[:-2], Y.shape[:-2])) + (P, P), X.dtype)
-    diagonal = _diagonal_view(A)
-    if strict or before_decay:
-        diagonal[...] = 0
-    else:
-        xp.einsum("...k,...k->...", X, Y, out=diagonal)     # x_i . y_i
+    A.fill(0)                                                # above the diagonal (one contiguous fill)
+    if not (strict or before_decay):
+        xp.einsum("...k,...k->...", X, Y, out=_diagonal_view(A))   # x_i . y_i
     if not before_decay:
         X *= d                                               # X_1 = x exp(g)  (before_decay: X_1 = x)
     s = 1
@@ -257,9 +255,7 @@ def channel_gram(x, y, g, *, strict: bool = False, before_decay: bool = False) -
         n_blocks = P // (2 * s)
         X_right = X.reshape(*X.shape[:-2], n_blocks, 2, s, K)[..., 1, :, :]   # [..., n_blocks, s, K]
         Y_left = Y.reshape(*Y.shape[:-2], n_blocks, 2, s, K)[..., 0, :, :]
-        lower, upper = _block_views(A, s)
-        xp.matmul(X_right, Y_left.swapaxes(-1, -2), out=lower)
-        upper[...] = 0
+        xp.matmul(X_right, Y_left.swapaxes(-1, -2), out=_lower_blocks(A, s))
         d_halves = d.reshape(*d.shape[:-2], n_blocks, 2, 1, K)
         X_right *= d_halves[..., 0, :, :]                    # R's rows now measured from before L
         Y_left *= d_halves[..., 1, :, :]                     # L's rows now measured to the end of R
@@ -296,15 +292,13 @@ def _diagonal_view(A):
     return xp.lib.stride_tricks.as_strided(A, A.shape[:-1], A.strides[:-2] + ((P + 1) * A.itemsize,))
 
 
-def _block_views(A, s: int):
-    """Writable views [..., P / 2s, s, s] of A [..., P, P] (contiguous): for each aligned block of 2s
-    positions, its lower-left s x s block (rows of the right half, columns of the left) and its upper-right one."""
+def _lower_blocks(A, s: int):
+    """A writable view [..., P / 2s, s, s] of A [..., P, P] (contiguous): for each aligned block of 2s
+    positions, its lower-left s x s block (the rows of its right half against the columns of its left half)."""
     xp = array_module(A)
     P = A.shape[-1]
-    shape = A.shape[:-2] + (P // (2 * s), s, s)
     strides = A.strides[:-2] + ((2 * s * P + 2 * s) * A.itemsize, P * A.itemsize, A.itemsize)
-    view = xp.lib.stride_tricks.as_strided
-    return view(A[..., s:, :], shape, strides), view(A[..., :, s:], shape, strides)
+    return xp.lib.stride_tricks.as_strided(A[..., s:, :], A.shape[:-2] + (P // (2 * s), s, s), strides)
 
 
 def states_after_chunks(dS, decay, S0):
@@ -388,7 +382,7 @@ def unit_lower_inverse(A):
     in log2(C) rounds of batched matrix products (C is padded to a power of two with an identity). The
     blocks are the aligned ones of `channel_gram`: at level s, each aligned block of 2s positions has its
     two diagonal s-blocks T1 (left) and T2 (right) already inverted, and its lower-left block is filled in
-    place; T is one array written once, entry by entry.
+    place.
 
     Why not `scipy.linalg.solve_triangular`? It gives the same result to rounding (tests/test_chunking.py
     checks), but it solves a batch one matrix at a time in Python, about 40 us of overhead per 64 x 64
@@ -401,16 +395,15 @@ def unit_lower_inverse(A):
     if P != C:
         A = xp.pad(A, [(0, 0)] * len(lead) + [(0, P - C), (0, P - C)])
     T = xp.empty(A.shape, A.dtype)
+    T.fill(0)
     _diagonal_view(T)[...] = 1  # the inverses of the P diagonal blocks of size 1
     s = 1
     while s < P:
-        T21, T12 = _block_views(T, s)
-        A21 = _block_views(A, s)[0]
+        T21, A21 = _lower_blocks(T, s), _lower_blocks(A, s)
         diagonal = _diagonal_blocks(T, s)            # [..., P / s, s, s], already inverted
         T1, T2 = diagonal[..., 0::2, :, :], diagonal[..., 1::2, :, :]
         xp.matmul(T2 @ A21, T1, out=T21)
         xp.negative(T21, out=T21)
-        T12[...] = 0
         s *= 2
     return T[..., :C, :C]
 
