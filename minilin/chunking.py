@@ -97,18 +97,23 @@ def decay_matrix(G, *, strict: bool = False, dtype=None):
     """Scalar gate: L_ij = exp(G_i - G_j) for j <= i (j < i when strict), else 0. [..., C] -> [..., C, C].
 
     This is Mamba-2's 1-semiseparable mask (`exp(segsum(A))`) and, for a constant gate, RetNet's
-    decay mask gamma^(i-j). Entries above the diagonal are clamped to exp(0) and then zeroed, so nothing
-    overflows. dtype: L's dtype (default G's). The forward engines pass G in float64 and dtype float32: the
+    decay mask gamma^(i-j). Entries above the diagonal become -inf before exp, so nothing overflows.
+    dtype: L's dtype (default G's). The forward engines pass G in float64 and dtype float32: the
     differences G_i - G_j are then taken in float64 and rounded once, so a long chunk (cumulative sums of
     thousands of gates, whose float32 rounding would be larger than a nearby difference) loses nothing.
     """
     xp = array_module(G)
     L = xp.empty(G.shape + G.shape[-1:], dtype or G.dtype)
     xp.subtract(G[..., :, None], G[..., None, :], out=L)
-    xp.minimum(L, 0, out=L)  # above the diagonal G_i - G_j >= 0 may be large: clamp before exp ...
-    xp.exp(L, out=L)
-    L *= causal_mask(G.shape[-1], xp, strict=strict)  # ... and zero it after
-    return L
+    L += _minus_inf_above(G.shape[-1], L.dtype, xp, strict)  # G_i - G_j >= 0 above the diagonal: -inf there ...
+    return xp.exp(L, out=L)                                 # ... so that exp gives 0, never overflows
+
+
+def _minus_inf_above(C: int, dtype, xp, strict: bool):
+    """[C, C]: 0 where j <= i (j < i when strict), -inf elsewhere."""
+    out = xp.zeros((C, C), dtype)
+    out[~causal_mask(C, xp, strict=strict)] = -xp.inf
+    return out
 
 
 def decay_rows(x, G):
@@ -145,8 +150,10 @@ def transposed(x):
     For `a @ transposed(b)` rather than `a @ b.swapaxes(-1, -2)`: on a batch of small matrices NumPy
     multiplies by a swapped view at about half the speed of a plain product (256 products of 64 x 64
     in float32 on the 2-core dev box: 3.4 ms against 1.4 ms), and the copy costs less than the difference.
+    Always a fresh array (even where the swapped view is contiguous, as for a single column): the chunked
+    forms scale it in place.
     """
-    return array_module(x).ascontiguousarray(x.swapaxes(-1, -2))
+    return array_module(x).array(x.swapaxes(-1, -2), order="C", copy=True)
 
 
 def gated_gram(x, y, G, *, strict: bool = False):
@@ -328,26 +335,28 @@ def states_after_chunks(dS, decay, S0):
     return dS
 
 
-def read_and_pass(A, q_from_start, k_to_end, chunk_decay, v, S0, chunk_size: int):
+def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: int):
     """The chunked form of a gated linear recurrence, given its chunk pieces: (o [B, T, H, V], final state).
 
     A [B, H, N, C, C]: the chunk's masked, decayed scores; q_from_start [B, H, N, C, K]: the queries decayed
-    from the chunk's start; k_to_end: the keys decayed to its end; chunk_decay: None, [B, H, N] or
-    [B, H, N, K], the decay over each whole chunk (factors, not logs); v [B, T, H, V]; S0 or None. Then
+    from the chunk's start; k_to_end_T [B, H, N, K, C]: the keys decayed to its end, transposed (a swapped
+    view will do); chunk_decay: None, [B, H, N] or [B, H, N, K], the decay over each whole chunk (factors,
+    not logs); v [B, T, H, V]; S0 or None. Then
         O_n = A_n V_n + (q_from_start)_n S_n,    S_{n+1} = chunk_decay_n S_n + (k_to_end)_n^T V_n.
-    The intra-chunk product writes into o's own layout; the states after each chunk are the writes summed
-    in place (`states_after_chunks`), and chunk n reads the one after chunk n - 1.
+    The states after each chunk are the writes summed in place (`states_after_chunks`), and chunk n reads
+    the one after chunk n - 1. V is copied into the chunked layout first: as the right operand of two
+    products it is worth one contiguous copy (NumPy's batched products read a strided right operand at
+    about 2/3 of the speed of a contiguous one).
     """
     xp = array_module(v)
     T = v.shape[1]
-    vc = chunk_view(v, chunk_size)
-    o, oc = chunked_output(v, chunk_size)
-    xp.matmul(A, vc, out=oc)                                 # intra-chunk
-    S = states_after_chunks(k_to_end.swapaxes(-1, -2) @ vc, chunk_decay, S0)   # [B, H, N, K, V]
-    oc[:, :, 1:] += q_from_start[:, :, 1:] @ S[:, :, :-1]    # inter-chunk: the state entering chunk n
+    vc = to_chunks(v, chunk_size)                            # [B, H, N, C, V]
+    o = A @ vc                                               # intra-chunk
+    S = states_after_chunks(k_to_end_T @ vc, chunk_decay, S0)   # [B, H, N, K, V]
+    o[:, :, 1:] += q_from_start[:, :, 1:] @ S[:, :, :-1]     # inter-chunk: the state entering chunk n
     if S0 is not None:
-        oc[:, :, 0] += q_from_start[:, :, 0] @ S0
-    return xp.ascontiguousarray(o[:, :T]), S[:, :, -1].copy()
+        o[:, :, 0] += q_from_start[:, :, 0] @ S0
+    return from_chunks(o, T), S[:, :, -1].copy()
 
 
 def pass_states(dS, G_total, S0):

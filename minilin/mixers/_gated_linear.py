@@ -47,28 +47,30 @@ def chunked(q, k, v, g, S0, chunk_size):
     A per gate: none, (Q K^T) causally masked; scalar, (Q K^T) * `decay_matrix(G)` with G summed in float64
     (long chunks, the parallel form's one chunk of T included, keep float32's precision in every
     difference G_i - G_j); per channel, `chunking.channel_gram`, which builds A by halving the chunk and
-    returns q * exp(G), k * exp(G_C - G) and exp(G_C) with it; then `chunking.read_and_pass`. q, k, v are
-    read in place through chunk views and o is written in place, so the only large arrays are A, the chunk
-    writes (summed in place into the states) and o.
+    returns q * exp(G), k * exp(G_C - G) and exp(G_C) with it; then `chunking.read_and_pass`. q and k are
+    read in place through chunk views, so the large arrays are K^T, A, the chunk writes (summed in place into
+    the states), V and o in the chunked layout, and o.
     """
     xp = array_module(q)
     C = chunk_size
     qc, kc = chunk_view(q, C), chunk_view(k, C)              # [B, H, N, C, K], views
+    if g is None or g.ndim == 3:
+        k_to_end_T = transposed(kc)                          # [B, H, N, K, C]: K^T for the scores first
+        A = qc @ k_to_end_T
     if g is None:
-        A = qc @ transposed(kc)
         A *= causal_mask(C, xp)
-        q_from_start, k_to_end, chunk_decay = qc, kc, None
+        q_from_start, chunk_decay = qc, None
     elif g.ndim == 3:                                        # scalar gate [B, T, H]
         G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)                 # [B, H, N, C]
-        A = qc @ transposed(kc)
         A *= decay_matrix(G, dtype=q.dtype)
         G_last = G[..., -1:]
         q_from_start = qc * xp.exp(G).astype(q.dtype)[..., None]
-        k_to_end = kc * xp.exp(G_last - G).astype(q.dtype)[..., None]
+        k_to_end_T *= xp.exp(G_last - G).astype(q.dtype)[..., None, :]            # then decayed to the end
         chunk_decay = xp.exp(G_last[..., 0]).astype(q.dtype)                        # [B, H, N]
     else:                                                    # per-channel gate [B, T, H, K]
         A, q_from_start, k_to_end, chunk_decay = channel_gram(qc, kc, chunk_view(g, C))
-    return read_and_pass(A, q_from_start, k_to_end, chunk_decay, v, S0, C)
+        k_to_end_T = k_to_end.swapaxes(-1, -2)
+    return read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, C)
 
 
 def parallel(q, k, v, g, S0):

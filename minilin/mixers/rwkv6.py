@@ -84,7 +84,7 @@ def _chunked(q, k, v, w, u, S0, chunk_size):
     A, q_before, k_to_end, chunk_decay = channel_gram(qc, kc, chunk_view(w, C), before_decay=True)
     diagonal = array_module(q).arange(A.shape[-1])
     A[..., diagonal, diagonal] = (qc * u[:, None, None] * kc).sum(-1)   # the bonus, [B, H, N, C]
-    return read_and_pass(A, q_before, k_to_end, chunk_decay, v, S0, C)
+    return read_and_pass(A, q_before, k_to_end.swapaxes(-1, -2), chunk_decay, v, S0, C)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
