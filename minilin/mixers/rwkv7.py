@@ -26,14 +26,16 @@ a plain per-channel-gated recurrence with two writes, which unrolls to
     S_t = exp(G_t) * S + sum_{j <= t} exp(G_t - G_j) * (b_j u_j^T + k_j v_j^T)          (rows scaled)
 Reading it with a_t one token earlier gives a unit lower-triangular system for all u of the chunk:
     u_t = (a_t * exp(G_{t-1}))^T S + sum_{j < t} Mab_tj u_j + sum_{j < t} Mak_tj v_j,
-    Mab_tj = sum_c a_tc b_jc exp(G_{t-1,c} - G_{j,c}),   Mak likewise with k_j     (`gram_before_decay`)
+    Mab_tj = sum_c a_tc b_jc exp(G_{t-1,c} - G_{j,c}),   Mak likewise with k_j
+(`chunking.channel_gram(..., before_decay=True)`, which also returns a_t exp(G_{t-1}), b_j exp(G_C - G_j), ...)
 so, with Tinv = (I - Mab)^-1 (`chunking.unit_lower_inverse`, all chunks at once),
     U = W S + U_v,    W = Tinv (A * exp(G_prev)),    U_v = Tinv Mak V.
-Only the state pass runs chunk after chunk:
+Only the state pass runs chunk after chunk, and each chunk's output is read inside it:
     U_n = W_n S_n + U_v,n,   S_{n+1} = exp(G_C) * S_n + (B * exp(G_C - G))^T U_n + (K * exp(G_C - G))^T V_n
-and then every chunk's output at once:
-    O_n = (R * exp(G)) S_n + (R B^T, decayed, causal) U_n + (R K^T, decayed, causal) V_n.
-Every exponent is a non-positive difference of cumulative gates, so nothing overflows for any w.
+    O_n = [R * exp(G) | R B^T]_n [S_n; U_n] + (R K^T, decayed, causal)_n V_n
+(R B^T and R K^T decayed and causal; the last term, which does not depend on S, for all chunks at once).
+Every exponential is of a sum of gates w <= 0 (never of a difference of long cumulative sums), so nothing
+overflows for any w and float32 keeps its precision in long chunks.
 
 Shapes: r, w, k, a, b [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked, step. Each returns (o, final_state).
@@ -44,7 +46,7 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (channel_gram, chunk_view, chunked_output, decay_state, state_or_zeros,
+from ..chunking import (channel_gram, chunk_view, chunked_output, decay_state, state_or_zeros, to_chunks,
                         unit_lower_inverse)
 from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
 
@@ -86,7 +88,8 @@ def chunked(r, w, k, v, a, b, *, scale=None, initial_state=None, chunk_size=64):
     xp = array_module(q)
     B, T, H, K = q.shape
     V, C = v.shape[-1], chunk_size
-    qc, kc, vc, ac, bc, wc = (chunk_view(x, C) for x in (q, k, v, a, b, w))   # [B, H, N, C, .], views
+    qc, kc, ac, bc, wc = (chunk_view(x, C) for x in (q, k, a, b, w))   # [B, H, N, C, .], views
+    vc = to_chunks(v, C)                            # a copy: the right operand of three products
     N = qc.shape[2]
 
     # Four intra-chunk matrices in one call (every x against every y, one decay). The output's R B^T and
