@@ -50,10 +50,10 @@ LENGTHS = (2048, 8192, 32768)
 DTYPES = ("bfloat16", "float32")
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 DEFAULT_MIXERS = ("simple_gla", "gated_deltanet")
-# Mixers whose GPU wrapper takes q, k, v (+ g, beta) like the reference; the tensors each one reads.
-TENSORS = {"linear_attention": ("q", "k", "v"), "simple_gla": ("q", "k", "v", "g"), "retnet": ("q", "k", "v"),
-           "lightning": ("q", "k", "v"), "deltanet": ("q", "k", "v", "beta"),
-           "gated_deltanet": ("q", "k", "v", "g", "beta")}
+# Mixers whose GPU wrapper takes q, k, v (+ g, beta) like the reference, and the tensors each one reads
+# (from its SIGNATURE; Mamba-2's mapping has inputs of its own and is not benchmarked here).
+TENSORS = {name: catalog.signature(name).names for name in catalog.names()
+           if catalog.signature(name).gpu and set(catalog.signature(name).names) <= {"q", "k", "v", "g", "beta"}}
 SEQUENCE = {"q", "k", "v"}
 
 
@@ -388,6 +388,33 @@ def machine() -> dict:
     except ImportError:
         pass
     return info
+
+
+def rows(mixers=DEFAULT_MIXERS, lengths=LENGTHS, repeats: int = 50, log=None) -> dict:
+    """The GPU bench as data, without printing: what `minilin bench --device gpu --json` writes.
+
+    Returns {"device": "gpu", "machine": machine(), "copy_bandwidth_gbs", "problem", "tolerance",
+    "rows": [one flat dict per measurement (flat(row))]}. log(row), if given, is called as each row is
+    measured. Raises RuntimeError (the reason) where the GPU bench cannot run, ValueError for a mixer it does
+    not bench. For other code (the tour's `cost` experiment) to call directly.
+    """
+    from ..cuda import available
+
+    ok, reason = available()
+    if not ok:
+        raise RuntimeError(reason)
+    unknown = [m for m in mixers if m not in TENSORS]
+    if unknown:
+        raise ValueError(f"mixers: {unknown} not benchmarked on the GPU; choose from {sorted(TENSORS)}")
+    copy_gbs = copy_bandwidth_gbs()
+    measured: list[Row] = []
+    softmax_cache: dict = {}
+    for mixer in mixers:
+        for T in lengths:
+            measured += bench_mixer_length(mixer, T, repeats, softmax_cache, log or (lambda row: None))
+    derive(measured, copy_gbs)
+    return {"device": "gpu", "machine": machine(), "copy_bandwidth_gbs": copy_gbs, "problem": PROBLEM,
+            "tolerance": TOLERANCE, "rows": [flat(r) for r in measured]}
 
 
 def main(args) -> int:

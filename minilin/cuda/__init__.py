@@ -25,6 +25,7 @@ CuPy arrays, computed on CuPy's current stream.
 Importing this package needs neither CuPy nor the extension; calling a kernel needs both, and the error
 says how to get what is missing (`minilin doctor` lists what was found).
 """
+from .. import catalog
 from .bf16 import from_bf16, native_dtype, to_bf16
 from .front import default_version, delta_rule, extension, gated_linear, versions
 from .mixers import deltanet, gated_deltanet, lightning, linear_attention, mamba2, retnet, simple_gla
@@ -33,9 +34,9 @@ __all__ = ["available", "default_version", "delta_rule", "deltanet", "extension"
            "gated_linear", "lightning", "linear_attention", "mamba2", "native_dtype", "retnet", "simple_gla",
            "to_bf16", "versions"]
 
-# Which engine each GPU mixer runs on: "linear" (scalar-gated linear family) or "delta".
-OPS = {"linear_attention": "linear", "simple_gla": "linear", "retnet": "linear", "lightning": "linear",
-       "mamba2": "linear", "deltanet": "delta", "gated_deltanet": "delta"}
+# Which engine each GPU mixer runs on, "linear" (scalar-gated linear family) or "delta": each mixer's
+# SIGNATURE says it (`gpu`); the mixers without one have no kernel.
+OPS = {name: catalog.signature(name).gpu for name in catalog.names() if catalog.signature(name).gpu}
 
 
 def available() -> tuple[bool, str]:
