@@ -85,6 +85,16 @@ def test_unit_lower_inverse_reads_only_below_the_diagonal(rng):
     assert rel_err(chunking.unit_lower_inverse(A) @ (np.eye(24) + A), np.broadcast_to(np.eye(24), A.shape)) < 1e-13
 
 
+@pytest.mark.parametrize("C", [1, 5, 64, 65, 300])
+def test_unit_lower_solve_is_the_inverse_applied(rng, C):
+    """Forward substitution by halves (blocks of 64 inverted) == (I + A)^-1 X, for a strided A too."""
+    A = np.tril(rng.standard_normal((3, C + 7, C + 7)) * 0.1, -1)[:, 3:C + 3, 3:C + 3]   # a view, not contiguous
+    X = rng.standard_normal((3, C, 4))
+    Y = chunking.unit_lower_solve(A, X)
+    assert rel_err((np.eye(C) + np.tril(A, -1)) @ Y, X) < 1e-13
+    assert rel_err(Y, chunking.unit_lower_inverse(np.ascontiguousarray(A)) @ X) < 1e-12
+
+
 def test_decay_matrix_takes_the_differences_before_rounding(rng):
     """G summed in float64 over thousands of gates, L in float32: exact to float32's rounding of L itself."""
     g = -rng.uniform(0, 1, 4096)

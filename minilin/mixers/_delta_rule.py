@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, chunk_view, chunked_output, decay_matrix, decay_state,
-                        state_or_zeros, transposed, unit_lower_inverse)
+                        state_or_zeros, transposed, unit_lower_inverse, unit_lower_solve)
 
 
 def step(q, k, v, g, beta, S):
@@ -48,10 +48,10 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
         Delta_n = (T diag(beta))_n (V_n - K_e,n S_n)                      the chunk's corrections
         O_n     = [Q * exp(G) | P]_n [S_n; Delta_n]                       its output, P = (Q K^T) decayed, causal
         S_{n+1} = exp(G_C) S_n + (K * exp(G_C - G))_n^T Delta_n           the state it leaves
-    (three products with the state per chunk: T times the chunk's residual inside the pass, rather than
-    W = T beta K_e and U = T beta V made for all chunks first as in FLA's kernels: one product fewer per chunk
-    overall). The output's two terms are one product against [S_n; Delta_n], the state and the corrections side
-    by side in one buffer, so neither the states nor the corrections of all chunks are ever stored.
+    T multiplies each chunk's residual inside the pass, rather than making W = T diag(beta) K_e and
+    U = T diag(beta) V for all chunks first as FLA's kernels do: one C x C x K product fewer per chunk. The
+    output's two terms are one product against [S_n; Delta_n], the state and the corrections side by side in
+    one buffer, so neither the states nor the corrections of all chunks are ever stored.
 
     Gates: scalar ones are summed in float64 per chunk and rounded once after each difference
     (`decay_matrix`); per-channel ones go through `chunking.channel_gram`, which builds A and P by halving
@@ -90,8 +90,9 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
         k_to_end_T = k_to_end.swapaxes(-1, -2)
         chunk_decay = chunk_decay[..., None]                         # [B, H, N, K, 1]
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
-    T_beta = unit_lower_inverse(A)
-    T_beta *= beta_c[..., None, :]                                   # T diag(beta)
+    if N > 1:
+        T_beta = unit_lower_inverse(A)
+        T_beta *= beta_c[..., None, :]                               # T diag(beta)
 
     state_and_delta = xp.empty((B, H, K + C, V), q.dtype)            # [S_n; Delta_n]
     S, delta = state_and_delta[:, :, :K], state_and_delta[:, :, K:]
@@ -100,7 +101,10 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
     for n in range(N):
         xp.matmul(k_from_start[:, :, n], S, out=residual)            # K_e S_n: what the memory predicts
         xp.subtract(vc[:, :, n], residual, out=residual)
-        xp.matmul(T_beta[:, :, n], residual, out=delta)              # Delta_n
+        if N > 1:
+            xp.matmul(T_beta[:, :, n], residual, out=delta)          # Delta_n
+        else:  # one chunk (the parallel form): solve rather than invert, C^2 V work instead of C^3
+            delta[...] = unit_lower_solve(A[:, :, 0], residual * beta_c[:, :, 0, :, None])
         xp.matmul(reads[:, :, n], state_and_delta, out=oc[:, :, n])  # O_n
         xp.matmul(k_to_end_T[:, :, n], delta, out=write)
         if chunk_decay is not None:
