@@ -2,7 +2,11 @@
 solutions. The checks themselves are the test_*.py next to each exercise; the course code is in
 minilin/course/. What this file adds to plain pytest:
 
-- the `learner` fixture: the exercise's file (yours, or the solution's with --solutions), freshly imported;
+- the `learner` fixture: the exercise's file (yours, or the solution's with --solutions), freshly imported,
+  its functions watched as `minilin check` watches them (minilin/course/guard.py: arguments changed in place,
+  calls into minilin's own code);
+- a time limit per check (the exercise's `timeout`; POSIX, through SIGALRM): an endless loop fails with
+  "check timed out after N s" instead of hanging the run;
 - a function still raising NotImplementedError counts as TODO: one short line, never a traceback;
 - GPU exercises skip, with the reason, where CuPy sees no GPU (and are never counted as solved);
 - tests run in the order of exercises/exercises.toml, and a summary closes the run:
@@ -10,12 +14,15 @@ minilin/course/. What this file adds to plain pytest:
 """
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from minilin.course import runner, tree
-from minilin.course.checks import gpu_status
+from minilin.course.checks import CheckFailure, gpu_status
+from minilin.course.guard import instrument
 from minilin.course.commands import summary_line
 
 EXERCISES = tree.load(Path(__file__).resolve().parent.parent)
@@ -55,7 +62,33 @@ def learner(request):
         ok, reason = _gpu[0]
         if not ok:
             pytest.skip(f"exercise {ex.number:02d} {reason}")
-    return runner.load_module(ex.path(_tree(request.config)))
+    module = runner.load_module(ex.path(_tree(request.config)))
+    instrument(module, allow=ex.allow)
+    return module
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """The check's time limit: SIGALRM interrupts the learner's endless loop with a CheckFailure."""
+    module = item.funcargs.get("learner") if hasattr(item, "funcargs") else None
+    ex = _exercise(item)
+    if module is None or ex is None or not hasattr(signal, "setitimer") or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seconds = runner.time_limit(ex)
+    guard = module.__minilin_guard__
+
+    def alarm(signum, frame):
+        raise CheckFailure(runner.timed_out_message(seconds, guard.last_called))
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -27,6 +27,9 @@ def test_fallback_reader_reads_the_list_as_tomllib_does():
     assert _toml.loads_subset(text) == tomllib.loads(text)
     sample = 'a = "x \\" \\\\ \\u00e9"  # c\nb = \'lit\'\n[t]\nn = -1_000\nf = 2.5e3\nl = [\n 1, # one\n 2,\n]\nok = true\n'
     assert _toml.loads_subset(sample) == tomllib.loads(sample)
+    nested = '[[e]]\na = 1\n[e.h]\nx = ["1"]\n[[e]]\na = 2\n[e.h]\ny = ["2", "3"]\n'
+    assert _toml.loads_subset(nested) == tomllib.loads(nested) == {"e": [{"a": 1, "h": {"x": ["1"]}},
+                                                                        {"a": 2, "h": {"y": ["2", "3"]}}]}
 
 
 @pytest.mark.parametrize("bad", ['a = {x = 1}', 'a = "open', 'a = 1 b = 2', 'a = 1\na = 2', '[[x]\n'])
@@ -180,8 +183,9 @@ def test_runner_statuses(course):
 
 def test_a_not_implemented_error_elsewhere_is_a_failure_not_a_todo(course):
     ex = _solve(course, 1)
-    ex.path().write_text(ex.path().read_text().replace(
-        "    # TODO: scores", "    import minilin.cache\n    minilin.cache.LayerCache().elements(1)\n    # TODO: scores"))
+    (ex.path().parent / "helper.py").write_text("def unfinished():\n    raise NotImplementedError('not here')\n")
+    ex.path().write_text("import helper\n" + ex.path().read_text().replace(
+        "    # TODO: scores", "    helper.unfinished()\n    # TODO: scores"))
     result = runner.run(ex)
     assert result.status == runner.FAILING
     assert "NotImplementedError" in result.first_problem.message and "attention.py, line" in result.first_problem.message
@@ -225,9 +229,10 @@ def test_status_check_and_hint(course, monkeypatch):
     code, text = minilin(course, "check", monkeypatch=monkeypatch)
     assert code == 1 and text.startswith("03 Feature maps") and "not started" in text
     code, text = minilin(course, "check", "2", monkeypatch=monkeypatch)
-    assert code == 0 and "solved: +5 points" in text and "next: 03 Feature maps" in text
+    assert code == 0 and "02 solved, +5 points" in text and "next: 03 Feature maps" in text
     code, text = minilin(course, "hint", "3", "2", monkeypatch=monkeypatch)
-    assert "hint 1 of 3" in text and "hint 2 of 3" in text and "hint 3 of 3" not in text and "minilin hint 3 3" in text
+    assert "hint (1 of 3)" in text and "hint (2 of 3)" in text and "hint (3 of 3)" not in text
+    assert "(a more specific one: minilin hint 3 3)" in text
     code, text = minilin(course, "check", "--solutions", "12", monkeypatch=monkeypatch)
     assert code == 0 and "solved" in text
 
@@ -272,32 +277,211 @@ def test_reset_without_solutions_uses_git(course, monkeypatch):
     assert ex.path().read_text() == stub
 
 
-def test_watch_checks_again_on_save_and_moves_on(course, monkeypatch):
+def test_check_confirms_a_solve_then_makes_the_next_one_current(course, monkeypatch):
+    code, text = minilin(course, "check", monkeypatch=monkeypatch)
+    assert code == 1 and text.startswith("01 Causal softmax attention") and "not started" in text
+    _solve(course, 1)
+    code, text = minilin(course, "check", monkeypatch=monkeypatch)        # the current one: 01, now solved
+    assert code == 0 and text.startswith("01 Causal softmax attention") and "01 solved, +5 points" in text
+    assert "next: 02 The bracket move" in text
+    code, text = minilin(course, "check", monkeypatch=monkeypatch)        # and 02 is current now
+    assert code == 1 and text.startswith("02 The bracket move") and "not started" in text
+    assert (course / ".minilin" / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
+def test_the_hint_belongs_to_the_function_that_failed(course, monkeypatch):
+    ex = _solve(course, 6)
+    ex.path().write_text(ex.path().read_text().replace("gamma[:, None, None] ** C * S", "S"))
+    code, text = minilin(course, "check", "6", monkeypatch=monkeypatch)
+    assert code == 1 and "retnet_chunked(scale=0.3, chunk_size=16): o" in text
+    assert "hint for retnet_chunked() (1 of 3): Exercise 05's chunk loop" in text
+    assert "more: minilin hint 6 2 --for retnet_chunked" in text
+    code, text = minilin(course, "hint", monkeypatch=monkeypatch)         # no number: the current exercise,
+    assert text.startswith("06 Fixed decay") and "hint for retnet_chunked() (1 of 3)" in text  # its failure
+    code, text = minilin(course, "hint", "6", "2", "--for", "decay_mask", monkeypatch=monkeypatch)
+    assert "hint for decay_mask() (1 of 2)" in text and "hint for decay_mask() (2 of 2)" in text
+    code, text = minilin(course, "hint", "6", "2", monkeypatch=monkeypatch)
+    assert "  hint (2 of 3): decay_mask: exponent" in text and "(hints for one function: minilin hint 6 --for" in text
+
+
+def test_check_times_out_an_endless_loop(course, monkeypatch):
+    ex = _solve(course, 7)
+    ex.path().write_text(ex.path().read_text().replace("offset *= 2", "offset *= 1"))
+    code, text = minilin(course, "check", "7", "--timeout", "1", monkeypatch=monkeypatch)
+    assert code == 1 and "✗ test_associative_scan" in text.replace("x test_", "✗ test_")
+    assert "check timed out after 1 s: an endless loop? associative_scan() was still running" in text
+    assert "hint for associative_scan() (1 of 3)" in text
+
+
+def test_check_shows_what_the_learner_code_printed(course, monkeypatch):
+    ex = _solve(course, 4)
+    ex.path().write_text(ex.path().read_text().replace(
+        "    return keys.T @ values", "    print('keys of shape', keys.shape)\n    return keys.T @ values"))
+    code, text = minilin(course, "check", "4", monkeypatch=monkeypatch)
+    assert code == 0 and "what your code printed:\n  | keys of shape (1, 4)\n  | keys of shape (6, 8)" in text
+    ex.path().write_text(ex.path().read_text().replace("print('keys of shape', keys.shape)",
+                                                       "[print(i) for i in range(100)]"))
+    code, text = minilin(course, "check", "4", monkeypatch=monkeypatch)
+    assert "what your code printed (the last 20 of 500 lines):\n  | 80\n" in text and text.count("  | ") == 20
+
+
+class FakeKeys:
+    """Stands in for minilin.course.keys.Keys: each wait() takes the next scripted step, a key or a function
+    that edits files (the learner saving); when the script is over, 'q'."""
+
+    single = True
+
+    def __init__(self, *script):
+        self.script = list(script)
+        self.entered = False
+
+    def __enter__(self):
+        self.entered = True
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def wait(self, seconds):
+        if not self.script:
+            return "q"
+        step = self.script.pop(0)
+        if callable(step):
+            step()
+            return None
+        return step
+
+
+def _save(ex, text=None):
+    """A save of the learner's file (the solution by default), seen by watch's polling."""
+    def save():
+        ex.path().write_text(text if text is not None else ex.path("solutions").read_text())
+        stamp = os.stat(ex.path()).st_mtime_ns
+        os.utime(ex.path(), ns=(stamp + 10 ** 9, stamp + 10 ** 9))
+    return save
+
+
+def watching(course, keys, *args, monkeypatch):
+    """`minilin watch ARGS` with scripted keys, no GPU; returns (exit code, output)."""
+    import contextlib
+    import io
+
+    from minilin.course import commands
+
+    monkeypatch.chdir(course)
+    monkeypatch.setattr(commands, "gpu_status", lambda: (False, "needs a GPU: none here"))
+    monkeypatch.setattr(commands, "POLL_SECONDS", 0.0)
+    parsed = cli.build_parser().parse_args(["watch", *args])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = commands.watch(parsed, keys=keys)
+    return code, out.getvalue()
+
+
+def test_watch_confirms_moves_on_and_passes_over_the_gpu_exercises(course, monkeypatch):
     exercises = tree.load(course)
-    for ex in exercises[:-4]:
-        _solve(course, ex.number)
-    pending = exercises[-4]  # 14: the first unsolved one; 15 is solved on the way, 16 and 17 skip (no GPU)
-    _solve(course, 15)
-    saves = []
+    for ex in exercises[:12] + [exercises[13]]:
+        _solve(course, ex.number)                      # 13 and 15 are left; 16 and 17 need a GPU
+    from minilin.course import progress
 
-    def sleep(seconds):  # the learner saves a solution while watch polls
-        if not saves:
-            saves.append(1)
-            text = pending.path("solutions").read_text()
-            pending.path().write_text(text)
-            os.utime(pending.path(), ns=(1, 10 ** 18))
+    progress.remember(exercises[14])                   # the learner is on 15
+    keys = FakeKeys(_save(exercises[14]), "q")
+    code, text = watching(course, keys, monkeypatch=monkeypatch)
+    assert code == 0 and keys.entered
+    assert "minilin watch: checks run on every save of exercises/15_hybrid_stack/hybrid.py" in text
+    assert "15 solved, +10 points" in text
+    # past 16 and 17 (no GPU here), round to 13, the one left
+    assert "next: 13 Gated DeltaNet" in text and "exercises/13_gated_deltanet/gated_deltanet.py" in text
+    assert "16_cuda_recurrent" not in text and "Stopped watching." in text
+    keys = FakeKeys(_save(exercises[12]))
+    code, text = watching(course, keys, monkeypatch=monkeypatch)
+    assert "13 solved, +15 points" in text and "Every exercise that can run here is solved" in text
 
-    monkeypatch.setattr("minilin.course.commands.time.sleep", sleep)
-    monkeypatch.setattr("minilin.course.commands.gpu_status", lambda: (False, "needs a GPU: none here"))
-    code, text = minilin(course, "watch", monkeypatch=monkeypatch)
-    assert code == 0 and saves
-    assert f"== watching {pending.relpath()}" in text and "changed, checking again" in text
-    assert text.count("solved: +") == 2 and "No exercises left to watch" in text
+
+def test_watch_n_stays_on_n_and_takes_keys(course, monkeypatch):
+    ex = tree.load(course)[4]
+    keys = FakeKeys("h", "h", "r", _save(ex), None, "q")
+    code, text = watching(course, keys, "5", monkeypatch=monkeypatch)
+    assert code == 0 and not keys.script
+    screens = text.split("-" * 78)                     # not a terminal: a rule between the screens
+    assert "not started" in screens[1] and "hint (" not in screens[1]
+    assert "hint (1 of 3)" in screens[2] and "hint (2 of 3)" not in screens[2]   # h: the first hint
+    assert "hint (2 of 3)" in screens[3]                                           # h again: the next
+    assert "hint (2 of 3)" not in screens[4]                                       # r: checked again
+    assert "05 solved, +8 points" in screens[5] and "watching 05 still" in screens[5]
+    assert "06 Fixed decay" not in text and "[h] hint  [n] next exercise  [r] check again  [q] quit" in text
+
+
+def test_watch_survives_an_endless_loop(course, monkeypatch):
+    ex = _solve(course, 7)
+    text = ex.path().read_text()
+    ex.path().write_text(text.replace("offset *= 2", "offset *= 1"))
+    keys = FakeKeys(_save(ex, text), "n", "q")
+    code, out = watching(course, keys, "7", "--timeout", "1", monkeypatch=monkeypatch)
+    assert "check timed out after 1 s: an endless loop?" in out and "07 solved, +10 points" in out
+    assert "on to 08 Selective SSM" in out               # n: the next unsolved one
+
+
+def test_watch_clears_the_screen_on_a_terminal():
+    import io
+
+    from minilin.course import commands
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = commands._Screen(commands.Style(), stream=Terminal())
+    screen.clear()
+    assert screen.stream.getvalue() == commands.CLEAR
+
+
+def test_keys_without_enter_on_a_terminal():
+    termios = pytest.importorskip("termios")
+    pty = pytest.importorskip("pty")
+    from minilin.course.keys import Keys
+
+    master, slave = pty.openpty()
+    stream = os.fdopen(slave, "r")
+    before = termios.tcgetattr(slave)
+    try:
+        with Keys(stream) as keys:
+            assert keys.mode == "cbreak" and keys.single
+            assert not termios.tcgetattr(slave)[3] & termios.ICANON        # no line buffering
+            os.write(master, b"H")
+            assert keys.wait(2.0) == "h"
+            assert keys.wait(0.01) is None
+        assert termios.tcgetattr(slave) == before                          # the terminal as it was
+    finally:
+        stream.close()
+        os.close(master)
+
+
+def test_keys_from_a_pipe_are_lines():
+    from minilin.course.keys import Keys
+
+    read, write = os.pipe()
+    stream = os.fdopen(read, "r")
+    with Keys(stream) as keys:
+        assert keys.mode == "lines" and not keys.single
+        os.write(write, b"n\n\n")
+        assert keys.wait(2.0) == "n" and keys.wait(2.0) == "\n"
+        os.close(write)
+        assert keys.wait(2.0) is None and keys.mode == "none"             # the input ended: only waiting
+    stream.close()
+    with Keys(io_without_fileno()) as keys:
+        assert keys.mode == "none" and keys.wait(0.0) is None
+
+
+def io_without_fileno():
+    import io
+
+    return io.StringIO("q\n")
 
 
 # ---------------------------------------------------------------- pytest exercises
 
-def _pytest(course, *args):
+def _pytest(course, *args, **environment):
     """`pytest exercises` in the copied tree, as a learner runs it. The summaries asserted below are those of
     a machine without a GPU, so the GPU is hidden from the child; minilin is importable from this checkout
     even where it is not pip-installed."""
@@ -306,7 +490,7 @@ def _pytest(course, *args):
     package_root = str(Path(minilin.__file__).resolve().parents[1])
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}  # not an xdist worker
     env.update(CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p), **environment)
     done = subprocess.run([sys.executable, "-m", "pytest", "exercises", "-p", "no:cacheprovider", *args],
                           cwd=course, capture_output=True, text=True, env=env)
     return done.returncode, done.stdout + done.stderr
@@ -316,7 +500,9 @@ def test_pytest_exercises_on_a_learner_tree(course):
     _solve(course, 1)
     ex = _solve(course, 2)
     ex.path().write_text(ex.path().read_text().replace("return 2 * d_k * d_v / (d_k + d_v)", "return d_k"))
-    code, text = _pytest(course)
+    endless = _solve(course, 7)
+    endless.path().write_text(endless.path().read_text().replace("offset *= 2", "offset *= 1"))
+    code, text = _pytest(course, MINILIN_CHECK_TIMEOUT="1")
     assert code == 1
     lines = text.splitlines()
     table = lines[lines.index(next(l for l in lines if "minilin exercises (exercises/)" in l)) + 1:]
@@ -329,6 +515,8 @@ def test_pytest_exercises_on_a_learner_tree(course):
                          "next: 02 The bracket move: linear attention, parallel and recurrent, exercises/02_bracket_move/bracket.py")
     assert "NotImplementedError" not in text            # untouched ones are a line in the table, not tracebacks
     assert "crossover(d_k=16, d_v=48): values differ" in text
+    assert "check timed out after 1 s: an endless loop? associative_scan() was still running" in text
+    assert table[6].startswith("07 ") and "failing" in table[6]
     assert " todo" in lines[-1] and "failed" in lines[-1]
 
 

@@ -15,7 +15,7 @@ import pytest
 from minilin.experiments import EXPERIMENTS
 
 CHAPTER_ORDER = ["forms", "memory", "bracket", "exactness", "capacity", "interference", "softmax_amplification",
-               "fixed_decay", "write_rules", "fact_update", "recall", "state_tracking", "cost"]
+               "fixed_decay", "write_rules", "fact_update", "recall", "state_tracking", "cost", "gradients"]
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
 
@@ -375,3 +375,13 @@ def test_every_plot_carries_its_claim_and_what_was_not_reproduced(monkeypatch, t
     BY_NAME["bracket"].plot(bad, str(tmp_path / "bad.png"))
     header, notes = saved["bracket"]
     assert notes and " ".join(header).endswith(" ".join(notes)) and notes[0].startswith("not reproduced in this run")
+
+
+def test_gradients_forms_agree_and_match_finite_differences():
+    data = quick("gradients")
+    by_claim = {c["claim"]: c for c in data["checks"]}
+    for row in data["rows"]:
+        assert row["forms_difference"] < 1e-10, row
+        assert row["fd_error"] < 1e-6, row
+    assert by_claim["the recurrent and chunked backward forms agree to float64 rounding"]["reproduced"]
+    assert by_claim["the hand-written gradients agree with finite differences"]["reproduced"]

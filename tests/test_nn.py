@@ -140,3 +140,67 @@ def test_clip_and_schedule():
     assert nn.cosine_schedule(0, 100, 1.0, 10) == pytest.approx(0.1)
     assert nn.cosine_schedule(9, 100, 1.0, 10) == pytest.approx(1.0)
     assert nn.cosine_schedule(100, 100, 1.0, 10) == pytest.approx(0.1)
+
+
+MODEL_MIXERS = [["attention", "attention"], ["linear_attention"], ["gated_deltanet", "attention"], ["mamba2"],
+                ["rwkv7"], ["sliding_window"], ["kda"], ["s4"], ["rwkv6"], ["hgrn"]]
+
+
+@pytest.mark.parametrize("mixers", MODEL_MIXERS, ids=lambda m: "+".join(m))
+def test_whole_model_gradient_matches_finite_differences(mixers):
+    """The loss of a tiny float64 model, through embedding, blocks (norms, convolution, projections,
+    activations, the mixer's own backward, MLP), final norm and head: every parameter's gradient against
+    central finite differences along a random direction."""
+    model = nn.LanguageModel(mixers, vocab=11, d_model=8, heads=2, window=3, chunk_size=4, seed=3, dtype=np.float64)
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, 11, (2, 7))
+    targets = rng.integers(0, 11, (2, 7))
+    targets[:, :2] = nn.IGNORE
+    model.zero_grad()
+    model.loss_and_grads(tokens, targets)
+    params = list(model.named_params())
+    directions = [rng.standard_normal(p.shape) for _, p, _ in params]
+    got = sum(float((g * d).sum()) for (_, _, g), d in zip(params, directions))
+    originals = [p.copy() for _, p, _ in params]
+
+    def loss_at(sign):
+        for (_, p, _), p0, d in zip(params, originals, directions):
+            p[...] = p0 + sign * EPS * d
+        return nn.cross_entropy(model.forward(tokens)[0], targets)[0]
+
+    expected = (loss_at(+1) - loss_at(-1)) / (2 * EPS)
+    for (_, p, _), p0 in zip(params, originals):
+        p[...] = p0
+    assert abs(got - expected) < 1e-6 * max(1.0, abs(expected)), f"{got!r} vs finite differences {expected!r}"
+    # and each parameter alone, for the first block's mixer inputs (a wrong piece is named)
+    for (name, p, g), d in zip(params, directions):
+        if ".mixer." not in name:
+            continue
+        alone = directional_fd(lambda: nn.cross_entropy(model.forward(tokens)[0], targets)[0], p, d)
+        assert abs(float((g * d).sum()) - alone) < 1e-6 * max(1.0, abs(alone)), f"d{name}"
+
+
+@pytest.mark.parametrize("mixers", MODEL_MIXERS, ids=lambda m: "+".join(m))
+def test_prefill_then_step_equals_a_full_forward(mixers):
+    """Decode: the chunked forms over a prompt, then the step forms token by token, give the logits of one
+    forward pass over the whole sequence (float64, 1e-10)."""
+    model = nn.LanguageModel(mixers, vocab=13, d_model=8, heads=2, window=3, chunk_size=4, seed=5, dtype=np.float64)
+    tokens = np.random.default_rng(6).integers(0, 13, (2, 11))
+    full, _ = model.forward(tokens)
+    logits, states = model.prefill(tokens[:, :6])
+    steps = [logits]
+    for t in range(6, 11):
+        logits_t, states = model.step(tokens[:, t], states)
+        steps.append(logits_t[:, None])
+    decoded = np.concatenate(steps, axis=1)
+    np.testing.assert_allclose(decoded, full, rtol=1e-10, atol=1e-10 * np.abs(full).max())
+
+
+def test_checkpoint_state_dict_round_trip():
+    a = nn.LanguageModel(["gated_deltanet"], vocab=9, d_model=8, heads=2, seed=1)
+    b = nn.LanguageModel(["gated_deltanet"], vocab=9, d_model=8, heads=2, seed=2)
+    b.load_state_dict(a.state_dict())
+    tokens = np.arange(10).reshape(2, 5) % 9
+    assert np.array_equal(a.forward(tokens)[0], b.forward(tokens)[0])
+    with pytest.raises(ValueError, match="checkpoint: expected the parameters of this model"):
+        nn.LanguageModel(["attention"], vocab=9, d_model=8, heads=2).load_state_dict(a.state_dict())

@@ -1,6 +1,8 @@
 """Check for exercise 02 (you do not need to edit this file): both forms of linear attention against
-minilin.mixers.linear_attention, in float64, and the FLOP counts against the formulas of the docstring."""
-from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_equal, assert_output_and_state, label
+minilin.mixers.linear_attention, in float64, with the default scale and another one; the parallel form
+without a loop over tokens; and the FLOP counts against the formulas of the docstring."""
+from minilin.course.checks import (SEQUENCE_CASES, assert_close, assert_equal, assert_no_token_loop, check_form,
+                                   label)
 from minilin.mixers import linear_attention
 
 SIZES = [(1, 1, 1), (7, 3, 5), (64, 64, 64), (100, 16, 48), (4096, 128, 64)]
@@ -11,18 +13,24 @@ def test_parallel(learner):
         (q, k, v), _ = linear_attention.example_inputs(**case, seed=seed)
         for scale in (None, 0.7):
             expected, _ = linear_attention.parallel(q, k, v, scale=scale)
-            got = learner.linear_attention_parallel(q, k, v, scale=scale)
-            assert_close(f"linear_attention_parallel(scale={scale}) [{label(case)}]", got, expected, dims="B T H V")
+            check_form("linear_attention_parallel", learner.linear_attention_parallel, (q, k, v), expected,
+                       kwargs=dict(scale=scale), where=f"[{label(case)}]", outputs="o", dims="B T H V",
+                       reference=lambda q, k, v, scale: linear_attention.parallel(q, k, v, scale=scale)[0])
+
+    def call(T, chunk_size):
+        (q, k, v), _ = linear_attention.example_inputs(B=1, T=T, H=1, K=4, V=4, seed=T)
+        return (q, k, v), {}
+
+    assert_no_token_loop("linear_attention_parallel", learner.linear_attention_parallel, call, chunked=False)
 
 
 def test_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 20):
         (q, k, v), _ = linear_attention.example_inputs(**case, seed=seed)
         for scale in (None, 0.7):
-            assert_output_and_state("linear_attention_recurrent",
-                                    learner.linear_attention_recurrent(q, k, v, scale=scale),
-                                    linear_attention.recurrent(q, k, v, scale=scale),
-                                    f"(scale={scale}) [{label(case)}]")
+            check_form("linear_attention_recurrent", learner.linear_attention_recurrent, (q, k, v),
+                       linear_attention.recurrent(q, k, v, scale=scale), kwargs=dict(scale=scale),
+                       where=f"[{label(case)}]", reference=linear_attention.recurrent)
 
 
 def test_flops_and_crossover(learner):

@@ -3,7 +3,7 @@ minilin.feature_maps, and normalized linear attention against minilin.mixers.lin
 import numpy as np
 
 from minilin import feature_maps
-from minilin.course.checks import SEQUENCE_CASES, assert_close, label
+from minilin.course.checks import SEQUENCE_CASES, assert_close, check_form, label
 from minilin.mixers import linear_attention
 
 
@@ -32,6 +32,5 @@ def test_normalized_linear_attention(learner):
         (q, k, v), _ = linear_attention.example_inputs(**case, seed=seed)
         for name, phi in maps:
             expected, _ = linear_attention.parallel(q, k, v, feature_map=phi, normalize=True)
-            got = learner.normalized_linear_attention(q, k, v, phi)
-            assert_close(f"normalized_linear_attention with phi = {name} [{label(case)}]", got, expected,
-                         dims="B T H V")
+            check_form("normalized_linear_attention", learner.normalized_linear_attention, (q, k, v, phi), expected,
+                       where=f"with phi = {name} [{label(case)}]", outputs="o", dims="B T H V", scales={})

@@ -1,9 +1,11 @@
 """Check for exercise 06 (you do not need to edit this file): the three forms of retention against
-minilin.mixers.retnet, in float64, on random inputs with random per-head decays."""
+minilin.mixers.retnet, in float64, on random inputs with random per-head decays, each with the default
+scale and another one; and counts of the Python lines the parallel and chunked forms run, which must not
+grow with the tokens (parallel) or with the tokens per chunk (chunked)."""
 import numpy as np
 
 from minilin.chunking import decay_matrix
-from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_output_and_state, label
+from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_no_token_loop, check_form, label
 from minilin.mixers import retnet
 
 
@@ -31,21 +33,38 @@ def test_retnet_parallel(learner):
         q, k, v, gamma = _inputs(case, seed)
         for scale in (None, 0.4):
             expected, _ = retnet.parallel(q, k, v, gamma=gamma, scale=scale)
-            got = learner.retnet_parallel(q, k, v, gamma, scale=scale)
-            assert_close(f"retnet_parallel(scale={scale}) [{label(case)}]", got, expected, dims="B T H V")
+            check_form("retnet_parallel", learner.retnet_parallel, (q, k, v, gamma), expected,
+                       kwargs=dict(scale=scale), where=f"[{label(case)}]", outputs="o", dims="B T H V",
+                       reference=lambda q, k, v, gamma, scale: retnet.parallel(q, k, v, gamma=gamma, scale=scale)[0])
+    assert_no_token_loop("retnet_parallel", learner.retnet_parallel, _small, chunked=False)
 
 
 def test_retnet_recurrent(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 70):
         q, k, v, gamma = _inputs(case, seed)
-        assert_output_and_state("retnet_recurrent", learner.retnet_recurrent(q, k, v, gamma),
-                                retnet.recurrent(q, k, v, gamma=gamma), f"[{label(case)}]")
+        for scale in (None, 0.4):
+            check_form("retnet_recurrent", learner.retnet_recurrent, (q, k, v, gamma),
+                       retnet.recurrent(q, k, v, gamma=gamma, scale=scale), kwargs=dict(scale=scale),
+                       where=f"[{label(case)}]", reference=_reference)
 
 
 def test_retnet_chunked(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 80):
         q, k, v, gamma = _inputs(case, seed)
-        expected = retnet.recurrent(q, k, v, gamma=gamma, scale=0.3)
-        for C in (16, 1, 64, 5):
-            assert_output_and_state("retnet_chunked", learner.retnet_chunked(q, k, v, gamma, scale=0.3, chunk_size=C),
-                                    expected, f"[{label(case, chunk_size=C)}]", chunk_size=C)
+        for scale in (0.3, None):
+            expected = retnet.recurrent(q, k, v, gamma=gamma, scale=scale)
+            for C in ((16, 1, 64, 5) if scale else (16,)):
+                check_form("retnet_chunked", learner.retnet_chunked, (q, k, v, gamma), expected,
+                           kwargs=dict(scale=scale, chunk_size=C), where=f"[{label(case)}]", chunk_size=C,
+                           reference=_reference)
+    assert_no_token_loop("retnet_chunked", learner.retnet_chunked,
+                         lambda T, C: (_small(T, C)[0], dict(chunk_size=C)), chunked=True)
+
+
+def _reference(q, k, v, gamma, scale=None, chunk_size=None):
+    return retnet.recurrent(q, k, v, gamma=gamma, scale=scale)
+
+
+def _small(T, chunk_size):
+    q, k, v, gamma = _inputs(dict(B=1, T=T, H=2, K=4, V=4), T)
+    return (q, k, v, gamma), {}

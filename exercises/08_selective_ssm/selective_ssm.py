@@ -28,7 +28,8 @@ shared [T, T] matrix to build: Mamba scans instead.
 
 Paper symbols -> code: Delta -> dt (after softplus, >= 0), A, B, C, D as in the paper, h the state,
 N the state size. Shapes: x, dt [B, T, D]; A [D, N]; B, C [B, T, N]; D [D]; y [B, T, D]; h [B, D, N].
-Check: `minilin check 8` (compares with minilin.mixers.s4.discretize and minilin.mixers.mamba).
+Check: `minilin check 8` (compares with minilin.mixers.s4.discretize and minilin.mixers.mamba; the parallel
+form may not loop over tokens). Of minilin, this file may call minilin.scan only.
 """
 import numpy as np
 

@@ -1,8 +1,9 @@
 """Check for exercise 08 (you do not need to edit this file): zero-order hold against
-minilin.mixers.s4.discretize, and both selective scans against minilin.mixers.mamba, in float64."""
+minilin.mixers.s4.discretize, and both selective scans against minilin.mixers.mamba, in float64; the
+parallel one must not loop over tokens (a count of the Python lines it runs)."""
 import numpy as np
 
-from minilin.course.checks import assert_close, label, unpack
+from minilin.course.checks import assert_close, assert_no_token_loop, check_form, label, unpack
 from minilin.mixers import mamba, s4
 
 CASES = [dict(B=1, T=1, H=1, K=2, V=3), dict(B=2, T=37, H=2, K=4, V=3), dict(B=1, T=64, H=1, K=8, V=8)]
@@ -25,19 +26,21 @@ def test_zoh(learner):
 def test_selective_scan(learner):
     for seed, case in enumerate(CASES, 80):
         (x, dt, A, B, C, D), _ = mamba.example_inputs(**case, seed=seed)
-        expected_y, expected_h = mamba.recurrent(x, dt, A, B, C, D)
-        y, h = unpack("selective_scan(...)", learner.selective_scan(x, dt, A, B, C, D), 2, "(y, final_state)")
         where = f"[{label(case)}: D = H * V = {x.shape[-1]} channels, N = K = {A.shape[1]} states]"
-        assert_close(f"selective_scan: y {where}", y, expected_y, dims="B T D")
-        assert_close(f"selective_scan: final state {where}", h, expected_h, dims="B D N")
+        check_form("selective_scan", learner.selective_scan, (x, dt, A, B, C, D), mamba.recurrent(x, dt, A, B, C, D),
+                   where=where, outputs=("y", "final state"), dims=("B T D", "B D N"), scales={})
 
 
 def test_selective_scan_parallel(learner):
     for seed, case in enumerate(CASES, 90):
         (x, dt, A, B, C, D), _ = mamba.example_inputs(**case, seed=seed)
-        expected_y, expected_h = mamba.recurrent(x, dt, A, B, C, D)
-        y, h = unpack("selective_scan_parallel(...)", learner.selective_scan_parallel(x, dt, A, B, C, D), 2,
-                      "(y, final_state)")
         where = f"[{label(case)}: D = H * V = {x.shape[-1]} channels, N = K = {A.shape[1]} states]"
-        assert_close(f"selective_scan_parallel: y {where}", y, expected_y, dims="B T D")
-        assert_close(f"selective_scan_parallel: final state {where}", h, expected_h, dims="B D N")
+        check_form("selective_scan_parallel", learner.selective_scan_parallel, (x, dt, A, B, C, D),
+                   mamba.recurrent(x, dt, A, B, C, D), where=where, outputs=("y", "final state"),
+                   dims=("B T D", "B D N"), scales={})
+
+    def call(T, chunk_size):
+        args, _ = mamba.example_inputs(B=1, T=T, H=1, K=2, V=3, seed=T)
+        return args, {}
+
+    assert_no_token_loop("selective_scan_parallel", learner.selective_scan_parallel, call, chunked=False)

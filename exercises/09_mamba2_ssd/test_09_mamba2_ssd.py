@@ -1,9 +1,10 @@
 """Check for exercise 09 (you do not need to edit this file): segsum against minilin.chunking.decay_matrix
-(in exp space), and the chunked SSD against the recurrence of minilin.mixers.mamba2, in float64."""
+(in exp space), and the chunked SSD against the recurrence of minilin.mixers.mamba2, in float64, with and
+without the skip D, with strong decays, and a count of its Python lines (chunks, not tokens)."""
 import numpy as np
 
 from minilin.chunking import decay_matrix
-from minilin.course.checks import SEQUENCE_CASES, assert_close, label, unpack
+from minilin.course.checks import SEQUENCE_CASES, assert_close, assert_no_token_loop, check_form, label
 from minilin.mixers import mamba2
 
 
@@ -21,21 +22,27 @@ def test_segsum(learner):
 def test_ssd_chunked(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 90):
         (x, dt, A, B, C, D), _ = mamba2.example_inputs(**case, seed=seed)
-        expected_y, expected_h = mamba2.recurrent(x, dt, A, B, C, D)
+        expected = mamba2.recurrent(x, dt, A, B, C, D)
         for size in (16, 1, 64, 5):
-            y, h = unpack("ssd_chunked(...)", learner.ssd_chunked(x, dt, A, B, C, D, chunk_size=size), 2,
-                          "(y, final_state)")
-            where = f"[{label(case, chunk_size=size)}: P = V, N = K]"
-            assert_close(f"ssd_chunked: y {where}", y, expected_y, dims="B T H P", chunk_size=size)
-            assert_close(f"ssd_chunked: final state {where}", h, expected_h, dims="B H N P")
+            check_form("ssd_chunked", learner.ssd_chunked, (x, dt, A, B, C, D), expected,
+                       kwargs=dict(chunk_size=size), where=f"[{label(case)}: P = V, N = K]",
+                       outputs=("y", "final state"), dims=("B T H P", "B H N P"), chunk_size=size, scales={})
 
 
 def test_ssd_without_skip_and_strong_decay(learner):
     case = dict(B=1, T=100, H=2, K=4, V=3)
     (x, dt, A, B, C, _), _ = mamba2.example_inputs(**case, seed=99)
     dt = dt * 40                         # decays down to exp(-40) per token: a naive exp(-G) overflows
-    expected_y, expected_h = mamba2.recurrent(x, dt, A, B, C)
-    y, h = unpack("ssd_chunked(...)", learner.ssd_chunked(x, dt, A, B, C, chunk_size=64), 2, "(y, final_state)")
-    where = f"[{label(case, chunk_size=64)}, D=None, dt * A down to {float((dt * A).min()):.0f}]"
-    assert_close(f"ssd_chunked: y {where}", y, expected_y, dims="B T H P", chunk_size=64)
-    assert_close(f"ssd_chunked: final state {where}", h, expected_h, dims="B H N P")
+    with np.errstate(over="ignore", invalid="ignore"):
+        check_form("ssd_chunked", learner.ssd_chunked, (x, dt, A, B, C), mamba2.recurrent(x, dt, A, B, C),
+                   kwargs=dict(chunk_size=64),
+                   where=f"[{label(case)}, D=None, dt * A down to {float((dt * A).min()):.0f}]",
+                   outputs=("y", "final state"), dims=("B T H P", "B H N P"), chunk_size=64, scales={})
+
+
+def test_ssd_loops_over_chunks(learner):
+    def call(T, chunk_size):
+        args, _ = mamba2.example_inputs(B=1, T=T, H=1, K=2, V=3, seed=T)
+        return args, dict(chunk_size=chunk_size)
+
+    assert_no_token_loop("ssd_chunked", learner.ssd_chunked, call, chunked=True)

@@ -22,7 +22,8 @@ exp(G_t - G_j) with j <= t, exp(G_last - G_j). Never exp(-G).
 
 Shapes: q, k [B, T, H, K] (k unit-norm); v [B, T, H, V]; g, beta [B, T, H]; o [B, T, H, V];
 S [B, H, K, V]; scale defaults to K ** -0.5. Check: `minilin check 13` (compares with
-minilin.mixers.gated_deltanet).
+minilin.mixers.gated_deltanet, and counts the lines the chunked form runs: a loop over chunks, not tokens;
+solve each chunk's triangular system with one batched solve).
 """
 import numpy as np
 

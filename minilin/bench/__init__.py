@@ -5,6 +5,8 @@
     minilin bench --device cpu      NumPy on this CPU (bench/cpu.py)
     minilin bench --device cpu --floor
                                     the chunked forms' matrix products alone, a bound (bench/cpu_floor.py)
+    minilin bench --device cpu --backward
+                                    forward and forward + backward per mixer and form (bench/cpu_backward.py)
     minilin bench --device gpu      the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
 
@@ -37,6 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
+    p.add_argument("--backward", action="store_true",
+                   help="time forward and forward + backward (gradients checked by finite differences first)")
     p.add_argument("--chunk-sizes", nargs="+", type=int, metavar="C",
                    help="with --floor: the chunk sizes to time (default 16 32 64)")
     p.set_defaults(func=_run)
@@ -84,6 +88,17 @@ def _run(args) -> int:
         from . import cpu_floor
 
         return cpu_floor.main(args)
+    if args.backward and args.device == "cpu":
+        from . import cpu_backward
+
+        return cpu_backward.main(args)
+    if args.backward:
+        try:
+            from . import gpu_backward
+        except ImportError:
+            return _refuse("--backward on the GPU needs the CUDA backward kernels' bench (bench/gpu_backward.py), "
+                           "which this build does not have; --device cpu --backward times the NumPy backward")
+        return gpu_backward.main(args)
     if args.device == "cpu":
         from . import cpu
 

@@ -1,7 +1,8 @@
 """Read exercises/exercises.toml: `tomllib` on Python 3.11+, a small reader of the same subset on 3.10.
 
 The fallback understands exactly what exercises.toml uses, and says so when it meets anything else:
-comments, `[table]` and `[[array-of-tables]]` headers, `key = value` with basic ("...") or literal ('...')
+comments, `[table]` and `[[array-of-tables]]` headers, dotted `[array.table]` headers (a table inside the
+last entry of an array of tables, as `[exercise.function_hints]`), `key = value` with basic ("...") or literal ('...')
 strings, integers, floats, true/false, and arrays of those (which may span lines, with trailing commas).
 tests/test_course.py checks that it reads exercises.toml exactly as tomllib does.
 """
@@ -136,10 +137,19 @@ def loads_subset(text: str) -> dict:
             pos = end + 2
         elif text[pos] == "[":
             end = text.find("]", pos)
-            name = text[pos + 1:end].strip()
-            if end < 0 or not _KEY.fullmatch(name) or name in root:
-                error("bad or repeated [table] header")
-            table = root[name] = {}
+            parts = [part.strip() for part in text[pos + 1:end].split(".")]
+            if end < 0 or not all(_KEY.fullmatch(part) for part in parts):
+                error("bad [table] header")
+            parent = root
+            for part in parts[:-1]:   # a dotted header: into the last entry of an array of tables
+                parent = parent.get(part)
+                if isinstance(parent, list) and parent:
+                    parent = parent[-1]
+                if not isinstance(parent, dict):
+                    error(f"[{'.'.join(parts)}]: {part} is not a table defined above")
+            if parts[-1] in parent:
+                error(f"repeated [table] header [{'.'.join(parts)}]")
+            table = parent[parts[-1]] = {}
             pos = end + 1
         else:
             m = _KEY.match(text, pos)

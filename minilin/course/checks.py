@@ -4,23 +4,38 @@ A check runs the learner's function and minilin's reference on the same fresh, s
 compares them with `assert_close`. When they differ the failure says how, in this order:
 1. the wrong kind of thing (None, a tuple, a list) or the wrong shape or dtype, in plain words;
 2. otherwise the worst element, with its index named by axis (b, t, h, v), expected and got, the max
-   absolute and the relative error, and for sequences the first time step that differs.
+   absolute and the relative error, and for sequences the first time step that differs;
+3. then a likely cause, where one is found: every value a constant multiple of the expected one (a scale
+   missing, doubled or wrong, named as `scale` or `K ** -0.5` where it matches), the sequence shifted by
+   one token, or all zeros.
 NaN never passes.
+
+`check_form` does that for a learner's sequence form and adds what only calling it again can tell: a leak
+from the future (outputs that move when only later inputs change) and a read of the state before (or after)
+the token's own write. `assert_no_token_loop` fails a chunked or parallel form whose Python work grows with
+the tokens instead of the chunks (it counts the lines of the learner's file that run). Arguments changed in
+place and calls into minilin's own code are caught around every call by minilin/course/guard.py.
 
 Failures raise `CheckFailure` (an AssertionError), so pytest and `minilin check` both report them.
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import itertools
 import numbers
+import subprocess
+import sys
 
 import numpy as np
 
 from ..backend import to_numpy
 
-# The shapes most sequence checks run over: T = 1, T not a multiple of the chunk, K != V, B, H > 1.
+# The shapes most sequence checks run over: T not a multiple of the chunk, K != V, B, H > 1 first (where a
+# wrong answer shows the most: which step, which chunk, a shift, a leak), then T = 1, then T = 64 with K = V.
 SEQUENCE_CASES = (
-    dict(B=1, T=1, H=1, K=4, V=3),
     dict(B=2, T=37, H=3, K=8, V=5),
+    dict(B=1, T=1, H=1, K=4, V=3),
     dict(B=1, T=64, H=2, K=16, V=16),
 )
 
@@ -85,7 +100,7 @@ def assert_equal(name: str, got, expected):
 
 
 def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: float | None = None,
-                 atol: float = 0.0, chunk_size: int | None = None):
+                 atol: float = 0.0, chunk_size: int | None = None, scales: dict | None = None):
     """Compare `got` with the reference `expected` (NumPy or CuPy arrays, or real numbers).
 
     Passes when max |got - expected| <= rtol * max |expected| + atol (rtol: 1e-8 in float64, 1e-4 in
@@ -93,6 +108,12 @@ def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: flo
     same shape and dtype and no NaN or inf where the reference is finite.
     dims: axis letters such as "B T H V", used to name the worst index and to find the time axis T.
     chunk_size: when given, the first differing time step is also located as (chunk, position).
+    scales: named factors such as {"scale": 0.3, "K ** -0.5": 0.354}: a constant ratio between got and
+    expected is then named in their terms ("= 1 / scale").
+
+    Values that differ are also looked at for two common causes, named in the message when found: got is a
+    constant multiple of expected (a missing, doubled or wrong scale; a wrong sign), or got is expected
+    shifted by one step along T (o_t holding o_{t-1}: a read before the write, or the other way round).
     """
     __tracebackhide__ = True
     expected = np.asarray(to_numpy(expected))
@@ -143,29 +164,300 @@ def assert_close(name: str, got, expected, *, dims: str | None = None, rtol: flo
         wrong = int(bad.sum())
         lines.append(f"  {wrong} of {bad.size} values wrong")
     letters = dims.split() if dims else []
+    first = None
     if "T" in letters and len(letters) == got.ndim and got.shape[letters.index("T")] > 1:
         axis = letters.index("T")
         per_step = bad.any(axis=tuple(a for a in range(bad.ndim) if a != axis))
-        t = int(np.argmax(per_step))
+        t = first = int(np.argmax(per_step))
         where = f" (chunk {t // chunk_size}, position {t % chunk_size} with chunk_size={chunk_size})" if chunk_size else ""
-        before = "" if t == 0 else (" ; t=0 matches" if t == 1 else f"; t=0..{t - 1} match")
+        before = "" if t == 0 else ("; t=0 matches" if t == 1 else f"; t=0..{t - 1} match")
         lines.append(f"  first time step that differs: t={t}{where}{before}")
-    fail("\n".join(lines))
+    if not nonfinite.any():
+        lines += [f"  likely cause: {cause}" for cause in _causes(got64, exp64, letters, rtol, scales)]
+    failure = CheckFailure("\n".join(lines))
+    failure.first_step = first
+    raise failure
 
 
-def assert_output_and_state(name: str, result, expected, where: str, *, args: str = "",
-                             chunk_size: int | None = None):
-    """A mixer form's result checked as the pair (o, final_state) of CONVENTIONS.md against the reference pair
-    `expected`: o [B, T, H, V] (its first wrong step located by chunk when chunk_size is given) and the state
-    [B, H, K, V]. Messages name `name` + `args` (e.g. "(scale=0.25)") and say `where`."""
+def _proportional(got, expected, rtol):
+    """c when got = c * expected to within rtol (expected not all zero), else None."""
+    energy = float(np.sum(expected * expected))
+    if energy == 0.0:
+        return None
+    c = float(np.sum(got * expected)) / energy
+    residual = float(np.linalg.norm(got - c * expected))
+    return c if residual <= max(rtol, 1e-12) * 10 * np.sqrt(energy) else None
+
+
+def _name_ratio(c: float, scales: dict | None) -> str:
+    """'(= 1 / scale)' when c matches a simple expression of the named factors, else ''."""
+    candidates = {}
+    for name, value in (scales or {}).items():
+        if value:
+            candidates.update({name: value, f"1 / {name}": 1 / value, f"{name} ** 2": value ** 2,
+                               f"1 / {name} ** 2": value ** -2})
+    for (n1, v1), (n2, v2) in itertools.permutations((scales or {}).items(), 2):
+        if v1 and v2:
+            candidates[f"{n1} / {n2}"] = v1 / v2
+    for name, value in candidates.items():
+        if abs(c - value) <= 1e-6 * abs(value):
+            return f" (= {name})"
+    return ""
+
+
+def _causes(got, expected, letters, rtol, scales) -> list:
+    causes = []
+    c = _proportional(got, expected, rtol)
+    if c is not None and abs(c - 1) > rtol:
+        if abs(c) <= 1e-12:
+            causes.append("every value is 0 where the expected ones are not: an output never written, or a read "
+                          "of a state before anything was written to it?")
+        elif abs(c + 1) <= 1e-6:
+            causes.append("every value has the wrong sign (got = -expected): a sign, or a subtraction the wrong way round")
+        else:
+            causes.append(f"every value is {c:.6g} times the expected one{_name_ratio(c, scales)}: a constant ratio, "
+                          "so a scale factor is missing, applied twice, or the wrong one (the caller's `scale`?)")
+        return causes
+    if "T" in letters and len(letters) == got.ndim and got.shape[letters.index("T")] >= 3:
+        axis = letters.index("T")
+        late = np.take(got, range(1, got.shape[axis]), axis), np.take(expected, range(got.shape[axis] - 1), axis)
+        early = np.take(got, range(got.shape[axis] - 1), axis), np.take(expected, range(1, got.shape[axis]), axis)
+        for (g, e), how in ((late, "late: the value at t is the one expected at t - 1 (reading before the "
+                                   "write of token t, or an index t - 1?)"),
+                            (early, "early: the value at t is the one expected at t + 1 (a write of the next "
+                                    "token before the read, or an index t + 1?)")):
+            if np.max(np.abs(g - e), initial=0.0) <= 1e3 * rtol * max(float(np.max(np.abs(e), initial=0.0)), 1e-300):
+                causes.append(f"shifted by one token, {how}")
+    return causes
+
+
+def causality_probe(function, args: tuple, kwargs: dict, output, T: int, *, pick=lambda result: result,
+                    at=None, seed: int = 0):
+    """Whether output[:, :t0 + 1] changes when only the per-token inputs after t0 change: a leak from the
+    future. The per-token inputs are the array arguments of shape [B, T, ...] (three axes or more); they are
+    scaled by random factors in [0.5, 1.5] (signs, and so gates <= 0, are kept) after t0 = `at` (default the
+    middle). Returns a sentence naming the leak, or None (no leak, or the call failed).
+    `output`: the output [B, T, ...] of the unchanged call; `pick`: takes it from the function's result."""
+    t0 = (T // 2 - 1) if at is None else at
+    if T < 2 or not 0 <= t0 < T - 1:
+        return None
+    rng = np.random.default_rng(seed)
+    changed = []
+    for x in args:
+        if hasattr(x, "ndim") and x.ndim >= 3 and x.shape[1] == T and np.asarray(x).dtype.kind == "f":
+            y = np.array(x, copy=True)
+            y[:, t0 + 1:] *= rng.uniform(0.5, 1.5, y[:, t0 + 1:].shape)
+            changed.append(y)
+        else:
+            changed.append(x)
+    try:
+        with np.errstate(all="ignore"):
+            again = np.asarray(to_numpy(pick(function(*changed, **kwargs))))
+    except Exception:
+        return None
+    before, after = np.asarray(to_numpy(output))[:, :t0 + 1], again[:, :t0 + 1]
+    if before.shape != after.shape:
+        return None
+    size = float(np.max(np.abs(before), initial=0.0))
+    moved = np.abs(after.astype(np.float64) - before.astype(np.float64)) > 1e-9 * max(size, 1e-300)
+    if not moved.any():
+        return None
+    steps = moved.any(axis=tuple(a for a in range(moved.ndim) if a != 1))
+    t = int(np.argmax(steps))
+    return (f"the output reads the future: o at t={t} changed when only the inputs after t={t0} changed "
+            f"(a causal form lets token i see tokens j <= i only: the mask, or a slice that reaches past i?)")
+
+
+def _keywords_text(kwargs: dict) -> str:
+    shown = [f"{key}={value}" for key, value in kwargs.items() if not hasattr(value, "shape")]
+    hidden = [key for key, value in kwargs.items() if hasattr(value, "shape")]
+    return "(" + ", ".join(shown + [f"{key}=..." for key in hidden]) + ")" if kwargs else ""
+
+
+def check_form(name: str, function, args: tuple, expected, *, kwargs: dict | None = None, where: str = "",
+               outputs=("o", "final state"), dims=("B T H V", "B H K V"), chunk_size: int | None = None,
+               scales: dict | None = None, reference=None, read: int = 0, causal: bool = True):
+    """Call a learner's sequence form, `function(*args, **kwargs)`, and compare its result with `expected`
+    (one array, or a tuple with one item per name in `outputs`, of the axes in `dims`).
+
+    On top of assert_close's account of a difference (a constant ratio, a one-token shift), an output whose
+    axes start with B T that differs is probed for a leak from the future (causality_probe: the inputs after
+    the first wrong step are changed, and the outputs up to it must not move), and the message names it.
+    `scales` defaults to {"scale": the scale passed, "K ** -0.5": the default scale of q [B, T, H, K]}, so
+    that a constant ratio is named in their terms. `reference(*args, **kwargs)`, when given, computes the
+    expected result from the same arguments: the output that differs is then compared with it on the
+    per-token inputs other than args[read] (the query) delayed by one token, and advanced by one, which is
+    what a read of the state before the token's own write (o_t = S_{t-1}^T q_t), or after the next token's,
+    gives. causal=False turns the probe for a leak off, for results that may depend on later tokens (the
+    gradients of a backward pass: dq_t depends on every do_s with s >= t). Returns the function's result.
+    """
     __tracebackhide__ = True
-    o, S = unpack(f"{name}(...)", result, 2, "(o, final_state)")
-    assert_close(f"{name}{args}: o {where}", o, expected[0], dims="B T H V", chunk_size=chunk_size)
-    assert_close(f"{name}{args}: final state {where}", S, expected[1], dims="B H K V")
+    kwargs = dict(kwargs or {})
+    if scales is None:
+        scales = {}
+        if isinstance(kwargs.get("scale"), numbers.Real):
+            scales["scale"] = float(kwargs["scale"])
+        if args and getattr(args[0], "ndim", 0) == 4:
+            scales["K ** -0.5"] = args[0].shape[-1] ** -0.5
+    call = f"{name}{_keywords_text(kwargs)}"
+    result = function(*args, **kwargs)
+    several = isinstance(outputs, (tuple, list)) and len(outputs) > 1
+    outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+    dims = tuple(dims) if isinstance(dims, (tuple, list)) else (dims,)
+    parts = unpack(f"{name}(...)", result, len(outputs), f"({', '.join(outputs)})") if several else (result,)
+    wanted = tuple(expected) if several else (expected,)
+    for i, (what, got, want, letters) in enumerate(zip(outputs, parts, wanted, dims)):
+        try:
+            assert_close(f"{call}: {what} {where}".rstrip(), got, want, dims=letters, chunk_size=chunk_size,
+                         scales=scales)
+        except CheckFailure as failure:
+            if causal and letters and letters.split()[:2] == ["B", "T"] and hasattr(got, "shape") and got.ndim >= 2:
+                T = got.shape[1]
+                first = getattr(failure, "first_step", None)
+                leak = causality_probe(function, args, kwargs, got, T, at=first if first is not None and
+                                       first < T - 1 else None, pick=(lambda r, i=i: r[i]) if several else (lambda r: r))
+                if leak:
+                    raise CheckFailure(f"{failure}\n  likely cause: {leak}") from None
+                if reference is not None and i == 0 and "likely cause" not in str(failure):
+                    shift = _shifted_read(reference, args, kwargs, read, got, T, several)
+                    if shift:
+                        raise CheckFailure(f"{failure}\n  likely cause: {shift}") from None
+            raise
+    return result
+
+
+def _shifted_read(reference, args, kwargs, read, got, T, several):
+    """'reads the state before ...' when got is the reference with the per-token inputs other than
+    args[read] delayed (or advanced) by one token; else None."""
+    if T < 2:
+        return None
+    got = np.asarray(to_numpy(got)).astype(np.float64)
+    for how, move in (("before", 1), ("after", -1)):
+        moved = []
+        for i, x in enumerate(args):
+            if i != read and hasattr(x, "ndim") and x.ndim >= 3 and x.shape[1] == T:
+                x = np.asarray(x)
+                pad = np.zeros_like(x[:, :1])
+                x = np.concatenate([pad, x[:, :-1]], axis=1) if move > 0 else np.concatenate([x[:, 1:], pad], axis=1)
+            moved.append(x)
+        try:
+            with np.errstate(all="ignore"):
+                hypothesis = reference(*moved, **kwargs)
+        except Exception:
+            continue
+        hypothesis = np.asarray(to_numpy(hypothesis[0] if several else hypothesis)).astype(np.float64)
+        if hypothesis.shape == got.shape and np.max(np.abs(got - hypothesis), initial=0.0) <= \
+                1e-6 * max(float(np.max(np.abs(hypothesis), initial=0.0)), 1e-300):
+            if move > 0:
+                return ("shifted by one token: each output reads the state before its own token is written "
+                        "(o_t = S_{t-1}^T q_t); write token t into the state first, then read it with q_t")
+            return ("shifted by one token: each output reads the state after the next token is written "
+                    "(o_t = S_{t+1}^T q_t); read right after token t's own write")
+    return None
+
+
+def count_lines(function, args: tuple = (), kwargs: dict | None = None, *, exempt=()) -> int:
+    """How many lines of the learner's file run during function(*args, **kwargs): every line executed in a
+    frame of that file (its functions, comprehensions, lambdas), except inside the functions named in
+    `exempt` (and what they call). Counted with sys.settrace, which is restored afterwards."""
+    target = inspect.unwrap(function).__code__.co_filename
+    exempt = set(exempt)
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def calls(frame, event, arg):
+        if frame.f_code.co_filename != target:
+            return None
+        f = frame
+        while f is not None:
+            if f.f_code.co_filename == target and f.f_code.co_name in exempt:
+                return None
+            f = f.f_back
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        function(*args, **(kwargs or {}))
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+def assert_no_token_loop(name: str, function, make_call, *, chunked: bool, exempt=()):
+    """Fail when a chunked (or parallel) form does work in Python once per token: a token loop in disguise.
+
+    How: count the lines of the learner's file that run (count_lines) for a short and a long input with the
+    same number of chunks: T = 32 with chunk_size 8, and T = 128 with chunk_size 32 (4 chunks both times);
+    for a parallel form, T = 32 and T = 128. A chunked form loops over chunks, so its count stays put while
+    the chunks get longer; a loop over tokens (for t in range(T), a comprehension over tokens, a mask built
+    row by row) runs four times the lines. Passes when the long run takes at most 1.5 times the lines of the
+    short one, plus 8. Counting lines, not time, makes the verdict the same on every machine, every run.
+    Loops allowed per token sit in the functions named in `exempt` (exercise 12's wy_representation may
+    solve its triangular system row by row). `make_call(T, chunk_size)` returns (args, kwargs) of fresh
+    inputs, chunk_size None for a parallel form.
+    """
+    __tracebackhide__ = True
+    sizes = ((32, 8), (128, 32)) if chunked else ((32, None), (128, None))
+    counts = []
+    for T, C in sizes:
+        args, kwargs = make_call(T, C)
+        with np.errstate(all="ignore"):
+            counts.append(count_lines(function, args, kwargs, exempt=exempt))
+    (T0, C0), (T1, C1) = sizes
+    if counts[1] > 1.5 * counts[0] + 8:
+        if chunked:
+            fail(f"{name}: a loop over tokens?\n"
+                 f"  {counts[1]} lines of your file ran for T={T1} (chunk_size={C1}) against {counts[0]} for T={T0} "
+                 f"(chunk_size={C0}):\n  4 chunks both times, but the work in Python grew with the tokens.\n"
+                 "  The chunked form loops over the T / C chunks only; inside a chunk, matrix products (and masks\n"
+                 "  from np.tril) do the work for all its tokens at once"
+                 + (f" (a loop over the tokens of a chunk may live in {', '.join(exempt)})" if exempt else ""))
+        fail(f"{name}: a loop over tokens?\n"
+             f"  {counts[1]} lines of your file ran for T={T1} against {counts[0]} for T={T0}.\n"
+             "  The parallel form computes every token at once: matrix products, and the causal mask from\n"
+             "  np.tril / np.triu, with no Python loop over t")
+
+
+_GPU_PROBE = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"
+_gpu_answer: list = []
 
 
 def gpu_status() -> tuple[bool, str]:
-    """(True, device name) when CuPy imports and sees a GPU, else (False, why not)."""
+    """(True, device name) when CuPy imports and sees a GPU, else (False, why not); asked once per process.
+
+    The question is put to a short-lived child Python unless CuPy is imported here already: asking it here
+    would start CUDA in this process, and a process forked from one that started CUDA cannot use the GPU
+    (the runner forks one per check)."""
+    if _gpu_answer:
+        return _gpu_answer[0]
+    if "cupy" in sys.modules:
+        answer = _gpu_status_here()
+    elif importlib.util.find_spec("cupy") is None:
+        answer = (False, "needs a GPU: CuPy is not available (No module named 'cupy')")
+    else:
+        try:
+            done = subprocess.run([sys.executable, "-c", _GPU_PROBE], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            answer = (False, f"needs a GPU: asking CuPy for one failed ({error})")
+        else:
+            lines = done.stdout.split()
+            if done.returncode != 0 or not lines or not lines[-1].isdigit():
+                why = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+                answer = (False, f"needs a GPU: CuPy is not available or sees none ({why})")
+            else:
+                count = int(lines[-1])
+                answer = (True, f"GPU 0 of {count}") if count > 0 else (False, "needs a GPU: CuPy sees none")
+    _gpu_answer.append(answer)
+    return answer
+
+
+def _gpu_status_here() -> tuple[bool, str]:
     try:
         import cupy
     except Exception as error:  # ImportError, or a CUDA library that fails to load

@@ -3,12 +3,28 @@
 A learner works in a clone of minilin: the course finds it by walking up from the current directory to
 the first folder holding `exercises/exercises.toml` (or takes `--root` / $MINILIN_ROOT). Inside it:
 
-    exercises/exercises.toml           the list: order, slug, title, file, points, hints, gpu
+    exercises/exercises.toml           the list: order, slug, title, file, points, hints, gpu, ...
     exercises/NN_slug/<file>.py        the learner's file (a stub until written)
     exercises/NN_slug/test_NN_slug.py  its check (the learner never edits it)
     solutions/NN_slug/<file>.py        the worked solution, same names and signatures
 
 NN is the exercise's position in the list, counted from 1.
+
+An entry of the list:
+
+    [[exercise]]
+    slug = "retnet"                      the folder is NN_slug
+    title = "Fixed decay: RetNet in three forms"
+    file = "retnet.py"                   the learner's file inside the folder
+    points = 10
+    reference = ["minilin.mixers.retnet"]   what the check compares against (never callable from the file)
+    hints = ["a nudge", "more", "the plan"] 1 to 3, shown in order by `minilin hint`
+    allow = ["minilin.scan"]             optional: minilin modules the learner's file may call
+    gpu = true                           optional: needs CuPy and a GPU
+    timeout = 120                        optional: seconds one check may take (default DEFAULT_TIMEOUT)
+
+    [exercise.function_hints]            optional: 1 to 3 hints per function of the file; after a failure
+    decay_mask = ["...", "..."]          the hint shown is that of the function that failed
 """
 from __future__ import annotations
 
@@ -20,7 +36,12 @@ from . import _toml
 
 LIST_NAME = "exercises.toml"
 FIELDS = {"slug": str, "title": str, "file": str, "points": int, "hints": list}
-OPTIONAL = {"gpu": (bool, False), "reference": (list, [])}
+OPTIONAL = {"gpu": (bool, False), "reference": (list, []), "allow": (list, []), "timeout": ((int, float), None),
+            "function_hints": (dict, {})}
+
+# Seconds one check may run before it counts as an endless loop (the checks of the CPU exercises take well
+# under a second; a GPU exercise compiles its kernel first and sets its own `timeout`).
+DEFAULT_TIMEOUT = 10.0
 
 
 class CourseError(Exception):
@@ -37,7 +58,14 @@ class Exercise:
     hints: tuple
     gpu: bool = False
     reference: tuple = ()       # the minilin modules its check compares against
+    allow: tuple = ()           # the minilin modules the learner's file may call (none by default)
+    timeout: float = DEFAULT_TIMEOUT   # seconds one check may take
+    function_hints: tuple = ()  # ((function name, (hint, ...)), ...)
     root: Path = field(default=Path("."), compare=False)
+
+    def hints_for(self, function: str | None) -> tuple:
+        """The hints of one function of the learner's file, or the exercise's own when it has none."""
+        return dict(self.function_hints).get(function, self.hints) if function else self.hints
 
     @property
     def folder(self) -> str:
@@ -105,10 +133,22 @@ def load(root=None) -> list[Exercise]:
         unknown = set(entry) - set(FIELDS) - set(OPTIONAL)
         if unknown:
             raise CourseError(f"{where}: unknown keys {sorted(unknown)}")
+        for key, (kind, default) in OPTIONAL.items():
+            if key in entry and (not isinstance(entry[key], kind) or isinstance(entry[key], bool) != (kind is bool)):
+                raise CourseError(f"{where}: expected {key} ({getattr(kind, '__name__', 'a number')}), got {entry[key]!r}")
         extra = {key: entry.get(key, default) for key, (kind, default) in OPTIONAL.items()}
+        for key in ("reference", "allow"):
+            if not all(isinstance(name, str) for name in extra[key]):
+                raise CourseError(f"{where}: expected {key} to be a list of module names")
+        for function, hints in extra["function_hints"].items():
+            if not isinstance(hints, list) or not all(isinstance(hint, str) for hint in hints):
+                raise CourseError(f"{where}: expected function_hints.{function} to be a list of strings")
         exercises.append(Exercise(number=number, slug=entry["slug"], title=entry["title"], file=entry["file"],
                                   points=entry["points"], hints=tuple(entry["hints"]), gpu=bool(extra["gpu"]),
-                                  reference=tuple(extra["reference"]), root=root))
+                                  reference=tuple(extra["reference"]), allow=tuple(extra["allow"]),
+                                  timeout=float(extra["timeout"] or DEFAULT_TIMEOUT),
+                                  function_hints=tuple((f, tuple(h)) for f, h in extra["function_hints"].items()),
+                                  root=root))
     return exercises
 
 

@@ -19,7 +19,8 @@ Shapes (sequence-first, as everywhere in minilin):
     v      [B, T, H, V]     V the value width; K != V is allowed
     o      [B, T, H, V]
 
-Check: `minilin check 1` compares with minilin.mixers.attention on random inputs.
+Check: `minilin check 1` compares with minilin.mixers.attention on random inputs (also scores in the
+hundreds), and counts the lines of this file that causal_attention runs: every token at once, no loop over t.
 """
 import numpy as np
 

@@ -22,7 +22,8 @@ multiply-add as 2 FLOPs (a product [a, b] @ [b, c] costs 2 a b c) and ignoring t
 The first grows with n^2, the second with n: past some length n* the bracket move wins.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; state S [B, H, K, V]; scale defaults to
-K ** -0.5. Check: `minilin check 2` (compares with minilin.mixers.linear_attention).
+K ** -0.5. Check: `minilin check 2` (compares with minilin.mixers.linear_attention, and counts the lines
+the parallel form runs: it may not loop over tokens).
 """
 import numpy as np
 

@@ -14,7 +14,8 @@ when T % C != 0: slice it as it is (or zero-pad: a zero key writes nothing, a pa
 dropped).
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; S [B, H, K, V]; scale defaults to K ** -0.5.
-Check: `minilin check 5` (compares with minilin.mixers.linear_attention's recurrence, several T and C).
+Check: `minilin check 5` (compares with minilin.mixers.linear_attention's recurrence, several T and C, and
+counts the lines of this file that run: they must follow the number of chunks, not of tokens).
 """
 import numpy as np
 

@@ -15,7 +15,8 @@ decayed C - 1 - j more times by the chunk's end (zeta). A short last chunk (T % 
 length for C. RetNet's multi-scale default is gamma_h = 1 - 2^(-5 - h); here gamma is given.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; gamma [H] in (0, 1]; o [B, T, H, V]; S [B, H, K, V];
-scale defaults to K ** -0.5. Check: `minilin check 6` (compares with minilin.mixers.retnet).
+scale defaults to K ** -0.5. Check: `minilin check 6` (compares with minilin.mixers.retnet, and counts the
+lines the parallel and chunked forms run: no loop over tokens, a loop over chunks only).
 """
 import numpy as np
 

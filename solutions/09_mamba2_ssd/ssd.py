@@ -27,7 +27,8 @@ states in one short scan; a loop over chunks is the same arithmetic.)
 Paper symbols -> code: x input (P channels per head), dt = Delta >= 0, A scalar per head (<= 0), B, C
 (N per head and token), D skip, h the state. Shapes: x [B, T, H, P]; dt [B, T, H]; A [H];
 B, C [B, T, H, N]; D [H] or None; y [B, T, H, P]; h [B, H, N, P].
-Check: `minilin check 9` (compares with minilin.mixers.mamba2 and minilin.chunking.decay_matrix).
+Check: `minilin check 9` (compares with minilin.mixers.mamba2 and minilin.chunking.decay_matrix, and counts
+the lines that run: a loop over chunks, not tokens).
 """
 import numpy as np
 

@@ -19,7 +19,8 @@ Here that means a [C, C, K] tensor of decays per chunk, batch and head (FLA's ke
 into sub-blocks to avoid even that; minilin.chunking.gated_gram shows how).
 
 Shapes: q, k, g [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; S [B, H, K, V]; scale defaults to K ** -0.5.
-Check: `minilin check 10` (compares with minilin.mixers.gla, with gates strong enough to overflow exp(-G)).
+Check: `minilin check 10` (compares with minilin.mixers.gla, with gates strong enough to overflow exp(-G), and
+counts the lines the chunked form runs: a loop over chunks, not tokens).
 """
 import numpy as np
 

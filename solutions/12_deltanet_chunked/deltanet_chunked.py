@@ -25,6 +25,9 @@ in parallel. Then, chunk after chunk (the only sequential part):
 
 Solving the system: a forward substitution (row t: delta_t = rhs_t - sum_{j < t} A_tj delta_j), or
 scipy.linalg.solve_triangular(I + A, rhs, lower=True, unit_diagonal=True), or np.linalg.solve (batched).
+A loop over the rows of a chunk belongs in wy_representation: deltanet_chunked itself loops over chunks
+only (the check counts the lines it runs, and a loop over tokens there fails, as does calling minilin's
+DeltaNet).
 
 Shapes: q, k [B, T, H, K] (k unit-norm); v [B, T, H, V]; beta [B, T, H]; o [B, T, H, V]; S [B, H, K, V];
 in the WY functions the chunk comes as k [..., C, K], v [..., C, V], beta [..., C] (any leading axes).
