@@ -29,9 +29,9 @@ ROUNDS = 3          # alternating timing rounds (--repeats overrides)
 RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: one)
 
 # The chunk size each chunked form runs at here, chosen by measurement on the 2-core development machine
-# (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 within
-# 10-15%), the WY forms of the delta rule at 16 (64 costs them 20-35%: their C x C x V products grow with C).
-# Mixers not listed run at their chunked form's default (64).
+# (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 up to
+# 20% slower), the WY forms of the delta rule at 16 (64 costs them 13-30%: their C x C x V products and
+# their triangular inverses grow with C). Mixers not listed run at their chunked form's default (64).
 CHUNK_SIZES = {name: 32 for name in ("linear_attention", "retnet", "lightning", "mamba2", "simple_gla", "gla",
                                      "hgrn2", "rwkv6")}
 CHUNK_SIZES.update({name: 16 for name in ("deltanet", "gated_deltanet", "kda", "rwkv7")})
