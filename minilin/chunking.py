@@ -265,7 +265,7 @@ def channel_gram(x, y, g, *, strict: bool = False, before_decay: bool = False) -
     A = xp.empty(tuple(np.broadcast_shapes(X.shape[:-2], Y.shape[:-2])) + (P, P), X.dtype)
     A.fill(0)                                                # above the diagonal (one contiguous fill)
     if not (strict or before_decay):
-        xp.einsum("...k,...k->...", X, Y, out=_diagonal_view(A))   # x_i . y_i
+        _diagonal_view(A)[...] = xp.einsum("...k,...k->...", X, Y)   # x_i . y_i
     if not before_decay:
         X *= d                                               # X_1 = x exp(g)  (before_decay: X_1 = x)
     s = 1
