@@ -149,6 +149,7 @@ def test_bf16_helpers_round_to_nearest_even():
 def good_inputs(dtype="float32", B=2, T=100, H=3, K=64, V=64):
     rng = cupy.random.default_rng(0)
     q, k, v = (rng.standard_normal((B, T, H, d), dtype=cupy.float32) for d in (K, K, V))
+    k /= cupy.linalg.norm(k, axis=-1, keepdims=True)  # unit keys: beta |k|^2 <= 1 (front.check_key_strength)
     g = rng.uniform(-1, -0.01, (B, T, H), dtype=cupy.float32)
     beta = rng.uniform(0, 1, (B, T, H), dtype=cupy.float32)
     if dtype == "bfloat16":
@@ -189,6 +190,8 @@ def test_bad_inputs_raise(fn):
     if fn == "gated_deltanet":
         with pytest.raises(ValueError, match="beta: expected values in"):
             call(*args(beta=beta + 1.5))
+        with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1"):
+            call(*args(k=3 * k))
     q12, k12 = q[..., :12].copy(), k[..., :12].copy()
     with pytest.raises(ValueError, match="K and V must be multiples of 8"):
         call(*args(q=q12, k=k12))

@@ -75,6 +75,25 @@ def to_bf16(x, *, bits: bool | None = None):
     return _kernels()[0](x32)
 
 
+def as_float32(x):
+    """float32 values of a float32 or bfloat16 (native or uint16 bits) array, CuPy or NumPy, for elementwise work
+    and checks; float32 comes back as it is. The bits widen exactly: a bf16 is the upper half of a float32."""
+    dtype = np.dtype(x.dtype)
+    if dtype == np.float32:
+        return x
+    if dtype == BITS:
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32)
+
+
+def like(x32, template):
+    """float32 values `x32` in `template`'s dtype: float32 as they are, bfloat16 rounded to nearest even (native or
+    uint16 bits, as the template)."""
+    if np.dtype(template.dtype) == np.float32:
+        return x32
+    return to_bf16(x32, bits=np.dtype(template.dtype) == BITS)
+
+
 def from_bf16(x):
     """A bfloat16 CuPy array (native or uint16 bits) as float32 (exact: every bf16 is a float32)."""
     import cupy
