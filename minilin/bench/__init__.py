@@ -5,6 +5,7 @@
                                     the chunked forms' matrix products alone, a bound (bench/cpu_floor.py)
     minilin bench [--device gpu]    the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
+    minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
+    p.add_argument("--decode", action="store_true",
+                   help="GPU only: one decode step (one token for each of N = 1, 64, 256 sequences) of Gated DeltaNet, "
+                        "KDA and simple GLA against the floor of reading and writing the state once")
     p.add_argument("--chunk-sizes", nargs="+", type=int, metavar="C",
                    help="with --floor: the chunk sizes to time (default 16 32 64)")
     p.set_defaults(func=_run)
@@ -45,6 +49,14 @@ def _run(args) -> int:
     if args.floor and args.device != "cpu":
         print("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")
         return 2
+    if getattr(args, "decode", False):
+        if args.device == "cpu" or args.against or args.floor or args.lengths:
+            print("--decode times the GPU's decode step on its own sizes: drop --device cpu, --against, --floor and "
+                  "--lengths")
+            return 2
+        from . import decode
+
+        return decode.main(args)
     if args.floor:
         from . import cpu_floor
 
