@@ -20,7 +20,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 from .backend import array_module
-from .validation import Shapes, check_array, common_dtype
+from .validation import Shapes, check_array, check_nonempty, common_dtype
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,6 @@ class Checked:
             return self.__dict__["arrays"][name]
         except KeyError:
             raise AttributeError(name) from None
-
-
-# Letters that may be 0: a cache may hold no entries yet.
-EMPTY_ALLOWED = frozenset("PL")
 
 
 @dataclass(frozen=True)
@@ -111,10 +107,7 @@ class Signature:
         for t, x in specs:
             if x is not None:
                 check_array(t.name, x, t.step_dims() if step else t.dims, shapes, xp)
-        for letter, size in shapes.sizes.items():
-            if size < 1 and letter not in EMPTY_ALLOWED:
-                first = next(t.name for t, x in specs if x is not None and letter in t.dims.split())
-                raise ValueError(f"{first}: expected {letter} >= 1, got {letter} = 0")
+        check_nonempty(shapes, [(t.name, t.dims) for t, x in specs if x is not None])
         dtype = common_dtype(xp, *given)
         cast = {t.name: None if x is None else x.astype(dtype, copy=False) for t, x in specs}
         if state_dims or self.state:

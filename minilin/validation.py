@@ -118,17 +118,47 @@ def check_count(name: str, value, *, high=None, what: str = "") -> int:
     return int(value)
 
 
-def check_chunk_size(chunk_size) -> int:
-    return check_count("chunk_size", chunk_size)
+def check_chunk_size(chunk_size, T: int | None = None) -> int:
+    """A positive integer. Given the sequence length T, a chunk longer than T is clamped to T: one chunk then
+    holds the whole sequence, and no work or memory is spent on padding it out to `chunk_size`."""
+    chunk_size = check_count("chunk_size", chunk_size)
+    return chunk_size if T is None else min(chunk_size, max(int(T), 1))
 
 
 def check_scale(scale, K: int) -> float:
-    """`scale` defaults to K ** -0.5; given, it must be a finite real number."""
+    """`scale` defaults to K ** -0.5; given, it must be a real number (TypeError otherwise) and finite
+    (ValueError otherwise)."""
     if scale is None:
         return K ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not np.isfinite(scale):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale: expected a finite real number or None, got {scale!r}")
+    if not np.isfinite(scale):
+        raise ValueError(f"scale: expected a finite real number or None, got {scale!r}")
     return float(scale)
+
+
+# Rounding slack of check_delta_keys: a unit key stored in float32 has |k|^2 = 1 within a few 1e-7.
+KEY_NORM_SLACK = 1e-5
+
+
+def check_delta_keys(k, beta, allow_neg_eigval: bool) -> None:
+    """The delta rule's transition I - beta_t k_t k_t^T has the eigenvalue 1 - beta_t |k_t|^2 along k_t (and 1
+    elsewhere). The state stays bounded only while that eigenvalue lies in [-1, 1]: beta |k|^2 <= 2, and in
+    [0, 1] without allow_neg_eigval: beta |k|^2 <= 1. Past it every write amplifies what the memory holds,
+    and a long sequence overflows. k [..., K], beta [...] with the same leading axes."""
+    if k.size == 0:
+        return
+    top = 2.0 if allow_neg_eigval else 1.0
+    strength = beta * (k * k).sum(-1)
+    worst = float(strength.max())
+    if worst > top * (1 + KEY_NORM_SLACK):
+        xp = array_module(strength)
+        flat = int(xp.argmax(strength))
+        where = tuple(int(i) for i in np.unravel_index(flat, strength.shape))
+        raise ValueError(
+            f"k, beta: expected beta |k|^2 <= {top:g} (allow_neg_eigval={allow_neg_eigval}; the transition "
+            f"I - beta k k^T is stable only then): L2-normalize the keys, or pass normalize_qk=True to have "
+            f"the mixer do it; got beta |k|^2 = {worst:.6g} at index {where}")
 
 
 def check_flag(name: str, value) -> bool:
@@ -148,6 +178,22 @@ def state_name(step: bool) -> str:
     return "state" if step else "initial_state"
 
 
+# Dimension letters that may be 0: a cache may hold no entries yet.
+EMPTY_ALLOWED = frozenset("PL")
+
+
+def check_nonempty(shapes: Shapes, named_dims) -> None:
+    """Every size bound in `shapes` is >= 1 (but for EMPTY_ALLOWED letters); named_dims: (name, dims) in
+    order, to name the first argument holding an empty dimension. T = 0 gets its own message."""
+    for letter, size in shapes.sizes.items():
+        if size >= 1 or letter in EMPTY_ALLOWED:
+            continue
+        first = next(name for name, dims in named_dims if letter in dims.split())
+        if letter == "T":
+            raise ValueError(f"{first}: expected at least one token (T >= 1), got T = 0")
+        raise ValueError(f"{first}: expected {letter} >= 1, got {letter} = 0")
+
+
 def check_tensors(*specs, step: bool = False):
     """Check the tensor arguments of one call and cast them to one floating dtype.
 
@@ -161,7 +207,6 @@ def check_tensors(*specs, step: bool = False):
     for name, x, dims in specs:
         if x is not None:
             check_array(name, x, " ".join(d for d in dims.split() if not (step and d == "T")), shapes, xp)
-    if shapes.sizes.get("T", 1) < 1:
-        raise ValueError(f"{given[0][0]}: expected at least one token (T >= 1), got T = 0")
+    check_nonempty(shapes, [(name, dims) for name, x, dims in specs if x is not None])
     dtype = common_dtype(xp, *[x for _, x in given])
     return xp, shapes, [None if x is None else x.astype(dtype, copy=False) for _, x, _ in specs]

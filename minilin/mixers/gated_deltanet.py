@@ -10,7 +10,10 @@ Paper symbols: alpha_t = gating term in (0, 1] (here log-space g_t <= 0), beta_t
 S_t = the state. The chunked form is DeltaNet's WY form with the decay folded in: exp(G_t - G_j) on the
 intra-chunk products and exp(G) on the rows read from or written to the chunk's boundary states.
 allow_neg_eigval=True lets beta reach 2 (transition eigenvalues down to -alpha). Keys should be
-L2-normalized.
+L2-normalized:
+normalize_qk=True L2-normalizes q and k inside (`_delta_rule.l2_normalize`, FLA's
+use_qk_l2norm_in_kernel); otherwise the keys must satisfy beta |k|^2 <= 1 (<= 2 with allow_neg_eigval),
+which `validation.check_delta_keys` checks.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked (WY), parallel, step. Each returns (o, final_state).
@@ -20,39 +23,54 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
-from ..validation import (check_beta, check_chunk_size, check_flag, check_log_gate, check_scale,
-                          check_tensors, state_name)
+from ..signature import Signature, Tensor
+from ..validation import (check_beta, check_chunk_size, check_delta_keys, check_flag, check_log_gate,
+                          check_scale)
 from . import _delta_rule
 
-
-def _prepare(q, k, v, g, beta, scale, state, allow_neg_eigval, step=False):
-    _, shapes, (q, k, v, g, beta, state) = check_tensors(
-        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("g", g, "B T H"),
-        ("beta", beta, "B T H"), (state_name(step), state, "B H K V"), step=step)
-    check_log_gate("g", g)
-    check_beta(beta, check_flag("allow_neg_eigval", allow_neg_eigval))
-    return q * check_scale(scale, shapes["K"]), k, v, g, beta, state
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"), Tensor("g", "B T H", gate=True),
+            Tensor("beta", "B T H")),
+    output="B T H V", state="B H K V", gpu="delta")
 
 
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False):
+def _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, step=False):
+    """Checked inputs (q and k L2-normalized when normalize_qk) and the scale."""
+    a = SIGNATURE.check(q, k, v, g, beta, state=state, step=step)
+    check_log_gate("g", a.g)
+    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
+    check_beta(a.beta, allow_neg_eigval)
+    q, k = a.q, a.k
+    if check_flag("normalize_qk", normalize_qk):
+        q, k = _delta_rule.l2_normalize(q), _delta_rule.l2_normalize(k)
+    else:
+        check_delta_keys(k, a.beta, allow_neg_eigval)
+    return a, q * check_scale(scale, a.shapes["K"]), k
+
+
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    return _delta_rule.recurrent(*_prepare(q, k, v, g, beta, scale, initial_state, allow_neg_eigval))
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk)
+    return _delta_rule.recurrent(q, k, a.v, a.g, a.beta, a.state)
 
 
-def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, chunk_size=64):
-    """Chunked form (gated WY representation); any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    return _delta_rule.chunked(*_prepare(q, k, v, g, beta, scale, initial_state, allow_neg_eigval), chunk_size)
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
+            chunk_size=64):
+    """Chunked form (gated WY representation); any T, chunk_size > 0 (clamped to T)."""
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk)
+    return _delta_rule.chunked(q, k, a.v, a.g, a.beta, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
 
 
-def parallel(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False):
+def parallel(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
     """Quadratic form: the chunked form with one chunk holding the whole sequence."""
-    return _delta_rule.parallel(*_prepare(q, k, v, g, beta, scale, initial_state, allow_neg_eigval))
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk)
+    return _delta_rule.parallel(q, k, a.v, a.g, a.beta, a.state)
 
 
-def step(q, k, v, g, beta, *, state=None, scale=None, allow_neg_eigval=False):
+def step(q, k, v, g, beta, *, state=None, scale=None, allow_neg_eigval=False, normalize_qk=False):
     """One decoding step: q, k [B, H, K], v [B, H, V], g, beta [B, H] -> (o_t [B, H, V], new state)."""
-    return _delta_rule.step(*_prepare(q, k, v, g, beta, scale, state, allow_neg_eigval, step=True))
+    a, q, k = _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, step=True)
+    return _delta_rule.step(q, k, a.v, a.g, a.beta, a.state)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

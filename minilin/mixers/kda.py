@@ -8,7 +8,10 @@ channel instead of one per head.
 Paper symbols: alpha_t = the channel-wise forget gate (log space here, g_t <= 0), beta_t = writing
 strength. The chunked form is the gated WY form with per-channel decays, whose intra-chunk products
 sum_k x_ik y_jk exp(G_ik - G_jk) are built as in GLA, finite for any gate (`chunking.gated_gram`).
-Keys should be L2-normalized.
+Keys should be L2-normalized:
+normalize_qk=True L2-normalizes q and k inside (`_delta_rule.l2_normalize`, FLA's
+use_qk_l2norm_in_kernel); otherwise the keys must satisfy beta |k|^2 <= 1 (<= 2 with allow_neg_eigval),
+which `validation.check_delta_keys` checks.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K]; beta [B, T, H]; o [B, T, H, V];
 state [B, H, K, V]. Forms: recurrent (the definition), chunked, parallel, step; each returns (o, final_state).
@@ -18,38 +21,51 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
-from ..validation import check_beta, check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_beta, check_chunk_size, check_delta_keys, check_flag, check_log_gate, check_scale
 from . import _delta_rule
 
-
-def _prepare(q, k, v, g, beta, scale, state, step=False):
-    _, shapes, (q, k, v, g, beta, state) = check_tensors(
-        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("g", g, "B T H K"),
-        ("beta", beta, "B T H"), (state_name(step), state, "B H K V"), step=step)
-    check_log_gate("g", g)
-    check_beta(beta, False)
-    return q * check_scale(scale, shapes["K"]), k, v, g, beta, state
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"),
+            Tensor("g", "B T H K", gate=True), Tensor("beta", "B T H")),
+    output="B T H V", state="B H K V")
 
 
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None):
+def _checked(q, k, v, g, beta, scale, state, normalize_qk, step=False):
+    """Checked inputs (q and k L2-normalized when normalize_qk) and the scale."""
+    a = SIGNATURE.check(q, k, v, g, beta, state=state, step=step)
+    check_log_gate("g", a.g)
+    check_beta(a.beta, False)
+    q, k = a.q, a.k
+    if check_flag("normalize_qk", normalize_qk):
+        q, k = _delta_rule.l2_normalize(q), _delta_rule.l2_normalize(k)
+    else:
+        check_delta_keys(k, a.beta, False)
+    return a, q * check_scale(scale, a.shapes["K"]), k
+
+
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    return _delta_rule.recurrent(*_prepare(q, k, v, g, beta, scale, initial_state))
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, normalize_qk)
+    return _delta_rule.recurrent(q, k, a.v, a.g, a.beta, a.state)
 
 
-def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64):
-    """Chunked form (per-channel gated WY representation); any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    return _delta_rule.chunked(*_prepare(q, k, v, g, beta, scale, initial_state), chunk_size)
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False, chunk_size=64):
+    """Chunked form (per-channel gated WY representation); any T, chunk_size > 0 (clamped to T)."""
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, normalize_qk)
+    return _delta_rule.chunked(q, k, a.v, a.g, a.beta, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
 
 
-def parallel(q, k, v, g, beta, *, scale=None, initial_state=None):
+def parallel(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False):
     """Quadratic form: the chunked form with one chunk holding the whole sequence."""
-    return _delta_rule.parallel(*_prepare(q, k, v, g, beta, scale, initial_state))
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, normalize_qk)
+    return _delta_rule.parallel(q, k, a.v, a.g, a.beta, a.state)
 
 
-def step(q, k, v, g, beta, *, state=None, scale=None):
+def step(q, k, v, g, beta, *, state=None, scale=None, normalize_qk=False):
     """One decoding step: q, k, g [B, H, K], v [B, H, V], beta [B, H] -> (o_t [B, H, V], new state)."""
-    return _delta_rule.step(*_prepare(q, k, v, g, beta, scale, state, step=True))
+    a, q, k = _checked(q, k, v, g, beta, scale, state, normalize_qk, step=True)
+    return _delta_rule.step(q, k, a.v, a.g, a.beta, a.state)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

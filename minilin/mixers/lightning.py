@@ -24,8 +24,14 @@ import numpy as np
 from .. import examples
 from ..backend import array_module
 from ..chunking import causal_mask, from_chunks, num_chunks, pass_states, to_chunks, transposed
-from ..validation import check_chunk_size, check_min, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_min, check_scale
 from . import _gated_linear
+
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    keywords=(Tensor("slope", "H", optional=True),),
+    output="B T H V", state="B H K V", gpu="linear")
 
 
 def default_slope(H: int, xp=np):
@@ -33,14 +39,12 @@ def default_slope(H: int, xp=np):
     return 2.0 ** (-8.0 * (xp.arange(H, dtype=xp.float64) + 1) / H)
 
 
-def _prepare(q, k, v, slope, scale, state, step=False):
-    xp, shapes, (q, k, v, slope, state) = check_tensors(
-        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("slope", slope, "H"),
-        (state_name(step), state, "B H K V"), step=step)
-    if slope is None:
-        slope = default_slope(shapes["H"], xp).astype(q.dtype)
+def _checked(q, k, v, slope, scale, state, step=False):
+    """Checked inputs, the scale, and the slopes s [H] (the defaults when none are given)."""
+    a = SIGNATURE.check(q, k, v, state=state, step=step, slope=slope)
+    slope = default_slope(a.shapes["H"], a.xp).astype(a.dtype) if a.slope is None else a.slope
     check_min("slope", slope, 0.0, "slopes s >= 0 (the decay is exp(-s))")
-    return q * check_scale(scale, shapes["K"]), k, v, slope, state
+    return a, check_scale(scale, a.shapes["K"]), slope
 
 
 def _log_gate(q, slope):
@@ -50,26 +54,28 @@ def _log_gate(q, slope):
 
 def recurrent(q, k, v, *, slope=None, scale=None, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    q, k, v, slope, S0 = _prepare(q, k, v, slope, scale, initial_state)
-    return _gated_linear.recurrent(q, k, v, _log_gate(q, slope), S0)
+    a, scale, slope = _checked(q, k, v, slope, scale, initial_state)
+    return _gated_linear.recurrent(a.q * scale, a.k, a.v, _log_gate(a.q, slope), a.state)
 
 
 def parallel(q, k, v, *, slope=None, scale=None, initial_state=None):
     """Quadratic form o = ((Q K^T) * M) V over the whole sequence, M_ij = lambda^(i - j)."""
-    q, k, v, slope, S0 = _prepare(q, k, v, slope, scale, initial_state)
-    return _gated_linear.parallel(q, k, v, _log_gate(q, slope), S0)
+    a, scale, slope = _checked(q, k, v, slope, scale, initial_state)
+    return _gated_linear.parallel(a.q * scale, a.k, a.v, _log_gate(a.q, slope), a.state)
 
 
 def step(q, k, v, *, state=None, slope=None, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
-    q, k, v, slope, S = _prepare(q, k, v, slope, scale, state, step=True)
-    return _gated_linear.step(q, k, v, _log_gate(q, slope), S)
+    a, scale, slope = _checked(q, k, v, slope, scale, state, step=True)
+    return _gated_linear.step(a.q * scale, a.k, a.v, _log_gate(a.q, slope), a.state)
 
 
 def chunked(q, k, v, *, slope=None, scale=None, initial_state=None, chunk_size=64):
-    """Lightning Attention-2's block algorithm (see the module docstring); any T, block size C > 0."""
-    C = check_chunk_size(chunk_size)
-    q, k, v, slope, S0 = _prepare(q, k, v, slope, scale, initial_state)
+    """Lightning Attention-2's block algorithm (see the module docstring); any T, block size C > 0
+    (clamped to T)."""
+    a, scale, slope = _checked(q, k, v, slope, scale, initial_state)
+    C = check_chunk_size(chunk_size, a.shapes["T"])
+    q, k, v, S0 = a.q * scale, a.k, a.v, a.state
     xp = array_module(q)
     T = q.shape[1]
     N = num_chunks(T, C)

@@ -6,14 +6,17 @@ and phi(K)^T V is a fixed-size state that a recurrence updates one token at a ti
 
     S_t = S_{t-1} + phi(k_t) v_t^T                     S: [F, V], F = feature dimension (K for elu+1)
     o_t = scale * S_t^T phi(q_t)
-    normalize=True:  o_t /= scale * z_t . phi(q_t),    z_t = sum_{i <= t} phi(k_i)
+    normalize=True:  o_t = S_t^T phi(q_t) / (z_t . phi(q_t)),   z_t = sum_{i <= t} phi(k_i)   (scale cancels)
 
 Paper symbols: phi = feature map, S_t = sum_i phi(K_i) V_i^T, Z_t = sum_i phi(K_i).
 
 With normalize=True the normalizer z rides along as one extra value column of the state (the memory
 of a constant value 1), so the state is [B, H, F, V + 1] and every form, chunked included, gets z for
-free. Normalizing wants a positive feature map (elu+1, relu with care, favor+); with the identity map
-z_t . q_t can reach zero.
+free. The normalizer is a sum of products of features, so it needs a non-negative feature map (elu+1,
+relu, favor+): with the identity map z_t . q_t changes sign and can be zero, and normalize=True raises
+there. With non-negative features z_t . phi(q_t) is a sum of non-negative weights phi(q_t) . phi(k_i), so
+it is 0 only when every weight is 0 (relu features that are all zero, or scale = 0), and then the
+numerator is 0 too: that o_t is defined as 0 (an empty weighting reads nothing), not 0 / 0.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; state [B, H, F, V] (V + 1 when normalized).
 Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
@@ -23,55 +26,73 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples, feature_maps
-from ..validation import (Shapes, check_array, check_chunk_size, check_flag, check_scale, check_tensors,
-                          state_name)
+from ..backend import array_module
+from ..signature import Signature, Tensor
+from ..validation import Shapes, check_array, check_chunk_size, check_flag, check_min, check_scale
 from . import _gated_linear
 
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    output="B T H V", state=None, gpu="linear")  # the state's dims depend on the feature map (`_checked`)
 
-def _prepare(q, k, v, feature_map, normalize, scale, state, step=False):
-    xp, shapes, (q, k, v) = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), step=step)
-    scale = check_scale(scale, shapes["K"])
+def _checked(q, k, v, feature_map, normalize, scale, state, step=False):
+    """Checked inputs, as the engine takes them: phi(q) * scale, phi(k), v (with a column of ones when
+    normalized), the state [B, H, F, V (+1)] (all in one working dtype), and the normalize flag."""
+    name = "state" if step else "initial_state"
+    a = SIGNATURE.check(q, k, v, step=step)
+    scale = check_scale(scale, a.shapes["K"])
     normalize = check_flag("normalize", normalize)
     phi = feature_maps.resolve(feature_map)
-    q, k = phi(q) * scale, phi(k)
+    xp = a.xp
+    q, k, v = phi(a.q), phi(a.k), a.v
     F = q.shape[-1]
     if normalize:
+        what = "a non-negative feature map with normalize=True (elu+1, relu, favor+: the normalizer is a sum of"
+        check_min("feature_map", q, 0.0, f"{what} products of features)")
+        check_min("feature_map", k, 0.0, f"{what} products of features)")
+        check_min("scale", xp.asarray(scale), 0.0, "scale >= 0 with normalize=True")
         v = xp.concatenate([v, xp.ones_like(v[..., :1])], axis=-1)
+    dtype = a.dtype
     if state is not None:
-        feature, value = ("K" if F == shapes["K"] else "F"), ("V+1" if normalize else "V")
-        dims = Shapes(B=shapes["B"], H=shapes["H"], **{feature: F, value: v.shape[-1]})
-        check_array(state_name(step), state, f"B H {feature} {value}", dims, xp)
-        state = state.astype(q.dtype)
-    return q, k, v, state, normalize
+        feature, value = ("K" if F == a.shapes["K"] else "F"), ("V+1" if normalize else "V")
+        dims = Shapes(B=a.shapes["B"], H=a.shapes["H"], **{feature: F, value: v.shape[-1]})
+        check_array(name, state, f"B H {feature} {value}", dims, xp)
+        dtype = xp.result_type(dtype, state.dtype)
+        state = state.astype(dtype)
+    return q.astype(dtype, copy=False) * scale, k.astype(dtype, copy=False), v.astype(dtype, copy=False), state, normalize
 
 
 def _finish(o, S, normalize):
-    """Split the normalizer column off the output and divide by it."""
-    return (o[..., :-1] / o[..., -1:], S) if normalize else (o, S)
+    """Split the normalizer column off the output and divide by it; a zero normalizer (every weight 0, so
+    the numerator is 0 too) gives o_t = 0."""
+    if not normalize:
+        return o, S
+    normalizer = o[..., -1:]
+    return o[..., :-1] / array_module(o).where(normalizer == 0, 1, normalizer), S
 
 
 def recurrent(q, k, v, *, feature_map=None, normalize=False, scale=None, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, H, V], final state)."""
-    q, k, v, S0, normalize = _prepare(q, k, v, feature_map, normalize, scale, initial_state)
+    q, k, v, S0, normalize = _checked(q, k, v, feature_map, normalize, scale, initial_state)
     return _finish(*_gated_linear.recurrent(q, k, v, None, S0), normalize)
 
 
 def chunked(q, k, v, *, feature_map=None, normalize=False, scale=None, initial_state=None, chunk_size=64):
-    """Chunked: causal (Q K^T) V inside each chunk, plus Q S_n from the prefix sum of chunk states."""
-    chunk_size = check_chunk_size(chunk_size)
-    q, k, v, S0, normalize = _prepare(q, k, v, feature_map, normalize, scale, initial_state)
-    return _finish(*_gated_linear.chunked(q, k, v, None, S0, chunk_size), normalize)
+    """Chunked: causal (Q K^T) V inside each chunk, plus Q S_n from the prefix sum of chunk states
+    (chunk_size clamped to T)."""
+    q, k, v, S0, normalize = _checked(q, k, v, feature_map, normalize, scale, initial_state)
+    return _finish(*_gated_linear.chunked(q, k, v, None, S0, check_chunk_size(chunk_size, q.shape[1])), normalize)
 
 
 def parallel(q, k, v, *, feature_map=None, normalize=False, scale=None, initial_state=None):
     """Quadratic form: o = tril(phi(Q) phi(K)^T) V (+ phi(Q) S0), the left side of the bracket move."""
-    q, k, v, S0, normalize = _prepare(q, k, v, feature_map, normalize, scale, initial_state)
+    q, k, v, S0, normalize = _checked(q, k, v, feature_map, normalize, scale, initial_state)
     return _finish(*_gated_linear.parallel(q, k, v, None, S0), normalize)
 
 
 def step(q, k, v, *, state=None, feature_map=None, normalize=False, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
-    q, k, v, S, normalize = _prepare(q, k, v, feature_map, normalize, scale, state, step=True)
+    q, k, v, S, normalize = _checked(q, k, v, feature_map, normalize, scale, state, step=True)
     return _finish(*_gated_linear.step(q, k, v, None, S), normalize)
 
 

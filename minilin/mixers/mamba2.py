@@ -21,18 +21,27 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
-from ..validation import check_chunk_size, check_max, check_min, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_max, check_min
 from . import _gated_linear
 
+SIGNATURE = Signature(
+    inputs=(Tensor("x", "B T H P"), Tensor("dt", "B T H"), Tensor("A", "H"), Tensor("B", "B T H N"),
+            Tensor("C", "B T H N"), Tensor("D", "H", optional=True)),
+    output="B T H P", state="B H N P", gpu="linear")
 
-def _prepare(x, dt, A, B, C, D, state, step=False):
-    _, _, (x, dt, A, B, C, D, state) = check_tensors(
-        ("x", x, "B T H P"), ("dt", dt, "B T H"), ("A", A, "H"), ("B", B, "B T H N"), ("C", C, "B T H N"),
-        ("D", D, "H"), (state_name(step), state, "B H N P"), step=step)
-    check_min("dt", dt, 0.0, "step sizes dt >= 0")
-    check_max("A", A, 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
-    # The mapping onto the scalar-gate recurrence: q = C, k = B, v = dt x, g = dt A.
-    return (C, B, dt[..., None] * x, dt * A, state), x, D
+
+def _checked(x, dt, A, B, C, D, state, step=False):
+    """Checked inputs: dt >= 0, A <= 0."""
+    a = SIGNATURE.check(x, dt, A, B, C, D, state=state, step=step)
+    check_min("dt", a.dt, 0.0, "step sizes dt >= 0")
+    check_max("A", a.A, 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
+    return a
+
+
+def _mapped(a) -> dict:
+    """The mapping onto the scalar-gate recurrence, as the engine's arguments (scale = 1)."""
+    return dict(q=a.C, k=a.B, v=a.dt[..., None] * a.x, g=a.dt * a.A)
 
 
 def _skip(y, x, D):
@@ -42,31 +51,30 @@ def _skip(y, x, D):
 
 def recurrent(x, dt, A, B, C, D=None, *, initial_state=None):
     """Token loop (the definition). Returns (y [B, T, H, P], final state [B, H, N, P])."""
-    mapped, x, D = _prepare(x, dt, A, B, C, D, initial_state)
-    y, h = _gated_linear.recurrent(*mapped)
-    return _skip(y, x, D), h
+    a = _checked(x, dt, A, B, C, D, initial_state)
+    y, h = _gated_linear.recurrent(**_mapped(a), S0=a.state)
+    return _skip(y, a.x, a.D), h
 
 
 def chunked(x, dt, A, B, C, D=None, *, initial_state=None, chunk_size=64):
-    """The SSD chunk algorithm; any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    mapped, x, D = _prepare(x, dt, A, B, C, D, initial_state)
-    y, h = _gated_linear.chunked(*mapped, chunk_size)
-    return _skip(y, x, D), h
+    """The SSD chunk algorithm; any T, chunk_size > 0 (clamped to T)."""
+    a = _checked(x, dt, A, B, C, D, initial_state)
+    y, h = _gated_linear.chunked(**_mapped(a), S0=a.state, chunk_size=check_chunk_size(chunk_size, a.shapes["T"]))
+    return _skip(y, a.x, a.D), h
 
 
 def parallel(x, dt, A, B, C, D=None, *, initial_state=None):
     """The quadratic (attention-like) form: y = (L * C B^T) (dt x) + D x, L the semiseparable mask."""
-    mapped, x, D = _prepare(x, dt, A, B, C, D, initial_state)
-    y, h = _gated_linear.parallel(*mapped)
-    return _skip(y, x, D), h
+    a = _checked(x, dt, A, B, C, D, initial_state)
+    y, h = _gated_linear.parallel(**_mapped(a), S0=a.state)
+    return _skip(y, a.x, a.D), h
 
 
 def step(x, dt, A, B, C, D=None, *, state=None):
     """One decoding step: x [B, H, P], dt [B, H], B, C [B, H, N] -> (y_t [B, H, P], new state)."""
-    mapped, x, D = _prepare(x, dt, A, B, C, D, state, step=True)
-    y, h = _gated_linear.step(*mapped)
-    return _skip(y, x, D), h
+    a = _checked(x, dt, A, B, C, D, state, step=True)
+    y, h = _gated_linear.step(**_mapped(a), S=a.state)
+    return _skip(y, a.x, a.D), h
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

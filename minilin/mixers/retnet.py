@@ -18,9 +18,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
-from ..validation import (check_chunk_size, check_max, check_min, check_scale, check_tensors,
-                          state_name)
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_max, check_min, check_scale
 from . import _gated_linear
+
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    keywords=(Tensor("gamma", "H", optional=True),),
+    output="B T H V", state="B H K V", gpu="linear")
 
 
 def default_gamma(H: int, xp=np):
@@ -29,39 +34,41 @@ def default_gamma(H: int, xp=np):
     return 1 - 2.0 ** (-5 - xp.arange(H, dtype=xp.float64))
 
 
-def _prepare(q, k, v, gamma, scale, state, step=False):
-    xp, shapes, (q, k, v, gamma, state) = check_tensors(
-        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("gamma", gamma, "H"),
-        (state_name(step), state, "B H K V"), step=step)
+def _checked(q, k, v, gamma, scale, state, step=False):
+    """Checked inputs, the scale, and the log-gate g = log gamma at every token ([B, T, H], or [B, H])."""
+    a = SIGNATURE.check(q, k, v, state=state, step=step, gamma=gamma)
+    gamma = a.gamma
     if gamma is None:
-        gamma = default_gamma(shapes["H"], xp).astype(q.dtype)
+        gamma = default_gamma(a.shapes["H"], a.xp).astype(a.dtype)
     else:
         check_min("gamma", gamma, 0.0, "decays gamma in (0, 1]", strict=True)
         check_max("gamma", gamma, 1.0, "decays gamma in (0, 1]")
-    log_gamma = xp.log(gamma)
-    g = xp.broadcast_to(log_gamma, q.shape[:-1])  # the same log-decay at every token
-    return q * check_scale(scale, shapes["K"]), k, v, g, state
+    g = a.xp.broadcast_to(a.xp.log(gamma), a.q.shape[:-1])  # the same log-decay at every token
+    return a, check_scale(scale, a.shapes["K"]), g
 
 
 def recurrent(q, k, v, *, gamma=None, scale=None, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    return _gated_linear.recurrent(*_prepare(q, k, v, gamma, scale, initial_state))
+    a, scale, g = _checked(q, k, v, gamma, scale, initial_state)
+    return _gated_linear.recurrent(a.q * scale, a.k, a.v, g, a.state)
 
 
 def chunked(q, k, v, *, gamma=None, scale=None, initial_state=None, chunk_size=64):
-    """Chunkwise recurrent form: parallel inside chunks, recurrent across them."""
-    chunk_size = check_chunk_size(chunk_size)
-    return _gated_linear.chunked(*_prepare(q, k, v, gamma, scale, initial_state), chunk_size)
+    """Chunkwise recurrent form: parallel inside chunks, recurrent across them (chunk_size clamped to T)."""
+    a, scale, g = _checked(q, k, v, gamma, scale, initial_state)
+    return _gated_linear.chunked(a.q * scale, a.k, a.v, g, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
 
 
 def parallel(q, k, v, *, gamma=None, scale=None, initial_state=None):
     """Parallel form O = (Q K^T * D) V with the decay mask D_ij = gamma^(i - j)."""
-    return _gated_linear.parallel(*_prepare(q, k, v, gamma, scale, initial_state))
+    a, scale, g = _checked(q, k, v, gamma, scale, initial_state)
+    return _gated_linear.parallel(a.q * scale, a.k, a.v, g, a.state)
 
 
 def step(q, k, v, *, state=None, gamma=None, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
-    return _gated_linear.step(*_prepare(q, k, v, gamma, scale, state, step=True))
+    a, scale, g = _checked(q, k, v, gamma, scale, state, step=True)
+    return _gated_linear.step(a.q * scale, a.k, a.v, g, a.state)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

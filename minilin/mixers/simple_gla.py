@@ -15,37 +15,44 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
-from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_log_gate, check_scale
 from . import _gated_linear
 
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"), Tensor("g", "B T H", gate=True)),
+    output="B T H V", state="B H K V", gpu="linear")
 
-def _prepare(q, k, v, g, scale, state, step=False):
-    _, shapes, (q, k, v, g, state) = check_tensors(
-        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("g", g, "B T H"),
-        (state_name(step), state, "B H K V"), step=step)
-    check_log_gate("g", g)
-    return q * check_scale(scale, shapes["K"]), k, v, g, state
+
+def _checked(q, k, v, g, scale, state, step=False):
+    """Checked inputs (`SIGNATURE.check`) and the scale."""
+    a = SIGNATURE.check(q, k, v, g, state=state, step=step)
+    check_log_gate("g", a.g)
+    return a, check_scale(scale, a.shapes["K"])
 
 
 def recurrent(q, k, v, g, *, scale=None, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    return _gated_linear.recurrent(*_prepare(q, k, v, g, scale, initial_state))
+    a, scale = _checked(q, k, v, g, scale, initial_state)
+    return _gated_linear.recurrent(a.q * scale, a.k, a.v, a.g, a.state)
 
 
 def chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_size=64):
-    """Chunked (SSD) form; any T, chunk_size C > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    return _gated_linear.chunked(*_prepare(q, k, v, g, scale, initial_state), chunk_size)
+    """Chunked (SSD) form; any T, chunk_size C > 0 (clamped to T)."""
+    a, scale = _checked(q, k, v, g, scale, initial_state)
+    return _gated_linear.chunked(a.q * scale, a.k, a.v, a.g, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
 
 
 def parallel(q, k, v, g, *, scale=None, initial_state=None):
     """Quadratic form: o = ((Q K^T) * L) V with L_ij = exp(G_i - G_j) for j <= i, G = cumsum(g)."""
-    return _gated_linear.parallel(*_prepare(q, k, v, g, scale, initial_state))
+    a, scale = _checked(q, k, v, g, scale, initial_state)
+    return _gated_linear.parallel(a.q * scale, a.k, a.v, a.g, a.state)
 
 
 def step(q, k, v, g, *, state=None, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V], g [B, H] -> (o_t [B, H, V], new state)."""
-    return _gated_linear.step(*_prepare(q, k, v, g, scale, state, step=True))
+    a, scale = _checked(q, k, v, g, scale, state, step=True)
+    return _gated_linear.step(a.q * scale, a.k, a.v, a.g, a.state)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
