@@ -64,10 +64,13 @@ def per_token(arg) -> bool:
 
 def to_device(args, dtype, mixer):
     """Host float64 args -> (GPU args: the sequence tensors in `dtype`, the rest float32; the float64 values the
-    reference must see, after rounding to bfloat16 where that applies)."""
+    reference must see, after rounding to bfloat16 where that applies). The delta rule's keys are scaled by
+    bf16.UNIT_KEY_SCALE first."""
     sequence = SEQUENCE.get(mixer, (0, 1, 2))
     gpu_args, host = [], []
     for i, a in enumerate(args):
+        if mixer in DELTA and i == 1:  # unit keys that stay within |k| <= 1 once rounded (the reference checks)
+            a = a * mcuda.bf16.UNIT_KEY_SCALE
         x = cupy.asarray(a, dtype=cupy.float32)
         if dtype == "bfloat16" and i in sequence:
             x = mcuda.to_bf16(x)
@@ -212,10 +215,6 @@ def test_a_row_outside_the_pool_is_refused_and_unchecked_touches_nothing():
 
 
 # ---- normalize_qk and the key check ----------------------------------------------------------------------
-def l2(x):
-    return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
-
-
 @gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("mixer", sorted(DELTA))
@@ -228,8 +227,7 @@ def test_step_normalize_qk_equals_the_step_on_normalized_keys(mixer, dtype):
     with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1"):
         mcuda.STEPS[mixer](*gpu_args, state=cupy.asarray(S0))
     o, S = mcuda.STEPS[mixer](*gpu_args, state=cupy.asarray(S0), normalize_qk=True)
-    host[0], host[1] = l2(host[0]), l2(host[1])
-    ref_o, ref_S = reference_step(mixer, host, S0.astype(np.float64))
+    ref_o, ref_S = catalog.module(mixer).step(*host, state=S0.astype(np.float64), normalize_qk=True)
     tol = TOLERANCE[dtype]
     assert rel_err(cupy.asnumpy(as_float32(o)), ref_o) < tol and rel_err(cupy.asnumpy(S), ref_S) < tol
 
@@ -242,8 +240,7 @@ def test_forward_normalize_qk_equals_the_recurrent_form_on_normalized_keys(mixer
     args = [2.5 * a if i in (0, 1) else a for i, a in enumerate(args)]
     gpu_args, host = to_device(args, "bfloat16", mixer)
     o, S = getattr(mcuda, mixer)(*gpu_args, normalize_qk=True)
-    host[0], host[1] = l2(host[0]), l2(host[1])
-    ref_o, ref_S = catalog.module(mixer).recurrent(*host)
+    ref_o, ref_S = catalog.module(mixer).recurrent(*host, normalize_qk=True)
     assert rel_err(cupy.asnumpy(as_float32(o)), ref_o) < 1e-2 and rel_err(cupy.asnumpy(S), ref_S) < 1e-2
 
 

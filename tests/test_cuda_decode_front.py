@@ -15,6 +15,7 @@ import pytest
 
 from minilin import cuda as mcuda
 from minilin.cuda import bf16, decode, front, mixers
+from minilin.mixers._delta_rule import L2_NORM_EPS, l2_normalize
 
 
 class FakeDevice:
@@ -291,11 +292,11 @@ def test_keys_too_long_for_beta_are_refused_naming_k_and_beta(fake_cupy):
     q, v, g, beta = (t[n] for n in ("q", "v", "g", "beta"))
     long_keys = on_gpu(3.0 * np.asarray(t["k"]))
     full = on_gpu(np.ones((3, 2), np.float32))
-    with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1 \(allow_neg_eigval=False; \+0.000244141 "
-                                         r"for float32 rounding\) .*eigenvalues in \[0, 1\], got max 9 at \[\d, \d\]; "
-                                         r"L2-normalize the keys"):
+    with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1 \(allow_neg_eigval=False; \+1e-05 "
+                                         r"for float32 rounding\) .*eigenvalues in \[0, 1\]: L2-normalize the keys, "
+                                         r"or pass normalize_qk=True .*got beta \|k\|\^2 = 9 at index \(\d, \d\)"):
         mcuda.gated_deltanet_step(q, long_keys, v, g, full)
-    with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 2 .*eigenvalues in \[-1, 1\], got max 18"):
+    with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 2 .*eigenvalues in \[-1, 1\].* = 18 "):
         mcuda.deltanet_step(q, long_keys, v, on_gpu(2 * np.ones((3, 2), np.float32)), allow_neg_eigval=True)
     with pytest.raises(ValueError, match=r"k, beta"):
         mcuda.kda_step(q, long_keys, v, t["gk"], full)
@@ -323,7 +324,7 @@ def test_the_key_check_leaves_room_for_bf16_rounding_and_no_more():
     longer = float32_to_bf16_bits(k * np.sqrt(1 + 2 ** -5))  # 3% too long: more than rounding explains
     with pytest.raises(ValueError, match=r"k, beta: .*\+0.015625 for bfloat16 rounding"):
         front.check_key_strength(longer, np.ones(norms.shape, np.float32), False)
-    with pytest.raises(ValueError, match=r"got max nan"):
+    with pytest.raises(ValueError, match=r"got beta \|k\|\^2 = nan"):
         front.check_key_strength(np.full((2, 3, 4), np.nan, np.float32), np.ones((2, 3), np.float32), False)
 
 
@@ -367,8 +368,7 @@ def test_forward_normalize_qk_and_key_check(fake_cupy):
     mcuda.gated_deltanet(3.0 * q, long_keys, v, g, beta, normalize_qk=True)
     (call,) = fake_cupy
     q64, k64 = (np.asarray(x, np.float64) for x in (3.0 * q, long_keys))
-    expected_q = q64 / np.sqrt((q64 ** 2).sum(-1, keepdims=True) + 1e-6)
-    expected_k = k64 / np.sqrt((k64 ** 2).sum(-1, keepdims=True) + 1e-6)
+    expected_q, expected_k = l2_normalize(q64), l2_normalize(k64)
     np.testing.assert_allclose(np.asarray(call["q"]), expected_q, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(call["k"]), expected_k, rtol=1e-6)
     assert call["q"].dtype == np.float32
@@ -400,8 +400,8 @@ def contract_decode(version, q, k, v, g, gate, beta, state_in, in_indices, pool_
     widen = (lambda x: x.astype(np.float64)) if dtype == 0 else (lambda x: bf16.as_float32(x).astype(np.float64))
     qh, kh, vh = widen(at(q, (N, H, K), elem)), widen(at(k, (N, H, K), elem)), widen(at(v, (N, H, V), elem))
     if normalize_qk:
-        qh = qh / np.sqrt((qh * qh).sum(-1, keepdims=True) + 1e-6)
-        kh = kh / np.sqrt((kh * kh).sum(-1, keepdims=True) + 1e-6)
+        qh = qh / np.sqrt((qh * qh).sum(-1, keepdims=True) + L2_NORM_EPS)  # the kernel's kNormEps
+        kh = kh / np.sqrt((kh * kh).sum(-1, keepdims=True) + L2_NORM_EPS)
     a = np.ones((N, H, K))
     if gate == 1:
         a = np.exp(at(g, (N, H), np.float32).astype(np.float64))[..., None] * a
@@ -478,6 +478,8 @@ def test_the_front_hands_the_extension_what_the_numpy_step_computes(host_extensi
     N, H, K, V, P = 3, 2, 16, 8, 6
     args, _ = catalog.module(mixer).example_inputs(N, 1, H, K, V, seed=4)
     args = [a[:, 0] if a.ndim >= 3 else a for a in args]
+    if mixer in ("deltanet", "gated_deltanet", "kda"):  # keys that stay within |k| <= 1 once rounded to bf16
+        args[1] = args[1] * bf16.UNIT_KEY_SCALE
     sequence = (0, 3, 4) if mixer == "mamba2" else (0, 1, 2)
     gpu_args, host = [], []
     for i, a in enumerate(args):
@@ -528,7 +530,7 @@ def test_normalize_qk_reaches_the_extension(host_extension):
     S0 = rng.standard_normal((2, 2, 16, 8))
     o, S = mcuda.gated_deltanet_step(*(on_host_gpu(x.astype(np.float32)) for x in (q, k, v, g, beta)),
                                      state=on_host_gpu(S0.astype(np.float32)), normalize_qk=True)
-    unit_q, unit_k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
-    ref_o, ref_S = gated_deltanet.step(unit_q, unit_k, v, g, beta, state=S0)
+    ref_o, ref_S = gated_deltanet.step(*(x.astype(np.float32).astype(np.float64) for x in (q, k, v, g, beta)),
+                                       state=S0.astype(np.float32).astype(np.float64), normalize_qk=True)
     np.testing.assert_allclose(np.asarray(o), ref_o, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(S), ref_S, rtol=1e-4, atol=1e-5)

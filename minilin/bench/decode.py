@@ -57,19 +57,20 @@ def floor_us(N: int, copy_gbs: float) -> float:
 
 
 def make_inputs(mixer: str, N: int, seed: int) -> dict:
-    """Fresh random float32 CuPy arrays, q, k, v on the bfloat16 grid, each in its mixer's valid range (unit keys for
-    the delta rule), and a random state (never zeros)."""
+    """Fresh random float32 CuPy arrays, q, k, v on the bfloat16 grid, each in its mixer's valid range (for the delta
+    rule unit keys times bf16.UNIT_KEY_SCALE), and a random state (never zeros)."""
     import cupy
 
     from ..cuda import from_bf16, to_bf16
+    from ..cuda.bf16 import UNIT_KEY_SCALE
 
     H, K, V = (PROBLEM[d] for d in "HKV")
     rng = cupy.random.default_rng(seed)
     on_grid = lambda x: from_bf16(to_bf16(x))  # noqa: E731
     q = on_grid(rng.standard_normal((N, H, K), dtype=cupy.float32))
     k = rng.standard_normal((N, H, K), dtype=cupy.float32)
-    if mixer in DELTA:
-        k /= cupy.linalg.norm(k, axis=-1, keepdims=True)
+    if mixer in DELTA:  # unit keys, short enough that their bf16 rounding keeps beta |k|^2 <= 1
+        k *= UNIT_KEY_SCALE / cupy.linalg.norm(k, axis=-1, keepdims=True)
     out = {"q": q, "k": on_grid(k), "v": on_grid(rng.standard_normal((N, H, V), dtype=cupy.float32)),
            "g": rng.uniform(-1.0, -0.01, (N, H), dtype=cupy.float32),
            "gk": rng.uniform(-1.0, -0.01, (N, H, K), dtype=cupy.float32),

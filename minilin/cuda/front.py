@@ -21,7 +21,8 @@ import functools
 import numpy as np
 
 from ..backend import is_cupy_array
-from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
+from ..mixers._delta_rule import l2_normalize
+from ..validation import KEY_NORM_SLACK, Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
 
 OPS = ("linear", "delta")
@@ -155,16 +156,18 @@ def check_finite(name: str, x) -> None:
         raise ValueError(f"{name}: expected finite values, got NaN or inf")
 
 
-# How far beta_t |k_t|^2 may exceed its bound: unit keys rounded to bfloat16 have |k|^2 within about 2 * 2^-8 of 1
-# (each element off by at most 2^-9 of itself, squared), so 2^-6 lets every rounded unit key through; float32 keys
-# normalized in float32 are within a few 1e-7.
-KEY_STRENGTH_SLACK = {"bfloat16": 2.0 ** -6, "float32": 2.0 ** -12}
+# How far beta_t |k_t|^2 may exceed its bound. float32 keys: the NumPy forms' slack (validation.KEY_NORM_SLACK), a
+# unit key in float32 having |k|^2 = 1 within a few 1e-7. bfloat16 keys: unit keys rounded to bfloat16 have |k|^2
+# within about 2 * 2^-8 of 1 (each element off by at most 2^-9 of itself, squared), so 2^-6 lets every rounded unit
+# key through; the NumPy check, which sees no rounding, would refuse some of them.
+KEY_STRENGTH_SLACK = {"bfloat16": 2.0 ** -6, "float32": KEY_NORM_SLACK}
 
 
 def check_key_strength(k, beta, allow_neg_eigval: bool) -> None:
-    """The delta rule's transition I - beta_t k_t k_t^T has the eigenvalue 1 - beta_t |k_t|^2 along k_t (1 on the
-    rest): it lies in [0, 1] when beta_t |k_t|^2 <= 1 and in [-1, 1] when beta_t |k_t|^2 <= 2 (allow_neg_eigval),
-    so that the state cannot grow. Raise unless beta_t |k_t|^2 is within that bound, up to KEY_STRENGTH_SLACK.
+    """validation.check_delta_keys for the GPU's inputs: the transition I - beta_t k_t k_t^T has the eigenvalue
+    1 - beta_t |k_t|^2 along k_t (1 on the rest), in [0, 1] when beta_t |k_t|^2 <= 1 and in [-1, 1] when it is
+    <= 2 (allow_neg_eigval): only then the state cannot grow. Raise unless beta_t |k_t|^2 is within that bound, up to
+    KEY_STRENGTH_SLACK of the keys' dtype.
 
     k [..., K] (float32 or bfloat16), beta [...] float32 (beta's own range is checked before). Two syncs; the
     index of the worst token costs a third, on failure only.
@@ -174,26 +177,21 @@ def check_key_strength(k, beta, allow_neg_eigval: bool) -> None:
     strength = beta * (k32 * k32).sum(-1)  # beta_t |k_t|^2
     dtype = "bfloat16" if bf16.is_bf16(k.dtype) else "float32"
     bound = 2.0 if allow_neg_eigval else 1.0
-    limit = bound * (1.0 + KEY_STRENGTH_SLACK[dtype])
     top = float(strength.max()) if strength.size else 0.0
-    if not top <= limit:  # NaN fails too
+    if not top <= bound * (1.0 + KEY_STRENGTH_SLACK[dtype]):  # NaN fails too
         at = tuple(int(i) for i in np.unravel_index(int(xp.argmax(strength)), strength.shape))
         eigen = "[-1, 1]" if allow_neg_eigval else "[0, 1]"
         raise ValueError(f"k, beta: expected beta |k|^2 <= {bound:g} (allow_neg_eigval={allow_neg_eigval}; "
                          f"+{KEY_STRENGTH_SLACK[dtype]:g} for {dtype} rounding) so that the transition I - beta k k^T "
-                         f"keeps its eigenvalues in {eigen}, got max {top:.6g} at {list(at)}; L2-normalize the keys "
-                         f"(normalize_qk=True does it in the call)")
-
-
-L2_NORM_EPS = 1e-6  # FLA's l2norm: x / sqrt(|x|^2 + eps), in its chunk and fused_recurrent kernels
+                         f"keeps its eigenvalues in {eigen}: L2-normalize the keys, or pass normalize_qk=True to have "
+                         f"the call do it; got beta |k|^2 = {top:.6g} at index {at}")
 
 
 def l2_normalized(x):
-    """x / sqrt(|x|^2 + 1e-6) over the last axis, computed in float32 and returned in x's dtype (bfloat16 rounded
-    once more): normalize_qk's pre-pass, a few CuPy elementwise and reduction launches over q and k."""
-    xp = cupy_module() if is_cupy_array(x) else np
-    x32 = bf16.as_float32(x)
-    return bf16.like(x32 / xp.sqrt((x32 * x32).sum(-1, keepdims=True) + np.float32(L2_NORM_EPS)), x)
+    """x / sqrt(|x|^2 + eps) over the last axis (`_delta_rule.l2_normalize`, FLA's eps), computed in float32 and
+    returned in x's dtype (bfloat16 rounded once more): normalize_qk's pre-pass, a few CuPy elementwise and
+    reduction launches over q and k."""
+    return bf16.like(l2_normalize(bf16.as_float32(x)), x)
 
 
 def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Shapes):
@@ -258,8 +256,9 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_ei
 
     g: None (DeltaNet) or [B, T, H] float32 log-decays <= 0 (Gated DeltaNet). beta: [B, T, H] float32 in [0, 1]
     ([0, 2] with allow_neg_eigval). Keys should be L2-normalized: normalize_qk=True divides q and k by
-    sqrt(|x|^2 + 1e-6) first (FLA's use_qk_l2norm_in_kernel), in a CuPy pre-pass (float32, bfloat16 inputs rounded
-    to bfloat16 again: one more read and write of q and k). version: see `versions('delta')`.
+    sqrt(|x|^2 + 1e-6) first (`_delta_rule.l2_normalize`, FLA's use_qk_l2norm_in_kernel), in a CuPy pre-pass
+    (float32, bfloat16 inputs rounded to bfloat16 again: one more read and write of q and k). version: see
+    `versions('delta')`.
     check_values: check g <= 0, beta's range and beta |k|^2 <= 1 (<= 2 with allow_neg_eigval; `check_key_strength`)
     with device-to-host syncs; False skips them, for timing.
     """
