@@ -82,10 +82,43 @@ struct DecodeProblem {
   void* stream = nullptr;        // a cudaStream_t; null is the legacy default stream
 };
 
+// One backward call of a whole sequence (csrc/linear_bwd/, csrc/delta_bwd/): the gradients of
+// L = <do, o> + <dht, final state> with respect to the forward's inputs (CONVENTIONS.md, Gradients).
+//   q, k [B, T, H, K], v and do [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null; beta read by
+//   the delta family only); h0 [B, H, K, V] float32 or null (zeros); dht [B, H, K, V] float32 or null (zeros).
+//   Outputs, all float32: dq, dk [B, T, H, K] (dq with respect to q itself: the kernels differentiate scale q and
+//   multiply by scale), dv [B, T, H, V]; the delta family also dg (when g is given) and dbeta [B, T, H]; dh0
+//   [B, H, K, V] when not null. The linear family leaves dg to the front (a reverse cumulative sum of
+//   q . dq - k . dk, csrc/linear_bwd/v1_recurrent.cu) and writes the final state to ht when ht is not null, for
+//   that sum's term <dht, final state>.
+struct BackwardProblem {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  const float* h0 = nullptr;
+  const void* do_ = nullptr;
+  const float* dht = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* dg = nullptr;
+  float* dbeta = nullptr;
+  float* dh0 = nullptr;
+  float* ht = nullptr;
+  void* workspace = nullptr;     // scratch of workspace_bytes(...) bytes, or null when that is 0
+  size_t workspace_size = 0;
+  int B = 0, T = 0, H = 0, K = 0, V = 0;
+  float scale = 1.0f;
+  DType dtype = kFloat32;
+  void* stream = nullptr;
+};
+
 // One kernel version of one op: what the bindings list and dispatch to.
 struct Version {
-  const char* op;                 // "linear" (scalar-gated linear family), "delta" (delta rule family) or
-                                  // "decode" (one token per sequence, both families)
+  const char* op;                 // "linear" (scalar-gated linear family), "delta" (delta rule family),
+                                  // "decode" (one token per sequence, both families), "linear_bwd", "delta_bwd"
   int number;                     // 1, 2, 3, ... : the ladder, each step kept callable
   const char* name;               // e.g. "recurrent", "chunked", "chunked_mma"
   const char* summary;            // the file header's one sentence: what changed and why
@@ -96,6 +129,7 @@ struct Version {
   void (*forward)(const Problem&);                               // throws ArgumentError / KernelError; null for "decode"
   int max_compute_capability = 0;  // 0: any from the minimum up; 90: sm_90a code (wgmma), which runs on 9.0 only
   void (*decode)(const DecodeProblem&) = nullptr;                // the "decode" op's entry; null for the others
+  void (*backward)(const BackwardProblem&) = nullptr;            // "linear_bwd" / "delta_bwd"; null for the others
 };
 
 // Every version the extension was built with, in op then version order.

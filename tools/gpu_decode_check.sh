@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Build, test and time the decode steps (csrc/decode/, minilin/cuda/decode.py, steps.py) on a GPU machine.
+# Build, test and time the decode steps (csrc/decode/, minilin/cuda/decode.py, steps.py) and test the recurrent
+# backward kernels (csrc/linear_bwd/, csrc/delta_bwd/, minilin/cuda/backward.py) on a GPU machine.
 #   bash tools/gpu_decode_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default /tmp/minilin_decode)
 # Steps, each under its own time limit so that the logs written so far always come back:
 #   1. probe: GPU, driver, nvcc, CuPy, torch, FLA (probe.log)
-#   2. ptxas's register / spill report of the decode kernels, sm_90a (ptxas_decode.log; about 20 s)
+#   2. ptxas's register / spill report of the decode and backward kernels, sm_90a (ptxas_*.log; about 1 minute)
 #   3. the build, MINILIN_CUDA=1 (build.log; about 1-2 minutes; a failed build stops here)
-#   4. the decode tests: tests/test_cuda_decode.py, tests/test_cuda_decode_front.py (pytest_decode.log; ~1 minute)
+#   4. the decode and backward tests: tests/test_cuda_decode.py, test_cuda_decode_front.py, test_cuda_backward.py
+#      (pytest_decode.log; about 1-2 minutes)
 #   5. `minilin bench --decode --json` (decode.md, decode.json; about 1-2 minutes, with FLA's rows when FLA imports)
 #   6. unless SKIP_FULL_TESTS=1: the other CUDA tests, tests/test_cuda*.py (pytest_cuda.log; several minutes)
 # Expected runtime on an H200: about 5 minutes for steps 1-5, 10 or more with step 6; inside one 10-minute call,
@@ -42,18 +44,21 @@ for name in ("torch", "fla", "xdist"):
 PYEOF
 } 2>&1 | tee "$OUT/probe.log"
 
-# The decode kernels' resources as ptxas reports them (registers, spills), for the sm_90a build.
-nvcc -std=c++17 -O3 -lineinfo -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a -DMINILIN_SM90A=1 -Xptxas -v \
-  -c csrc/decode/v1_register_tiles.cu -o "$(mktemp -d)/decode_v1.o" >"$OUT/ptxas_decode.log" 2>&1
-"$PY" - "$OUT/ptxas_decode.log" <<'PYEOF'
+# The new kernels' resources as ptxas reports them (registers, spills), for the sm_90a build.
+for source in csrc/decode/v1_register_tiles.cu csrc/linear_bwd/v1_recurrent.cu csrc/delta_bwd/v1_recurrent.cu; do
+  log="$OUT/ptxas_$(basename "$(dirname "$source")").log"
+  nvcc -std=c++17 -O3 -lineinfo -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a -DMINILIN_SM90A=1 -Xptxas -v \
+    -c "$source" -o "$(mktemp -d)/kernel.o" >"$log" 2>&1
+  "$PY" - "$log" <<'PYEOF'
 import re, sys
 text = open(sys.argv[1]).read()
-# one line per kernel instance: its template arguments (element type, delta rule, rows per thread), registers, spills
+# one line per kernel instance: its name and template arguments (element type, rows per thread, ...), registers, spills
 pattern = r"Compiling entry function '(\S+)' for '\w+'\n[^\n]*\n\s*(\d+ bytes stack frame[^\n]*)\n[^\n]*Used (\d+) registers"
 for name, spill, regs in re.findall(pattern, text):
-    args = re.search(r"tilesI(.*?)EEvNS", name)
-    print(f"decode v1 <{args.group(1) if args else name}>: {regs} registers; {spill}")
+    m = re.search(r"\d+((?:decode|linear_bwd|delta_bwd)_v1_[a-z_]+?|sum_value_blocks)I(.*?)E[EvN]", name)
+    print(f"{m.group(1)} <{m.group(2)}>: {regs} registers; {spill}" if m else f"{name}: {regs} registers; {spill}")
 PYEOF
+done
 
 start=$(date +%s)
 timeout "${BUILD_TIMEOUT:-420}" "$PY" setup.py build_ext --inplace >"$OUT/build.log" 2>&1
@@ -63,8 +68,9 @@ echo "build: exit $status in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.
 
 start=$(date +%s)
 timeout "${TEST_TIMEOUT:-300}" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} tests/test_cuda_decode.py \
-  tests/test_cuda_decode_front.py --tb=short -rfEs 2>&1 | tee "$OUT/pytest_decode.log" | tail -"${TEST_TAIL:-30}"
-echo "decode tests: exit ${PIPESTATUS[0]} in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
+  tests/test_cuda_decode_front.py tests/test_cuda_backward.py --tb=short -rfEs 2>&1 | tee "$OUT/pytest_decode.log" \
+  | tail -"${TEST_TAIL:-30}"
+echo "decode and backward tests: exit ${PIPESTATUS[0]} in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
 
 if [ -z "${SKIP_BENCH:-}" ]; then
   start=$(date +%s)

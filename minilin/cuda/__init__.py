@@ -19,7 +19,8 @@ delta 10, or 9 in a build without sm_90a code; below 9.0, in a build for it: lin
 the compute_90 PTX: linear 7, delta 9). `versions()` lists them with what each one changed; csrc/NOTES.md has
 their measured times. The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op
 "decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
-indexed by `state_indices`) updated in place.
+indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)
+run the ops "linear_bwd" and "delta_bwd" and return the mixers' named tuples of float32 gradients.
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
 float32 or bfloat16 (`to_bf16` / `from_bf16`: CuPy's bfloat16 dtype where it has one, else uint16 bit
@@ -29,6 +30,8 @@ CuPy arrays, computed on CuPy's current stream.
 Importing this package needs neither CuPy nor the extension; calling a kernel needs both, and the error
 says how to get what is missing (`minilin doctor` lists what was found).
 """
+from .backward import (delta_rule_backward, deltanet_backward, gated_deltanet_backward, gated_linear_backward,
+                       linear_attention_backward, simple_gla_backward)
 from .bf16 import from_bf16, native_dtype, to_bf16
 from .decode import delta_rule_step, gated_linear_step
 from .front import default_version, delta_rule, extension, gated_linear, versions
@@ -36,11 +39,12 @@ from .mixers import deltanet, gated_deltanet, lightning, linear_attention, mamba
 from .steps import (deltanet_step, gated_deltanet_step, gla_step, kda_step, lightning_step, linear_attention_step,
                     mamba2_step, retnet_step, simple_gla_step)
 
-__all__ = ["available", "default_version", "delta_rule", "delta_rule_step", "deltanet", "deltanet_step", "extension",
-           "from_bf16", "gated_deltanet", "gated_deltanet_step", "gated_linear", "gated_linear_step", "gla_step",
-           "kda_step", "lightning", "lightning_step", "linear_attention", "linear_attention_step", "mamba2",
-           "mamba2_step", "native_dtype", "retnet", "retnet_step", "simple_gla", "simple_gla_step", "to_bf16",
-           "versions"]
+__all__ = ["available", "default_version", "delta_rule", "delta_rule_backward", "delta_rule_step", "deltanet",
+           "deltanet_backward", "deltanet_step", "extension", "from_bf16", "gated_deltanet", "gated_deltanet_backward",
+           "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla_step", "kda_step",
+           "lightning", "lightning_step", "linear_attention", "linear_attention_backward", "linear_attention_step",
+           "mamba2", "mamba2_step", "native_dtype", "retnet", "retnet_step", "simple_gla", "simple_gla_backward",
+           "simple_gla_step", "to_bf16", "versions"]
 
 # Which engine each GPU mixer's forward runs on: "linear" (scalar-gated linear family) or "delta". Their one-token
 # steps, and those of gla and kda, all run on the "decode" op: STEPS maps each mixer to its `<mixer>_step`.
