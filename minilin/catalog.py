@@ -32,6 +32,11 @@ def module(name: str):
     return importlib.import_module(f"minilin.mixers.{name}")
 
 
+def signature(name: str):
+    """The mixer's SIGNATURE (`minilin.signature`): its arrays, output and state, declared in its module."""
+    return module(name).SIGNATURE
+
+
 def forms(name: str) -> list[str]:
     """The whole-sequence forms a mixer offers (functions only: `mamba.scan` could be a module)."""
     mod = module(name)

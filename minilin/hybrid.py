@@ -9,7 +9,7 @@
 Each layer is pre-norm with a residual connection (no MLP: the mixers are what is compared):
 
     h = RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w_norm          [B, T, d]
-    inputs = projections of h: q, k, v, gates, ... (`INPUTS`)       e.g. q = (h W_q) as [B, T, H, K]
+    inputs = projections of h: q, k, v, gates, ... (`layer_inputs`) e.g. q = (h W_q) as [B, T, H, K]
     o, state = mixer(inputs, initial_state=state)                  [B, T, H, V] (or [B, T, D])
     x = x + o W_o                                                  W_o: [H V, d]
 
@@ -20,17 +20,20 @@ others). Prefilling [0, t) and then decoding token by token from the returned ca
 outputs and the same cache as prefilling [0, T) (tests/test_hybrid.py, float64, 1e-10).
 
 Pattern letters: "A" softmax attention (MHA), "W" sliding-window attention (`window` tokens), "L" the
-linear `mixer`. `from_mixers` takes any list of mixer names from `INPUTS` instead.
+linear `mixer`. `from_mixers` takes any list of causal mixer names instead.
 
-`INPUTS` says, per mixer, where each positional argument comes from: `Projected` (a per-token
-projection of h with an activation that puts it in the valid range: log-sigmoid gates <= 0, sigmoid
-beta, softplus dt, unit keys for the delta rule), `Parameter` (per-layer, e.g. Mamba's A) or `Derived`
-(from other inputs, e.g. RWKV-7's a and b from one key). A new causal mixer joins the stacks by adding
-its row there (tests/test_hybrid.py checks that every causal mixer has one).
+Where each positional argument of a mixer comes from is read off its SIGNATURE (`layer_inputs`): a
+per-token input is a projection of h, passed through the activation that puts it in its valid range
+(`ACTIVATIONS`: log-sigmoid gates <= 0, sigmoid beta, softplus dt), a parameter (no B, T axes, e.g.
+Mamba's A) is drawn once per layer (`PARAMETERS`), and a few inputs are derived from extra projections
+(RWKV-7's a and b from one key: `HIDDEN`, `DERIVED`). The delta-rule mixers normalize their q and k
+themselves (normalize_qk=True). A new causal mixer joins the stacks with no change here unless it needs
+an activation or has parameters.
 
 The weights are random (seeded), W ~ N(0, 1/fan_in), NumPy arrays of `dtype` (so the stack runs on
-NumPy inputs): this is a harness to run and measure mixers in a stack, not a trained model. Shapes: heads H, head_dim K = V (the key and value size per head); per-channel
-mixers (HGRN, Mamba-1, S4) get D = H * head_dim channels.
+NumPy inputs): this is a harness to run and measure mixers in a stack, not a trained model (`minilin.nn`
+trains). Shapes: heads H, head_dim K = V (the key and value size per head); per-channel mixers (HGRN, Mamba-1, S4) get D = H * head_dim
+channels.
 """
 from __future__ import annotations
 
@@ -39,62 +42,17 @@ from typing import Callable
 
 import numpy as np
 
+from . import activations, catalog
 from . import cache as cache_accounting
-from . import catalog
 from .backend import array_module
 from .validation import Shapes, check_array, check_chunk_size, check_count
 
 
 # --- what a layer feeds its mixer ---------------------------------------------------------------------
-
-def _identity(z):
-    return z
-
-
-def _l2_normalize(z):
-    """Unit vectors over the last axis (keys and queries of the delta rule, as DeltaNet / GDN / KDA do)."""
-    xp = array_module(z)
-    return z / xp.sqrt((z * z).sum(-1, keepdims=True) + 1e-12)
-
-
-def _log_sigmoid(z):
-    """log sigmoid(z) = -log(1 + exp(-z)) <= 0: a log-space decay (GLA's gate), computed without overflow."""
-    return -array_module(z).logaddexp(0, -z)
-
-
-def _sigmoid(z):
-    """sigmoid(z) in (0, 1): the delta rule's write strength beta."""
-    return array_module(z).exp(_log_sigmoid(z))
-
-
-def _step_size(z):
-    """softplus(z - 2) > 0: Mamba's dt (the shift starts it small, about 0.13 at z = 0)."""
-    return array_module(z).logaddexp(0, z - 2)
-
-
-@dataclass(frozen=True)
-class Projected:
-    """A per-token input: activation(h W) with W [d_model, prod(dims)], reshaped to [B, T, *dims]."""
-
-    dims: str
-    activation: Callable = _identity
-
-
-@dataclass(frozen=True)
-class Parameter:
-    """A per-layer parameter of shape dims, drawn once: init(rng, shape) -> array."""
-
-    dims: str
-    init: Callable
-
-
-@dataclass(frozen=True)
-class Derived:
-    """A per-token input computed from inputs listed before it (by name) in the same layer: e.g. RWKV-7's
-    a and b, which share one normalized key. Names starting with "_" are such intermediate values,
-    computed but not passed to the mixer."""
-
-    compute: Callable
+# Each mixer's SIGNATURE says which arrays it takes and their dims; a per-token input ([B, T, ...]) is a
+# projection of h, a parameter (no B, T) is drawn once per layer. What is said here is only what the
+# signature cannot know: the activation that puts a projection in its valid range, how to draw a parameter,
+# inputs derived from other projections, the letters' sizes, and the options a layer passes.
 
 
 def _negative_rates(rng, shape):
@@ -111,55 +69,72 @@ def _time_steps(rng, shape):
     return np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), shape))
 
 
-def _rwkv7_log_decay(z):
-    """RWKV-7's decay w = exp(-e^{-1/2} sigmoid(z)), in log space: -e^{-1/2} sigmoid(z) in (-0.61, 0)."""
-    return -np.exp(-0.5) * _sigmoid(z)
-
-
-_QKV = (("q", Projected("H K")), ("k", Projected("H K")), ("v", Projected("H V")))
-_DELTA_QK = (("q", Projected("H K", _l2_normalize)), ("k", Projected("H K", _l2_normalize)), ("v", Projected("H V")))
-
-# The mixer's positional arguments, in signature order, and where each comes from. Keyword options come
-# from `OPTIONS`. Gates are log-sigmoids (<= 0), beta a sigmoid, dt a softplus.
-INPUTS: dict[str, tuple] = {
-    "attention": _QKV,
-    "sliding_window": _QKV,
-    "linear_attention": _QKV,
-    "retnet": _QKV,
-    "lightning": _QKV,
-    "simple_gla": _QKV + (("g", Projected("H", _log_sigmoid)),),
-    "gla": _QKV + (("g", Projected("H K", _log_sigmoid)),),
-    "deltanet": _DELTA_QK + (("beta", Projected("H", _sigmoid)),),
-    "gated_deltanet": _DELTA_QK + (("g", Projected("H", _log_sigmoid)), ("beta", Projected("H", _sigmoid))),
-    "kda": _DELTA_QK + (("g", Projected("H K", _log_sigmoid)), ("beta", Projected("H", _sigmoid))),
-    "mamba2": (("x", Projected("H V")), ("dt", Projected("H", _step_size)), ("A", Parameter("H", _negative_rates)),
-               ("B", Projected("H K")), ("C", Projected("H K")), ("D", Parameter("H", _normal))),
-    "mamba": (("x", Projected("D")), ("dt", Projected("D", _step_size)), ("A", Parameter("D K", _negative_rates)),
-              ("B", Projected("K")), ("C", Projected("K")), ("D", Parameter("D", _normal))),
-    "hgrn": (("x", Projected("D")), ("g", Projected("D", _log_sigmoid))),
-    "hgrn2": (("q", Projected("H K")), ("v", Projected("H V")), ("g", Projected("H K", _log_sigmoid))),
-    "rwkv6": (("r", Projected("H K")), ("k", Projected("H K")), ("v", Projected("H V")),
-              ("w", Projected("H K", _log_sigmoid)), ("u", Parameter("H K", _normal))),
-    # RWKV-7 (see its module): a = -kappa, b = kappa * alpha with kappa a unit removal key and alpha the
-    # in-context learning rate in (0, 1), so the transition is Diag(w) - kappa (alpha * kappa)^T.
-    "rwkv7": (("_kappa", Projected("H K", _l2_normalize)), ("_alpha", Projected("H K", _sigmoid)),
-              ("r", Projected("H K")), ("w", Projected("H K", _rwkv7_log_decay)), ("k", Projected("H K")),
-              ("v", Projected("H V")), ("a", Derived(lambda x: -x["_kappa"])),
-              ("b", Derived(lambda x: x["_kappa"] * x["_alpha"]))),
-    # S4 (S4D-Real): time-invariant, so everything but the input u is a parameter; D = H * head_dim channels.
-    "s4": (("u", Projected("D")), ("dt", Parameter("D", _time_steps)), ("A", Parameter("D K", _negative_rates)),
-           ("B", Parameter("D K", _normal)), ("C", Parameter("D K", _normal)), ("D", Parameter("D", _normal))),
+# The activation of each projected input that needs one (the rest are the identity). Gates are
+# log-sigmoids (<= 0), beta a sigmoid, dt a softplus. The delta-rule mixers get raw q and k and
+# normalize them inside (normalize_qk=True in OPTIONS).
+ACTIVATIONS: dict[str, dict] = {
+    "simple_gla": {"g": activations.log_sigmoid},
+    "gla": {"g": activations.log_sigmoid},
+    "deltanet": {"beta": activations.sigmoid},
+    "gated_deltanet": {"g": activations.log_sigmoid, "beta": activations.sigmoid},
+    "kda": {"g": activations.log_sigmoid, "beta": activations.sigmoid},
+    "mamba2": {"dt": activations.step_size},
+    "mamba": {"dt": activations.step_size},
+    "hgrn": {"g": activations.log_sigmoid},
+    "hgrn2": {"g": activations.log_sigmoid},
+    "rwkv6": {"w": activations.log_sigmoid},
+    "rwkv7": {"w": activations.rwkv7_decay},
 }
 
+# How each parameter (an input without B, T) is drawn: init(rng, shape) -> array.
+PARAMETERS: dict[str, dict] = {
+    "mamba2": {"A": _negative_rates, "D": _normal},
+    "mamba": {"A": _negative_rates, "D": _normal},
+    "rwkv6": {"u": _normal},
+    "s4": {"dt": _time_steps, "A": _negative_rates, "B": _normal, "C": _normal, "D": _normal},
+}
+
+# RWKV-7 (see its module): a = -kappa, b = kappa * alpha with kappa a unit removal key and alpha the
+# in-context learning rate in (0, 1), so the transition is Diag(w) - kappa (alpha * kappa)^T. The layer
+# projects kappa and alpha (`HIDDEN`) and derives a and b from them (`DERIVED`).
+HIDDEN: dict[str, tuple] = {"rwkv7": (("kappa", "H K", activations.l2_normalize), ("alpha", "H K", activations.sigmoid))}
+DERIVED: dict[str, dict] = {"rwkv7": {"a": lambda x: -x["kappa"], "b": lambda x: x["kappa"] * x["alpha"]}}
+
 # Keyword options a mixer needs from the layer.
-OPTIONS: dict[str, Callable] = {"sliding_window": lambda layer: {"window": layer.window}}
+OPTIONS: dict[str, Callable] = {
+    "sliding_window": lambda layer: {"window": layer.window},
+    "deltanet": lambda layer: {"normalize_qk": True},
+    "gated_deltanet": lambda layer: {"normalize_qk": True},
+    "kda": lambda layer: {"normalize_qk": True},
+}
+
+# S4's channels are its "heads" of width 1: in a stack its letter H stands for all D = heads * head_dim.
+LETTERS: dict[str, dict] = {"s4": {"H": "D"}}
 
 PATTERN_LETTERS = {"A": "attention", "W": "sliding_window", "L": None}  # None: the `mixer` argument
 
 
 def supported_mixers() -> list[str]:
-    """The mixers a stack can hold: those in `INPUTS` that exist in `minilin.mixers` (causal ones)."""
-    return [name for name in catalog.names() if name in INPUTS]
+    """The mixers a stack can hold: every causal one (those with a `step` form)."""
+    return [name for name in catalog.names() if callable(getattr(catalog.module(name), "step", None))]
+
+
+def layer_inputs(mixer: str) -> list[tuple]:
+    """How a layer of `mixer` makes each input, in signature order (hidden projections first):
+    (name, "projected", dims, activation) | (name, "parameter", dims, init) | (name, "derived", None, fn).
+    dims use the stack's letters H, K, V, D (D = H * K channels)."""
+    rename = {"N": "K", "P": "V", **LETTERS.get(mixer, {})}
+    sources = [(name, "projected", dims, act) for name, dims, act in HIDDEN.get(mixer, ())]
+    for t in catalog.signature(mixer).inputs:
+        dims = " ".join(rename.get(d, d) for d in t.dims.split())
+        if t.name in DERIVED.get(mixer, {}):
+            sources.append((t.name, "derived", None, DERIVED[mixer][t.name]))
+        elif t.per_token:
+            stack_dims = " ".join(dims.split()[2:])
+            sources.append((t.name, "projected", stack_dims, ACTIVATIONS.get(mixer, {}).get(t.name, activations.identity)))
+        else:
+            sources.append((t.name, "parameter", dims, PARAMETERS[mixer][t.name]))
+    return sources
 
 
 # --- the stack -----------------------------------------------------------------------------------------
@@ -198,16 +173,16 @@ class Layer:
         """The mixer's positional arguments computed from the normalized hidden state h [B, T, d]."""
         B, T = h.shape[:2]
         sizes = self.sizes()
-        values = {}
-        for name, source in INPUTS[self.mixer]:
-            if isinstance(source, Parameter):
+        values, hidden = {}, {name for name, *_ in HIDDEN.get(self.mixer, ())}
+        for name, kind, dims, source in layer_inputs(self.mixer):
+            if kind == "parameter":
                 values[name] = self.params[name]
-            elif isinstance(source, Derived):
-                values[name] = source.compute(values)
+            elif kind == "derived":
+                values[name] = source(values)
             else:
-                shape = [sizes[letter] for letter in source.dims.split()]
-                values[name] = source.activation((h @ self.weights[name]).reshape(B, T, *shape))
-        return [value for name, value in values.items() if not name.startswith("_")]
+                shape = [sizes[letter] for letter in dims.split()]
+                values[name] = source((h @ self.weights[name]).reshape(B, T, *shape))
+        return [value for name, value in values.items() if name not in hidden]
 
     def options(self) -> dict:
         return OPTIONS.get(self.mixer, lambda layer: {})(self)
@@ -263,8 +238,7 @@ class HybridStack:
         known = supported_mixers()
         for name in mixers:
             if name not in known:
-                raise ValueError(f"mixer: expected one of {known} (causal mixers whose inputs hybrid.INPUTS "
-                                 f"projects), got {name!r}")
+                raise ValueError(f"mixer: expected one of {known} (the causal mixers), got {name!r}")
         if "sliding_window" in mixers:
             window = check_count("window", window)
         rng = np.random.default_rng(seed)
@@ -276,12 +250,12 @@ class HybridStack:
         for name in mixers:
             sizes = {"H": heads, "K": head_dim, "V": head_dim, "D": heads * head_dim}
             weights, params = {}, {}
-            for arg, source in INPUTS[name]:
-                if isinstance(source, Derived):
+            for arg, kind, dims, source in layer_inputs(name):
+                if kind == "derived":
                     continue
-                shape = tuple(sizes[letter] for letter in source.dims.split())
-                if isinstance(source, Parameter):
-                    params[arg] = np.asarray(source.init(rng, shape), dtype=dtype)
+                shape = tuple(sizes[letter] for letter in dims.split())
+                if kind == "parameter":
+                    params[arg] = np.asarray(source(rng, shape), dtype=dtype)
                 else:
                     weights[arg] = draw((d_model, int(np.prod(shape))), d_model)
             out_features = heads * head_dim  # [B, T, H, V] and [B, T, D] both flatten to H * head_dim

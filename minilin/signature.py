@@ -83,13 +83,15 @@ class Signature:
         raise KeyError(name)
 
     def check(self, *arrays, step: bool = False, state=None, state_name: str | None = None,
-              state_dims: str | None = None, **keyword_arrays) -> Checked:
+              state_dims: str | None = None, extra: tuple = (), **keyword_arrays) -> Checked:
         """Check one call's arrays (positional `arrays` in signature order, then array keywords, then the
-        state) and cast them to one floating dtype (float16 becomes float32). Every message names the
-        argument, what was expected and what was given.
+        state, then `extra`) and cast them to one floating dtype (float16 becomes float32). Every message
+        names the argument, what was expected and what was given.
 
         step=True: the arrays hold one token (T dropped from every per-token dims); the state argument is
         then called `state`, else `initial_state`. `state_dims` overrides the signature's state dims.
+        `extra`: (Tensor, array or None) pairs checked and cast with the rest, such as the arrays of a KV
+        cache; they are returned under their Tensor's name and not affected by step.
         """
         if len(arrays) != len(self.inputs):
             raise TypeError(f"expected {len(self.inputs)} arrays ({', '.join(self.names)}), got {len(arrays)}")
@@ -101,12 +103,14 @@ class Signature:
         for t, x in specs:
             if x is None and not t.optional and t in self.inputs:
                 raise TypeError(f"{t.name}: expected an array of shape [{', '.join(t.dims.split())}], got None")
+        per_call = len(specs)
+        specs += list(extra)
         given = [x for _, x in specs if x is not None]
         xp = array_module(*given)
         shapes = Shapes()
-        for t, x in specs:
+        for i, (t, x) in enumerate(specs):
             if x is not None:
-                check_array(t.name, x, t.step_dims() if step else t.dims, shapes, xp)
+                check_array(t.name, x, t.step_dims() if step and i < per_call else t.dims, shapes, xp)
         check_nonempty(shapes, [(t.name, t.dims) for t, x in specs if x is not None])
         dtype = common_dtype(xp, *given)
         cast = {t.name: None if x is None else x.astype(dtype, copy=False) for t, x in specs}

@@ -210,3 +210,110 @@ def test_float32_and_float64_mix_computes_in_float64(inputs):
     inputs["q"] = inputs["q"].astype(np.float32)
     o, S = call(gated_deltanet, inputs)
     assert o.dtype == np.float64 and S.dtype == np.float64
+
+
+# --- edges found in review: each of these once returned garbage or failed with an unrelated error ---------
+
+
+def test_delta_rule_refuses_keys_that_make_it_unstable():
+    """beta |k|^2 > 1 makes the transition I - beta k k^T expansive: |k| = 3 once gave outputs near 1e102."""
+    q, k, v, beta = deltanet.example_inputs(B, 64, H, K, V)[0]
+    with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1 .*normalize_qk=True"):
+        deltanet.chunked(q, 3 * k, v, beta)
+    with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 2 \(allow_neg_eigval=True"):
+        gated_deltanet.recurrent(q, 3 * k, v, np.full(beta.shape, -0.1), 2 * beta, allow_neg_eigval=True)
+    with pytest.raises(ValueError, match=r"k, beta"):
+        kda.step(q[:, 0], 10 * k[:, 0], v[:, 0], -np.ones(q[:, 0].shape), beta[:, 0])
+
+
+@pytest.mark.parametrize("mod", [deltanet, gated_deltanet, kda])
+def test_normalize_qk_equals_normalizing_first(mod):
+    args, _ = mod.example_inputs(B, 37, H, K, V, seed=3)
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal(args[0].shape) * 3 for _ in range(2))
+    unit = lambda x: x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)  # noqa: E731
+    for form in ("recurrent", "chunked"):
+        o, S = getattr(mod, form)(q, k, *args[2:], normalize_qk=True)
+        o_ref, S_ref = getattr(mod, form)(unit(q), unit(k), *args[2:])
+        np.testing.assert_allclose(o, o_ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(S, S_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_normalized_linear_attention_is_defined_where_the_normalizer_is_zero():
+    """relu features can all be zero (and scale = 0 zeroes every weight): the output is 0 there, not NaN."""
+    q, k, v = linear_attention.example_inputs(B, T, H, K, V)[0]
+    q = -np.abs(q)                      # relu(q) = 0 everywhere: every weight is 0
+    for form in ("recurrent", "chunked", "parallel"):
+        o, _ = getattr(linear_attention, form)(q, k, v, feature_map="relu", normalize=True)
+        assert np.isfinite(o).all() and not o.any()
+    o, _ = linear_attention.chunked(np.abs(q), k, v, feature_map="elu+1", normalize=True, scale=0.0)
+    assert np.isfinite(o).all() and not o.any()
+
+
+def test_normalized_linear_attention_needs_non_negative_features():
+    q, k, v = linear_attention.example_inputs(B, T, H, K, V)[0]
+    with pytest.raises(ValueError, match=r"feature_map: expected a non-negative feature map with normalize=True"):
+        linear_attention.chunked(q, k, v, normalize=True)           # the identity map
+    with pytest.raises(ValueError, match=r"scale: expected scale >= 0 with normalize=True"):
+        linear_attention.chunked(q, k, v, feature_map="elu+1", normalize=True, scale=-1.0)
+
+
+def test_linear_attention_promotes_a_float64_state():
+    q, k, v = (x.astype(np.float32) for x in linear_attention.example_inputs(B, T, H, K, V)[0])
+    S0 = np.random.default_rng(1).standard_normal((B, H, K, V))
+    o, S = linear_attention.chunked(q, k, v, initial_state=S0)
+    assert o.dtype == np.float64 and S.dtype == np.float64
+    o_ref, _ = linear_attention.chunked(*(x.astype(np.float64) for x in (q, k, v)), initial_state=S0)
+    np.testing.assert_allclose(o, o_ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["s4", "rwkv7", "gated_deltanet", "kda", "attention"])
+def test_a_chunk_longer_than_the_sequence_is_clamped(name):
+    """chunk_size > T runs as one chunk of T: s4 at T = 10 with chunk_size = 2048 once took 2.3 s and 1.1 GB."""
+    import tracemalloc
+
+    from minilin import catalog
+
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(1, 10, 2, 8, 8, seed=2)
+    ref, _ = mod.chunked(*args, **kwargs, chunk_size=10)
+    tracemalloc.start()
+    out, _ = mod.chunked(*args, **kwargs, chunk_size=2048)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    np.testing.assert_allclose(out, ref, rtol=1e-13, atol=1e-13)
+    assert peak < 4 * 2**20, f"{name}.chunked(T=10, chunk_size=2048) allocated {peak / 2**20:.1f} MiB at its peak"
+
+
+@pytest.mark.parametrize("dims, name", [((B, T, H, 0, V), "q"), ((B, T, H, K, 0), "v"), ((B, T, 0, K, V), "q")])
+def test_empty_dimensions_are_named(dims, name):
+    """K = 0 once raised ZeroDivisionError from the default scale."""
+    b, t, h, kk, vv = dims
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((b, t, h, kk)), rng.standard_normal((b, t, h, kk)), rng.standard_normal((b, t, h, vv))
+    with pytest.raises(ValueError, match=rf"{name}: expected [KVH] >= 1, got [KVH] = 0"):
+        retnet.chunked(q, k, v)
+
+
+@pytest.mark.parametrize("H_, V_", [(0, 4), (3, 0)])
+def test_s4_with_no_channels_is_named(H_, V_):
+    """s4 with V = 0 or H = 0 (no channels) once raised a reshape error."""
+    from minilin.mixers import s4
+
+    args, _ = s4.example_inputs(1, 5, H_, 4, V_)
+    with pytest.raises(ValueError, match=r"u: expected H >= 1, got H = 0"):
+        s4.chunked(*args)
+
+
+def test_nan_scale_is_a_value_error(inputs):
+    with pytest.raises(ValueError, match=r"scale: expected a finite real number or None, got nan"):
+        call(gated_deltanet, inputs, scale=float("nan"))
+    with pytest.raises(TypeError, match=r"scale: expected a finite real number or None, got '2'"):
+        call(gated_deltanet, inputs, scale="2")
+
+
+def test_attention_recurrent_names_its_initial_state():
+    q, k, v = attention.example_inputs(B, T, H, K, V)[0]
+    bad = attention.KVCache(k[:, :3, :, :2], v[:, :3])
+    with pytest.raises(ValueError, match=re.escape("initial_state.k: expected shape")):
+        attention.recurrent(q, k, v, initial_state=bad)

@@ -15,7 +15,7 @@ import pytest
 
 from minilin import cuda as mcuda
 from minilin.cuda import bf16, decode, front, mixers
-from minilin.mixers._delta_rule import L2_NORM_EPS, l2_normalize
+from minilin.activations import L2_EPS as L2_NORM_EPS, l2_normalize
 
 
 class FakeDevice:

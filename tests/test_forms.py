@@ -116,3 +116,32 @@ def test_every_sequence_input_is_sliced_consistently():
         for a in args:
             if is_sequence(a):
                 assert a.shape[:2] == (2, 7), f"{name}: sequence input of shape {a.shape}"
+
+
+def _arrays(x):
+    """Every array in an output or state: an array, a tuple of them (a cache), or none."""
+    if isinstance(x, (tuple, list)):
+        return [a for item in x for a in _arrays(item)]
+    return [x] if isinstance(x, np.ndarray) and x.ndim > 0 else []
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_no_form_returns_memory_shared_with_its_inputs(name):
+    """Outputs and states are arrays of their own: changing one in place changes no input and no other
+    output (hgrn once returned one array as both output and state, attention the caller's k and v as its
+    cache). Checked for every form, with and without a state passed in, and for step."""
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(2, 9, 2, 4, 3, seed=5)
+    calls = [(form, args, {}) for form in catalog.forms(name)]
+    if stateful(name):
+        _, state = mod.recurrent(*args, **kwargs)
+        calls += [(form, args, {"initial_state": state}) for form in catalog.forms(name)]
+        calls += [("step", time_slice(args, 0), {"state": None}), ("step", time_slice(args, 0), {"state": state})]
+    for form, call_args, extra in calls:
+        out, new_state = run_form(mod, form, call_args, kwargs, 4, **extra)
+        returned = _arrays(out) + _arrays(new_state)
+        given = _arrays(list(call_args)) + _arrays(list(extra.values()))
+        for i, a in enumerate(returned):
+            for b in given + returned[i + 1:]:
+                assert not np.shares_memory(a, b), f"{name}.{form}{' with a state' if extra else ''}: " \
+                                                   f"a returned array shares memory with an input or another output"

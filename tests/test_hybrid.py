@@ -151,7 +151,7 @@ def test_hidden_not_an_array():
 
 
 def test_every_causal_mixer_can_join_a_stack():
-    """A new causal mixer needs its row in hybrid.INPUTS (how a layer projects its inputs)."""
+    """Every causal mixer (one with a step form) can be a layer: its inputs come from its SIGNATURE."""
     from minilin import catalog
 
     causal = [name for name in catalog.names() if callable(getattr(catalog.module(name), "step", None))]

@@ -50,10 +50,10 @@ LENGTHS = (2048, 8192, 32768)
 DTYPES = ("bfloat16", "float32")
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 DEFAULT_MIXERS = ("simple_gla", "gated_deltanet")
-# Mixers whose GPU wrapper takes q, k, v (+ g, beta) like the reference; the tensors each one reads.
-TENSORS = {"linear_attention": ("q", "k", "v"), "simple_gla": ("q", "k", "v", "g"), "retnet": ("q", "k", "v"),
-           "lightning": ("q", "k", "v"), "deltanet": ("q", "k", "v", "beta"),
-           "gated_deltanet": ("q", "k", "v", "g", "beta")}
+# Mixers whose GPU wrapper takes q, k, v (+ g, beta) like the reference, and the tensors each one reads
+# (from its SIGNATURE; Mamba-2's mapping has inputs of its own and is not benchmarked here).
+TENSORS = {name: catalog.signature(name).names for name in catalog.names()
+           if catalog.signature(name).gpu and set(catalog.signature(name).names) <= {"q", "k", "v", "g", "beta"}}
 SEQUENCE = {"q", "k", "v"}
 
 

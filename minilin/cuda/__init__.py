@@ -30,6 +30,7 @@ CuPy arrays, computed on CuPy's current stream.
 Importing this package needs neither CuPy nor the extension; calling a kernel needs both, and the error
 says how to get what is missing (`minilin doctor` lists what was found).
 """
+from .. import catalog
 from .backward import (delta_rule_backward, deltanet_backward, gated_deltanet_backward, gated_linear_backward,
                        linear_attention_backward, simple_gla_backward)
 from .bf16 import from_bf16, native_dtype, to_bf16
@@ -46,13 +47,14 @@ __all__ = ["available", "default_version", "delta_rule", "delta_rule_backward", 
            "mamba2", "mamba2_step", "native_dtype", "retnet", "retnet_step", "simple_gla", "simple_gla_backward",
            "simple_gla_step", "to_bf16", "versions"]
 
-# Which engine each GPU mixer's forward runs on: "linear" (scalar-gated linear family) or "delta". Their one-token
-# steps, and those of gla and kda, all run on the "decode" op: STEPS maps each mixer to its `<mixer>_step`.
+# Which engine each GPU mixer's forward runs on, "linear" (scalar-gated linear family) or "delta": each mixer's
+# SIGNATURE says it (`gpu`); the mixers without one have no forward kernel.
+OPS = {name: catalog.signature(name).gpu for name in catalog.names() if catalog.signature(name).gpu}
+# The one-token steps of these mixers, and of gla and kda, all run on the "decode" op: STEPS maps each mixer to its
+# `<mixer>_step`.
 STEPS = {"linear_attention": linear_attention_step, "simple_gla": simple_gla_step, "gla": gla_step,
          "retnet": retnet_step, "lightning": lightning_step, "mamba2": mamba2_step, "deltanet": deltanet_step,
          "gated_deltanet": gated_deltanet_step, "kda": kda_step}
-OPS = {"linear_attention": "linear", "simple_gla": "linear", "retnet": "linear", "lightning": "linear",
-       "mamba2": "linear", "deltanet": "delta", "gated_deltanet": "delta"}
 
 
 def available() -> tuple[bool, str]:

@@ -21,7 +21,7 @@ import functools
 import numpy as np
 
 from ..backend import is_cupy_array
-from ..mixers._delta_rule import l2_normalize
+from ..activations import l2_normalize
 from ..validation import KEY_NORM_SLACK, Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
 
@@ -188,7 +188,7 @@ def check_key_strength(k, beta, allow_neg_eigval: bool) -> None:
 
 
 def l2_normalized(x):
-    """x / sqrt(|x|^2 + eps) over the last axis (`_delta_rule.l2_normalize`, FLA's eps), computed in float32 and
+    """x / sqrt(|x|^2 + eps) over the last axis (`activations.l2_normalize`, FLA's eps), computed in float32 and
     returned in x's dtype (bfloat16 rounded once more): normalize_qk's pre-pass, a few CuPy elementwise and
     reduction launches over q and k."""
     return bf16.like(l2_normalize(bf16.as_float32(x)), x)
@@ -256,7 +256,7 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_ei
 
     g: None (DeltaNet) or [B, T, H] float32 log-decays <= 0 (Gated DeltaNet). beta: [B, T, H] float32 in [0, 1]
     ([0, 2] with allow_neg_eigval). Keys should be L2-normalized: normalize_qk=True divides q and k by
-    sqrt(|x|^2 + 1e-6) first (`_delta_rule.l2_normalize`, FLA's use_qk_l2norm_in_kernel), in a CuPy pre-pass
+    sqrt(|x|^2 + 1e-6) first (`activations.l2_normalize`, FLA's use_qk_l2norm_in_kernel), in a CuPy pre-pass
     (float32, bfloat16 inputs rounded to bfloat16 again: one more read and write of q and k). version: see
     `versions('delta')`.
     check_values: check g <= 0, beta's range and beta |k|^2 <= 1 (<= 2 with allow_neg_eigval; `check_key_strength`)

@@ -16,16 +16,6 @@ from ..chunking import (causal_mask, decay_rows, decay_state, from_chunks, gated
                         state_or_zeros, to_chunks, unit_lower_inverse)
 
 
-# FLA's l2norm eps (use_qk_l2norm_in_kernel): x / sqrt(|x|^2 + eps).
-L2_NORM_EPS = 1e-6
-
-
-def l2_normalize(x, eps: float = L2_NORM_EPS):
-    """x / sqrt(|x|^2 + eps) over the last axis: unit keys (and queries) for the delta rule, as the
-    mixers' `normalize_qk=True` and FLA's `use_qk_l2norm_in_kernel` apply them. [..., K] -> [..., K]."""
-    return x / array_module(x).sqrt((x * x).sum(-1, keepdims=True) + eps)
-
-
 def step(q, k, v, g, beta, S):
     """One token: q, k [B, H, K], v [B, H, V], g None / [B, H] / [B, H, K], beta [B, H], S or None."""
     S = state_or_zeros(S, q, v)

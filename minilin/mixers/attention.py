@@ -28,7 +28,12 @@ import numpy as np
 from .. import examples
 from ..backend import array_module
 from ..chunking import from_chunks, num_chunks, to_chunks, transposed
-from ..validation import check_chunk_size, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_scale
+
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    output="B T H V", state=None)  # its memory is a KVCache of every past token, not one array
 
 
 class KVCache(NamedTuple):
@@ -38,19 +43,27 @@ class KVCache(NamedTuple):
     v: object
 
 
-def _prepare(q, k, v, scale, cache, step=False):
+def _checked(q, k, v, scale, cache, step=False):
+    """Checked inputs (the cache's arrays `cache.k`, `cache.v` among them) and the scale."""
+    name = "state" if step else "initial_state"
     if cache is not None and not (isinstance(cache, tuple) and len(cache) == 2):
-        raise TypeError(f"{state_name(step)}: expected a KVCache(k, v) or None, got {type(cache).__name__}")
-    name = state_name(step)
+        raise TypeError(f"{name}: expected a KVCache(k, v) or None, got {type(cache).__name__}")
     cache_k, cache_v = (None, None) if cache is None else cache
-    xp, shapes, (q, k, v, cache_k, cache_v) = check_tensors(
-        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"),
-        (f"{name}.k", cache_k, "B P H K"), (f"{name}.v", cache_v, "B P H V"), step=step)
-    if step:  # one token: give it back its T axis so every form works on [B, T, H, .]
-        q, k, v = q[:, None], k[:, None], v[:, None]
-    if cache_k is not None:
-        k, v = xp.concatenate([cache_k, k], axis=1), xp.concatenate([cache_v, v], axis=1)
-    return q * check_scale(scale, shapes["K"]), k, v
+    a = SIGNATURE.check(q, k, v, step=step, extra=((Tensor(f"{name}.k", "B P H K"), cache_k),
+                                                   (Tensor(f"{name}.v", "B P H V"), cache_v)))
+    return a, check_scale(scale, a.shapes["K"])
+
+
+def _with_past(a, step=False):
+    """The keys and values of the cache followed by the new ones (one token when `step`),
+    [B, P + T, H, .], as new arrays: the returned cache never shares memory with the caller's inputs."""
+    xp = a.xp
+    k, v = (a.k[:, None], a.v[:, None]) if step else (a.k, a.v)
+    name = "state" if step else "initial_state"
+    cache_k, cache_v = a.arrays[f"{name}.k"], a.arrays[f"{name}.v"]
+    if cache_k is None:
+        return k.copy(), v.copy()
+    return xp.concatenate([cache_k, k], axis=1), xp.concatenate([cache_v, v], axis=1)
 
 
 def _masked_softmax_read(q, k, v):
@@ -67,32 +80,36 @@ def _masked_softmax_read(q, k, v):
 
 def parallel(q, k, v, *, scale=None, initial_state=None):
     """Masked n x n softmax. Returns (o [B, T, H, V], KVCache of all P + T tokens)."""
-    q, k, v = _prepare(q, k, v, scale, initial_state)
-    return _masked_softmax_read(q, k, v), KVCache(k, v)
+    a, scale = _checked(q, k, v, scale, initial_state)
+    k, v = _with_past(a)
+    return _masked_softmax_read(a.q * scale, k, v), KVCache(k, v)
 
 
 def step(q, k, v, *, state=None, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], the cache one token longer)."""
-    q, k, v = _prepare(q, k, v, scale, state, step=True)
-    return _masked_softmax_read(q, k, v)[:, 0], KVCache(k, v)
+    a, scale = _checked(q, k, v, scale, state, step=True)
+    k, v = _with_past(a, step=True)
+    return _masked_softmax_read(a.q[:, None] * scale, k, v)[:, 0], KVCache(k, v)
 
 
 def recurrent(q, k, v, *, scale=None, initial_state=None):
     """One `step` per token, as a decoder runs: the cache grows by one entry each time."""
-    xp, _, _ = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
+    a, _ = _checked(q, k, v, scale, initial_state)  # every argument checked once, under its own name
     cache = initial_state
     outputs = []
-    for t in range(q.shape[1]):
-        o_t, cache = step(q[:, t], k[:, t], v[:, t], state=cache, scale=scale)
+    for t in range(a.q.shape[1]):
+        o_t, cache = step(a.q[:, t], a.k[:, t], a.v[:, t], state=cache, scale=scale)
         outputs.append(o_t)
-    return xp.stack(outputs, axis=1), cache
+    return a.xp.stack(outputs, axis=1), cache
 
 
 def chunked(q, k, v, *, scale=None, initial_state=None, chunk_size=64):
     """FlashAttention-style tiling with an online softmax (see the module docstring); exact."""
-    C = check_chunk_size(chunk_size)
-    q, k, v = _prepare(q, k, v, scale, initial_state)
-    xp = array_module(q)
+    a, scale = _checked(q, k, v, scale, initial_state)
+    C = check_chunk_size(chunk_size, a.shapes["T"])
+    q = a.q * scale
+    k, v = _with_past(a)
+    xp = a.xp
     T, total = q.shape[1], k.shape[1]
     prefix = total - T
     qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)  # [B, H, Nq or Nk, C, .]

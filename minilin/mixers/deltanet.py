@@ -16,7 +16,7 @@ allow_neg_eigval=True lets beta reach 2, so the transition I - beta k k^T can ha
 papers): the transition's eigenvalue along k_t is 1 - beta_t |k_t|^2, so with beta |k|^2 > 1 (> 2 with
 allow_neg_eigval) every write amplifies the memory and a long sequence overflows. The forms refuse such
 keys (`validation.check_delta_keys`); normalize_qk=True L2-normalizes q and k inside instead
-(`_delta_rule.l2_normalize`, FLA's use_qk_l2norm_in_kernel).
+(`activations.l2_normalize`, FLA's use_qk_l2norm_in_kernel).
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked (WY), parallel, step. Each returns (o, final_state).
@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
+from ..activations import l2_normalize
 from ..signature import Signature, Tensor
 from ..validation import check_beta, check_chunk_size, check_delta_keys, check_flag, check_scale
 from . import _delta_rule
@@ -42,7 +43,7 @@ def _checked(q, k, v, beta, scale, state, allow_neg_eigval, normalize_qk, step=F
     check_beta(a.beta, allow_neg_eigval)
     q, k = a.q, a.k
     if check_flag("normalize_qk", normalize_qk):
-        q, k = _delta_rule.l2_normalize(q), _delta_rule.l2_normalize(k)
+        q, k = l2_normalize(q), l2_normalize(k)
     else:
         check_delta_keys(k, a.beta, allow_neg_eigval)
     return a, q * check_scale(scale, a.shapes["K"]), k

@@ -11,7 +11,7 @@ S_t = the state. The chunked form is DeltaNet's WY form with the decay folded in
 intra-chunk products and exp(G) on the rows read from or written to the chunk's boundary states.
 allow_neg_eigval=True lets beta reach 2 (transition eigenvalues down to -alpha). Keys should be
 L2-normalized:
-normalize_qk=True L2-normalizes q and k inside (`_delta_rule.l2_normalize`, FLA's
+normalize_qk=True L2-normalizes q and k inside (`activations.l2_normalize`, FLA's
 use_qk_l2norm_in_kernel); otherwise the keys must satisfy beta |k|^2 <= 1 (<= 2 with allow_neg_eigval),
 which `validation.check_delta_keys` checks.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
+from ..activations import l2_normalize
 from ..signature import Signature, Tensor
 from ..validation import (check_beta, check_chunk_size, check_delta_keys, check_flag, check_log_gate,
                           check_scale)
@@ -42,7 +43,7 @@ def _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, ste
     check_beta(a.beta, allow_neg_eigval)
     q, k = a.q, a.k
     if check_flag("normalize_qk", normalize_qk):
-        q, k = _delta_rule.l2_normalize(q), _delta_rule.l2_normalize(k)
+        q, k = l2_normalize(q), l2_normalize(k)
     else:
         check_delta_keys(k, a.beta, allow_neg_eigval)
     return a, q * check_scale(scale, a.shapes["K"]), k

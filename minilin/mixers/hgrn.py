@@ -27,50 +27,52 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
-from ..backend import array_module
 from ..scan import associative_scan, chunked_scan
-from ..validation import check_chunk_size, check_log_gate, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_log_gate
+
+SIGNATURE = Signature(inputs=(Tensor("x", "B T D"), Tensor("g", "B T D", gate=True)), output="B T D", state="B D")
 
 
-def _prepare(x, g, state, step=False):
-    _, _, (x, g, state) = check_tensors(("x", x, "B T D"), ("g", g, "B T D"),
-                                        (state_name(step), state, "B D"), step=step)
-    check_log_gate("g", g)
-    return x, g, state
+def _checked(x, g, state, step=False):
+    a = SIGNATURE.check(x, g, state=state, step=step)
+    check_log_gate("g", a.g)
+    return a
 
 
 def step(x, g, *, state=None):
-    """One token: x, g [B, D] -> (o_t [B, D], new state [B, D]); h = exp(g) h + x."""
-    x, g, h = _prepare(x, g, state, step=True)
-    h = x if h is None else array_module(x).exp(g) * h + x
-    return h, h
+    """One token: x, g [B, D] -> (o_t [B, D], new state [B, D]); h = exp(g) h + x. The output and the state
+    hold the same numbers in two arrays, so that changing one in place leaves the other intact."""
+    a = _checked(x, g, state, step=True)
+    h = a.x.copy() if a.state is None else a.xp.exp(a.g) * a.state + a.x
+    return h, h.copy()
 
 
 def recurrent(x, g, *, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, D], final state [B, D])."""
-    x, g, h = _prepare(x, g, initial_state)
-    xp = array_module(x)
-    decay = xp.exp(g)                      # g <= 0: every factor in (0, 1]
-    o = xp.empty_like(x)
+    a = _checked(x, g, initial_state)
+    x, h = a.x, a.state
+    decay = a.xp.exp(a.g)                  # g <= 0: every factor in (0, 1]
+    o = a.xp.empty_like(x)
     for t in range(x.shape[1]):
-        h = x[:, t] if h is None else decay[:, t] * h + x[:, t]
-        o[:, t] = h
-    return o, h
+        o[:, t] = x[:, t] if h is None else decay[:, t] * h + x[:, t]
+        h = o[:, t]
+    return o, h.copy()                     # the final state is its own array, not a view of the output
 
 
 def chunked(x, g, *, initial_state=None, chunk_size=64):
-    """Two-level scan (`scan.chunked_scan`); any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    x, g, h0 = _prepare(x, g, initial_state)
-    o = chunked_scan(array_module(x).exp(g), x, axis=1, initial=h0, chunk_size=chunk_size)
-    return o, o[:, -1]
+    """Two-level scan (`scan.chunked_scan`); any T, chunk_size > 0 (clamped to T)."""
+    a = _checked(x, g, initial_state)
+    o = chunked_scan(a.xp.exp(a.g), a.x, axis=1, initial=a.state,
+                     chunk_size=check_chunk_size(chunk_size, a.shapes["T"]))
+    return o, o[:, -1].copy()
 
 
 def scan(x, g, *, initial_state=None):
     """Log-depth associative scan over the whole sequence (`scan.associative_scan`)."""
-    x, g, h0 = _prepare(x, g, initial_state)
-    o = associative_scan(array_module(x).exp(g), x, axis=1, initial=h0)
-    return o, o[:, -1]
+    a = _checked(x, g, initial_state)
+    o = associative_scan(a.xp.exp(a.g), a.x, axis=1, initial=a.state)
+    return o, o[:, -1].copy()
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

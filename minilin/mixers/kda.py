@@ -9,7 +9,7 @@ Paper symbols: alpha_t = the channel-wise forget gate (log space here, g_t <= 0)
 strength. The chunked form is the gated WY form with per-channel decays, whose intra-chunk products
 sum_k x_ik y_jk exp(G_ik - G_jk) are built as in GLA, finite for any gate (`chunking.gated_gram`).
 Keys should be L2-normalized:
-normalize_qk=True L2-normalizes q and k inside (`_delta_rule.l2_normalize`, FLA's
+normalize_qk=True L2-normalizes q and k inside (`activations.l2_normalize`, FLA's
 use_qk_l2norm_in_kernel); otherwise the keys must satisfy beta |k|^2 <= 1 (<= 2 with allow_neg_eigval),
 which `validation.check_delta_keys` checks.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples
+from ..activations import l2_normalize
 from ..signature import Signature, Tensor
 from ..validation import check_beta, check_chunk_size, check_delta_keys, check_flag, check_log_gate, check_scale
 from . import _delta_rule
@@ -38,7 +39,7 @@ def _checked(q, k, v, g, beta, scale, state, normalize_qk, step=False):
     check_beta(a.beta, False)
     q, k = a.q, a.k
     if check_flag("normalize_qk", normalize_qk):
-        q, k = _delta_rule.l2_normalize(q), _delta_rule.l2_normalize(k)
+        q, k = l2_normalize(q), l2_normalize(k)
     else:
         check_delta_keys(k, a.beta, False)
     return a, q * check_scale(scale, a.shapes["K"]), k

@@ -39,8 +39,13 @@ import numbers
 import numpy as np
 
 from .. import examples
-from ..validation import Shapes, check_array, check_count, check_scale, check_tensors
+from ..signature import Signature, Tensor
+from ..validation import Shapes, check_array, check_count, check_scale
 from . import _noncausal
+
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    output="B T H V", state=None)  # non-causal: no state
 
 PROJECTIONS = ("sample", "pool", "gaussian")
 
@@ -66,7 +71,8 @@ def make_projection(T: int, rank: int, kind: str = "sample", *, seed: int = 0, d
 
 def _prepare(q, k, v, rank, kind, seed, E, F, scale, initial_state):
     _noncausal.check_no_state(initial_state, "linformer")
-    xp, shapes, (q, k, v) = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
+    a = SIGNATURE.check(q, k, v)
+    xp, shapes, (q, k, v) = a.xp, a.shapes, (a.q, a.k, a.v)
     T = shapes["T"]
     if E is None:
         if F is not None:
@@ -102,7 +108,8 @@ def exact(q, k, v, *, scale=None, **linformer_options):
     _noncausal.check_option_names(linformer_options, ("rank", "projection", "seed", "E", "F", "initial_state"),
                                   "linformer.exact")
     _noncausal.check_no_state(linformer_options.get("initial_state"), "linformer")
-    _, shapes, (q, k, v) = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
+    a = SIGNATURE.check(q, k, v)
+    shapes, (q, k, v) = a.shapes, (a.q, a.k, a.v)
     return _noncausal.softmax_attention(q * check_scale(scale, shapes["K"]), k, v), None
 
 

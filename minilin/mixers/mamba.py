@@ -39,16 +39,21 @@ import numpy as np
 from .. import examples
 from ..backend import array_module
 from ..scan import associative_scan
-from ..validation import check_chunk_size, check_max, check_min, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_max, check_min
+
+SIGNATURE = Signature(
+    inputs=(Tensor("x", "B T D"), Tensor("dt", "B T D"), Tensor("A", "D N"), Tensor("B", "B T N"),
+            Tensor("C", "B T N"), Tensor("D", "D", optional=True)),
+    output="B T D", state="B D N")
 
 
-def _prepare(x, dt, A, B, C, D, state, step=False):
-    _, _, checked = check_tensors(
-        ("x", x, "B T D"), ("dt", dt, "B T D"), ("A", A, "D N"), ("B", B, "B T N"), ("C", C, "B T N"),
-        ("D", D, "D"), (state_name(step), state, "B D N"), step=step)
-    check_min("dt", checked[1], 0.0, "step sizes dt >= 0")
-    check_max("A", checked[2], 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
-    return checked
+def _checked(x, dt, A, B, C, D, state, step=False):
+    """Checked inputs: dt >= 0, A <= 0."""
+    a = SIGNATURE.check(x, dt, A, B, C, D, state=state, step=step)
+    check_min("dt", a.dt, 0.0, "step sizes dt >= 0")
+    check_max("A", a.A, 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
+    return a
 
 
 def _discretize(x, dt, A, B):
@@ -70,17 +75,17 @@ def _read(h, C, x, D):
 
 def step(x, dt, A, B, C, D=None, *, state=None):
     """One decoding step: x, dt [B, D], B, C [B, N] -> (y_t [B, D], new state [B, D, N])."""
-    x, dt, A, B, C, D, h = _prepare(x, dt, A, B, C, D, state, step=True)
-    a, b = _discretize(x, dt, A, B)
-    h = b if h is None else a * h + b
-    return _read(h, C, x, D), h
+    c = _checked(x, dt, A, B, C, D, state, step=True)
+    a, b = _discretize(c.x, c.dt, c.A, c.B)
+    h = b if c.state is None else a * c.state + b
+    return _read(h, c.C, c.x, c.D), h
 
 
 def recurrent(x, dt, A, B, C, D=None, *, initial_state=None):
     """Token loop (the definition). Returns (y [B, T, D], final state [B, D, N])."""
-    x, dt, A, B, C, D, h = _prepare(x, dt, A, B, C, D, initial_state)
-    xp = array_module(x)
-    y = xp.empty_like(x)
+    c = _checked(x, dt, A, B, C, D, initial_state)
+    x, dt, A, B, C, D, h = c.x, c.dt, c.A, c.B, c.C, c.D, c.state
+    y = c.xp.empty_like(x)
     for t in range(x.shape[1]):
         a, b = _discretize(x[:, t], dt[:, t], A, B[:, t])
         h = b if h is None else a * h + b
@@ -93,29 +98,29 @@ def scan(x, dt, A, B, C, D=None, *, initial_state=None):
 
     Memory: the states of every token, B * T * D * N numbers (the price the fused kernel avoids).
     """
-    x, dt, A, B, C, D, h0 = _prepare(x, dt, A, B, C, D, initial_state)
-    a, b = _discretize(x, dt, A, B)                     # [B, T, D, N]
-    h = associative_scan(a, b, axis=1, initial=h0)
-    return _read(h, C, x, D), h[:, -1]
+    c = _checked(x, dt, A, B, C, D, initial_state)
+    a, b = _discretize(c.x, c.dt, c.A, c.B)             # [B, T, D, N]
+    h = associative_scan(a, b, axis=1, initial=c.state)
+    return _read(h, c.C, c.x, c.D), h[:, -1].copy()    # a copy: a view would keep all T states alive
 
 
 def chunked(x, dt, A, B, C, D=None, *, initial_state=None, chunk_size=64):
-    """Chunk after chunk, each scanned in parallel from the carried state; any T, chunk_size > 0.
+    """Chunk after chunk, each scanned in parallel from the carried state; any T, chunk_size > 0 (clamped to T).
 
     For chunk [s, e): h_s .. h_{e-1} = associative scan of (a_t, b_t) from h_{s-1}; y_t = h_t C_t + D x_t;
     carry h_{e-1}. Only [B, chunk_size, D, N] states are held at a time.
     """
-    chunk_size = check_chunk_size(chunk_size)
-    x, dt, A, B, C, D, h = _prepare(x, dt, A, B, C, D, initial_state)
-    xp = array_module(x)
-    y = xp.empty_like(x)
+    c = _checked(x, dt, A, B, C, D, initial_state)
+    chunk_size = check_chunk_size(chunk_size, c.shapes["T"])
+    x, dt, A, B, C, D, h = c.x, c.dt, c.A, c.B, c.C, c.D, c.state
+    y = c.xp.empty_like(x)
     for s in range(0, x.shape[1], chunk_size):
         e = min(s + chunk_size, x.shape[1])
         a, b = _discretize(x[:, s:e], dt[:, s:e], A, B[:, s:e])   # [B, e - s, D, N]
         states = associative_scan(a, b, axis=1, initial=h)
         y[:, s:e] = _read(states, C[:, s:e], x[:, s:e], D)
         h = states[:, -1]
-    return y, h
+    return y, h.copy()
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

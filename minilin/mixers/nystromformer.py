@@ -44,8 +44,13 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..validation import check_count, check_scale, check_tensors
+from ..signature import Signature, Tensor
+from ..validation import check_count, check_scale
 from . import _noncausal
+
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    output="B T H V", state=None)  # non-causal: no state
 
 PSEUDO_INVERSES = ("iterative", "exact")
 
@@ -65,7 +70,8 @@ def iterative_pinv(A, iterations: int = 6):
 
 def _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state):
     _noncausal.check_no_state(initial_state, "nystromformer")
-    _, shapes, (q, k, v) = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
+    a = SIGNATURE.check(q, k, v)
+    shapes, (q, k, v) = a.shapes, (a.q, a.k, a.v)
     landmarks = check_count("landmarks", landmarks, high=shapes["T"], what=" = T")
     if pinv not in PSEUDO_INVERSES:
         raise ValueError(f"pinv: expected one of {list(PSEUDO_INVERSES)}, got {pinv!r}")
@@ -98,7 +104,8 @@ def exact(q, k, v, *, scale=None, **nystromformer_options):
     _noncausal.check_option_names(nystromformer_options, ("landmarks", "pinv", "iterations", "initial_state"),
                                   "nystromformer.exact")
     _noncausal.check_no_state(nystromformer_options.get("initial_state"), "nystromformer")
-    _, shapes, (q, k, v) = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
+    a = SIGNATURE.check(q, k, v)
+    shapes, (q, k, v) = a.shapes, (a.q, a.k, a.v)
     return _noncausal.softmax_attention(q * check_scale(scale, shapes["K"]), k, v), None
 
 

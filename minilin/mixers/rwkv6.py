@@ -31,15 +31,20 @@ from .. import examples
 from ..backend import array_module
 from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gram_before_decay, local_cumsum,
                         pass_states, state_or_zeros, to_chunks)
-from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_log_gate, check_scale
+
+SIGNATURE = Signature(
+    inputs=(Tensor("r", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"),
+            Tensor("w", "B T H K", gate=True), Tensor("u", "H K")),
+    output="B T H V", state="B H K V")
 
 
-def _prepare(r, k, v, w, u, scale, state, step=False):
-    _, shapes, (r, k, v, w, u, state) = check_tensors(
-        ("r", r, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"), ("w", w, "B T H K"),
-        ("u", u, "H K"), (state_name(step), state, "B H K V"), step=step)
-    check_log_gate("w", w)
-    return r * check_scale(scale, shapes["K"]), k, v, w, u, state
+def _checked(r, k, v, w, u, scale, state, step=False):
+    """Checked inputs and the query q = scale * r."""
+    a = SIGNATURE.check(r, k, v, w, u, state=state, step=step)
+    check_log_gate("w", a.w)
+    return a, a.r * check_scale(scale, a.shapes["K"])
 
 
 def _step(q, k, v, w, u, S):
@@ -52,12 +57,14 @@ def _step(q, k, v, w, u, S):
 
 def step(r, k, v, w, u, *, state=None, scale=None):
     """One decoding step: r, k, w [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state [B, H, K, V])."""
-    return _step(*_prepare(r, k, v, w, u, scale, state, step=True))
+    a, q = _checked(r, k, v, w, u, scale, state, step=True)
+    return _step(q, a.k, a.v, a.w, a.u, a.state)
 
 
 def recurrent(r, k, v, w, u, *, scale=None, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    q, k, v, w, u, S = _prepare(r, k, v, w, u, scale, initial_state)
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    k, v, w, u, S = a.k, a.v, a.w, a.u, a.state
     o = array_module(q).empty(v.shape, q.dtype)
     for t in range(q.shape[1]):
         o[:, t], S = _step(q[:, t], k[:, t], v[:, t], w[:, t], u, S)
@@ -65,15 +72,15 @@ def recurrent(r, k, v, w, u, *, scale=None, initial_state=None):
 
 
 def chunked(r, k, v, w, u, *, scale=None, initial_state=None, chunk_size=64):
-    """Chunked form (see the module docstring), finite for any gate; any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    return _chunked(*_prepare(r, k, v, w, u, scale, initial_state), chunk_size)
+    """Chunked form (see the module docstring), finite for any gate; any T, chunk_size > 0 (clamped to T)."""
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    return _chunked(q, a.k, a.v, a.w, a.u, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
 
 
 def parallel(r, k, v, w, u, *, scale=None, initial_state=None):
     """Quadratic form: the chunked form with one chunk holding the whole sequence."""
-    q, k, v, w, u, S0 = _prepare(r, k, v, w, u, scale, initial_state)
-    return _chunked(q, k, v, w, u, S0, q.shape[1])
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    return _chunked(q, a.k, a.v, a.w, a.u, a.state, q.shape[1])
 
 
 def _chunked(q, k, v, w, u, S0, chunk_size):

@@ -46,15 +46,20 @@ from .. import examples
 from ..backend import array_module
 from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gram_before_decay, local_cumsum,
                         state_or_zeros, to_chunks, unit_lower_inverse)
-from ..validation import check_chunk_size, check_log_gate, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_log_gate, check_scale
+
+SIGNATURE = Signature(
+    inputs=(Tensor("r", "B T H K"), Tensor("w", "B T H K", gate=True), Tensor("k", "B T H K"),
+            Tensor("v", "B T H V"), Tensor("a", "B T H K"), Tensor("b", "B T H K")),
+    output="B T H V", state="B H K V")
 
 
-def _prepare(r, w, k, v, a, b, scale, state, step=False):
-    _, shapes, (r, w, k, v, a, b, state) = check_tensors(
-        ("r", r, "B T H K"), ("w", w, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"),
-        ("a", a, "B T H K"), ("b", b, "B T H K"), (state_name(step), state, "B H K V"), step=step)
-    check_log_gate("w", w)
-    return r * check_scale(scale, shapes["K"]), w, k, v, a, b, state
+def _checked(r, w, k, v, a, b, scale, state, step=False):
+    """Checked inputs and the query q = scale * r."""
+    x = SIGNATURE.check(r, w, k, v, a, b, state=state, step=step)
+    check_log_gate("w", x.w)
+    return x, x.r * check_scale(scale, x.shapes["K"])
 
 
 def _step(q, w, k, v, a, b, S):
@@ -67,12 +72,14 @@ def _step(q, w, k, v, a, b, S):
 
 def step(r, w, k, v, a, b, *, state=None, scale=None):
     """One decoding step: r, w, k, a, b [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
-    return _step(*_prepare(r, w, k, v, a, b, scale, state, step=True))
+    x, q = _checked(r, w, k, v, a, b, scale, state, step=True)
+    return _step(q, x.w, x.k, x.v, x.a, x.b, x.state)
 
 
 def recurrent(r, w, k, v, a, b, *, scale=None, initial_state=None):
     """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    q, w, k, v, a, b, S = _prepare(r, w, k, v, a, b, scale, initial_state)
+    x, q = _checked(r, w, k, v, a, b, scale, initial_state)
+    w, k, v, a, b, S = x.w, x.k, x.v, x.a, x.b, x.state
     o = array_module(q).empty(v.shape, q.dtype)
     for t in range(q.shape[1]):
         o[:, t], S = _step(q[:, t], w[:, t], k[:, t], v[:, t], a[:, t], b[:, t], S)
@@ -80,9 +87,10 @@ def recurrent(r, w, k, v, a, b, *, scale=None, initial_state=None):
 
 
 def chunked(r, w, k, v, a, b, *, scale=None, initial_state=None, chunk_size=64):
-    """WY-style chunked form (module docstring), finite for any w; any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
-    q, w, k, v, a, b, S0 = _prepare(r, w, k, v, a, b, scale, initial_state)
+    """WY-style chunked form (module docstring), finite for any w; any T, chunk_size > 0 (clamped to T)."""
+    x, q = _checked(r, w, k, v, a, b, scale, initial_state)
+    chunk_size = check_chunk_size(chunk_size, x.shapes["T"])
+    w, k, v, a, b, S0 = x.w, x.k, x.v, x.a, x.b, x.state
     xp = array_module(q)
     T = q.shape[1]
     qc, kc, vc, ac, bc = (to_chunks(x, chunk_size) for x in (q, k, v, a, b))   # [B, H, N, C, .]

@@ -47,7 +47,13 @@ import numpy as np
 from .. import examples
 from ..backend import array_module
 from ..chunking import from_chunks, pass_states, to_chunks
-from ..validation import check_chunk_size, check_max, check_min, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_max, check_min
+
+SIGNATURE = Signature(
+    inputs=(Tensor("u", "B T H"), Tensor("dt", "H"), Tensor("A", "H N"), Tensor("B", "H N"), Tensor("C", "H N"),
+            Tensor("D", "H", optional=True)),
+    output="B T H", state="B H N")  # A, B, C and the state may be complex (S4D-Lin)
 
 # --- discretization ----------------------------------------------------------------------------------
 
@@ -121,9 +127,9 @@ def convolution(u, dt, A, B, C, D=None, *, initial_state=None):
 
 
 def chunked(u, dt, A, B, C, D=None, *, initial_state=None, chunk_size=64):
-    """Toeplitz blocks inside chunks, the state passed between them; any T, chunk_size > 0."""
-    chunk_size = check_chunk_size(chunk_size)
+    """Toeplitz blocks inside chunks, the state passed between them; any T, chunk_size > 0 (clamped to T)."""
     u, dt, A, B, C, D, h0 = _prepare(u, dt, A, B, C, D, initial_state)
+    chunk_size = check_chunk_size(chunk_size, u.shape[1])
     xp = array_module(u)
     T, c = u.shape[1], chunk_size
     A_bar, B_bar = discretize(dt, A, B)
@@ -220,14 +226,12 @@ def _prepare(u, dt, A, B, C, D, state, step=False):
         """A complex argument is checked through |x|: same shape, finite exactly where x is."""
         return xp.abs(x) if _is_complex(x) else x
 
-    _, _, (u, dt, _, _, _, D, _) = check_tensors(
-        ("u", u, "B T H"), ("dt", dt, "H"), ("A", real(A), "H N"), ("B", real(B), "H N"),
-        ("C", real(C), "H N"), ("D", D, "H"), (state_name(step), real(state), "B H N"), step=step)
-    check_min("dt", dt, 0.0, "step sizes dt > 0", strict=True)
+    a = SIGNATURE.check(u, dt, real(A), real(B), real(C), D, state=real(state), step=step)
+    check_min("dt", a.dt, 0.0, "step sizes dt > 0", strict=True)
     check_max("A", A.real, 0.0, "Re(A) <= 0 (a stable state: |exp(dt A)| <= 1)")
-    work = xp.result_type(u.dtype, xp.complex64) if any_complex else u.dtype
+    work = xp.result_type(a.u.dtype, xp.complex64) if any_complex else a.u.dtype
     A, B, C, state = (None if x is None else x.astype(work, copy=False) for x in (A, B, C, state))
-    return u, dt, A, B, C, D, state
+    return a.u, a.dt, A, B, C, a.D, state
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np, init="real"):

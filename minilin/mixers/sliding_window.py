@@ -37,7 +37,12 @@ import numpy as np
 from .. import examples
 from ..backend import array_module
 from ..chunking import from_chunks, num_chunks, to_chunks
-from ..validation import check_chunk_size, check_count, check_scale, check_tensors, state_name
+from ..signature import Signature, Tensor
+from ..validation import check_chunk_size, check_count, check_scale, state_name
+
+SIGNATURE = Signature(
+    inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    output="B T H V", state=None)  # its memory is a WindowCache (ring buffer of the last W tokens)
 
 
 class WindowCache(NamedTuple):
@@ -61,7 +66,7 @@ def _check_position(name, position, window, stored) -> int:
     return int(position)
 
 
-def _prepare(q, k, v, window, scale, cache, step=False):
+def _checked(q, k, v, window, scale, cache, step=False):
     """Check everything before any work. Returns (q * scale, k, v, cache_k, cache_v, P, W), the cached
     arrays cast to the inputs' dtype (None when there is no cache), P the tokens seen before these."""
     window = _check_window(window)
@@ -69,11 +74,11 @@ def _prepare(q, k, v, window, scale, cache, step=False):
     if cache is not None and not (isinstance(cache, tuple) and len(cache) == 3):
         raise TypeError(f"{name}: expected a WindowCache(k, v, position) or None, got {type(cache).__name__}")
     cache_k, cache_v, position = (None, None, 0) if cache is None else cache
-    _, shapes, (q, k, v, cache_k, cache_v) = check_tensors(
-        ("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"),
-        (f"{name}.k", cache_k, "B L H K"), (f"{name}.v", cache_v, "B L H V"), step=step)
+    a = SIGNATURE.check(q, k, v, step=step, extra=((Tensor(f"{name}.k", "B L H K"), cache_k),
+                                                   (Tensor(f"{name}.v", "B L H V"), cache_v)))
     P = _check_position(name, position, window, 0 if cache_k is None else cache_k.shape[1])
-    return q * check_scale(scale, shapes["K"]), k, v, cache_k, cache_v, P, window
+    return (a.q * check_scale(scale, a.shapes["K"]), a.k, a.v, a.arrays[f"{name}.k"], a.arrays[f"{name}.v"],
+            P, window)
 
 
 def _with_past(k, v, cache_k, cache_v, P, window):
@@ -107,7 +112,7 @@ def _softmax_rows(scores, v):
 
 def parallel(q, k, v, *, window, scale=None, initial_state=None):
     """The banded n x (L + n) softmax. Returns (o [B, T, H, V], WindowCache)."""
-    q, k, v, cache_k, cache_v, P, window = _prepare(q, k, v, window, scale, initial_state)
+    q, k, v, cache_k, cache_v, P, window = _checked(q, k, v, window, scale, initial_state)
     k, v, L = _with_past(k, v, cache_k, cache_v, P, window)
     xp = array_module(q)
     T = q.shape[1]
@@ -121,8 +126,8 @@ def parallel(q, k, v, *, window, scale=None, initial_state=None):
 
 def chunked(q, k, v, *, window, scale=None, initial_state=None, chunk_size=64):
     """Tiled band with an online softmax (module docstring); never forms an n x n matrix."""
-    C = check_chunk_size(chunk_size)
-    q, k, v, cache_k, cache_v, P, window = _prepare(q, k, v, window, scale, initial_state)
+    q, k, v, cache_k, cache_v, P, window = _checked(q, k, v, window, scale, initial_state)
+    C = check_chunk_size(chunk_size, q.shape[1])
     k, v, L = _with_past(k, v, cache_k, cache_v, P, window)
     xp = array_module(q)
     T = q.shape[1]
@@ -167,11 +172,11 @@ def chunked(q, k, v, *, window, scale=None, initial_state=None, chunk_size=64):
 
 def step(q, k, v, *, state=None, window, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], the cache with this token in it)."""
-    q, k, v, ring_k, ring_v, P, window = _prepare(q, k, v, window, scale, state, step=True)
+    q, k, v, ring_k, ring_v, P, window = _checked(q, k, v, window, scale, state, step=True)
     xp = array_module(q)
     if P < window:   # still filling up: token P goes to slot P, the end of the buffer
-        ring_k = k[:, None] if ring_k is None else xp.concatenate([ring_k, k[:, None]], axis=1)
-        ring_v = v[:, None] if ring_v is None else xp.concatenate([ring_v, v[:, None]], axis=1)
+        ring_k = k[:, None].copy() if ring_k is None else xp.concatenate([ring_k, k[:, None]], axis=1)
+        ring_v = v[:, None].copy() if ring_v is None else xp.concatenate([ring_v, v[:, None]], axis=1)
     else:            # full: overwrite the oldest entry, slot P % W (a copy: the caller's cache stays valid)
         ring_k, ring_v = ring_k.copy(), ring_v.copy()
         ring_k[:, P % window], ring_v[:, P % window] = k, v
@@ -182,11 +187,12 @@ def step(q, k, v, *, state=None, window, scale=None):
 
 def recurrent(q, k, v, *, window, scale=None, initial_state=None):
     """One `step` per token, as a decoder runs: the ring buffer fills up to W entries, then wraps."""
-    xp, _, _ = check_tensors(("q", q, "B T H K"), ("k", k, "B T H K"), ("v", v, "B T H V"))
+    q, k, v, *_ = _checked(q, k, v, window, scale, initial_state)  # every argument checked once, by its name
+    xp = array_module(q)
     cache = initial_state
     outputs = []
     for t in range(q.shape[1]):
-        o_t, cache = step(q[:, t], k[:, t], v[:, t], state=cache, window=window, scale=scale)
+        o_t, cache = step(q[:, t], k[:, t], v[:, t], state=cache, window=window, scale=1.0)
         outputs.append(o_t)
     return xp.stack(outputs, axis=1), cache
 
