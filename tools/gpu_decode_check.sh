@@ -10,12 +10,14 @@
 #      (pytest_decode.log; about 1-2 minutes)
 #   5. `minilin bench --decode --json` (decode.md, decode.json; about 1-2 minutes, with FLA's rows when FLA imports)
 #   6. unless SKIP_FULL_TESTS=1: the other CUDA tests, tests/test_cuda*.py (pytest_cuda.log; several minutes)
-# Expected runtime on an H200: about 5 minutes for steps 1-5, 10 or more with step 6; inside one 10-minute call,
-# run with SKIP_FULL_TESTS=1 and give step 6 a call of its own (SKIP_BUILD=1 is not safe on a fresh machine).
+# Expected runtime on an H200: about 5 minutes for steps 1-5, 10 or more with step 6. Inside 10-minute calls:
+#   SKIP_FULL_TESTS=1 bash tools/gpu_decode_check.sh "$OUT"                                 (steps 1-5)
+#   SKIP_PTXAS=1 SKIP_BUILD=1 SKIP_TESTS=1 SKIP_BENCH=1 bash tools/gpu_decode_check.sh "$OUT"   (step 6, same machine)
+# SKIP_BUILD=1 keeps a module built before on that machine (it builds anyway when there is none).
 # FLA travels as wheels (no network there): put fla-core and einops wheels in .whl/
 #   (pip download --no-deps fla-core==0.6.0 einops==0.8.2 -d .whl); they go to a temporary directory on PYTHONPATH.
-# Knobs: PYTEST_ARGS (e.g. "-n 4"), SKIP_BENCH=1, SKIP_FULL_TESTS=1, BUILD_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT,
-# FULL_TEST_TIMEOUT (seconds).
+# Knobs: PYTEST_ARGS (e.g. "-n 4"), SKIP_PTXAS=1, SKIP_BUILD=1, SKIP_TESTS=1, SKIP_BENCH=1, SKIP_FULL_TESTS=1,
+# BUILD_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT, FULL_TEST_TIMEOUT (seconds).
 set -uo pipefail
 OUT="${1:-/tmp/minilin_decode}"
 mkdir -p "$OUT"
@@ -45,7 +47,7 @@ PYEOF
 } 2>&1 | tee "$OUT/probe.log"
 
 # The new kernels' resources as ptxas reports them (registers, spills), for the sm_90a build.
-for source in csrc/decode/v1_register_tiles.cu csrc/linear_bwd/v1_recurrent.cu csrc/delta_bwd/v1_recurrent.cu; do
+[ -n "${SKIP_PTXAS:-}" ] || for source in csrc/decode/v1_register_tiles.cu csrc/linear_bwd/v1_recurrent.cu csrc/delta_bwd/v1_recurrent.cu; do
   log="$OUT/ptxas_$(basename "$(dirname "$source")").log"
   nvcc -std=c++17 -O3 -lineinfo -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a -DMINILIN_SM90A=1 -Xptxas -v \
     -c "$source" -o "$(mktemp -d)/kernel.o" >"$log" 2>&1
@@ -60,17 +62,23 @@ for name, spill, regs in re.findall(pattern, text):
 PYEOF
 done
 
-start=$(date +%s)
-timeout "${BUILD_TIMEOUT:-420}" "$PY" setup.py build_ext --inplace >"$OUT/build.log" 2>&1
-status=$?
-echo "build: exit $status in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
-[ $status -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+if [ -n "${SKIP_BUILD:-}" ] && ls minilin/_cuda*.so >/dev/null 2>&1; then
+  echo "build: skipped (SKIP_BUILD=1, $(ls minilin/_cuda*.so))" | tee -a "$OUT/probe.log"
+else
+  start=$(date +%s)
+  timeout "${BUILD_TIMEOUT:-420}" "$PY" setup.py build_ext --inplace >"$OUT/build.log" 2>&1
+  status=$?
+  echo "build: exit $status in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
+  [ $status -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+fi
 
+if [ -z "${SKIP_TESTS:-}" ]; then
 start=$(date +%s)
 timeout "${TEST_TIMEOUT:-300}" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} tests/test_cuda_decode.py \
   tests/test_cuda_decode_front.py tests/test_cuda_backward.py --tb=short -rfEs 2>&1 | tee "$OUT/pytest_decode.log" \
   | tail -"${TEST_TAIL:-30}"
 echo "decode and backward tests: exit ${PIPESTATUS[0]} in $(( $(date +%s) - start )) s" | tee -a "$OUT/probe.log"
+fi
 
 if [ -z "${SKIP_BENCH:-}" ]; then
   start=$(date +%s)
