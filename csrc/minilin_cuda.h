@@ -22,7 +22,7 @@ struct KernelError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// One forward call. Shapes follow ../shared/CONVENTIONS.md (sequence-first, like FLA):
+// One forward call. Shapes follow CONVENTIONS.md (sequence-first, like FLA):
 //   q, k [B, T, H, K] and v, o [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null:
 //   no decay; beta is read by the delta family only); h0, ht [B, H, K, V] float32 (h0 may be null:
 //   zeros). All arrays C-contiguous on the current device. `scale` multiplies q.

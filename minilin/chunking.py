@@ -252,3 +252,188 @@ def unit_lower_inverse(A):
         merged[..., size:, :size] = -(T2 @ diagonal[..., size:, :size]) @ T1
         T, size = merged, 2 * size
     return T[..., 0, :C, :C]
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Backward twins of the pieces above.
+#
+# Each takes the cotangent of its forward twin's output (the gradient of a scalar loss with respect to it,
+# same shape) and returns the cotangents of the forward's inputs. Gates stay in log space: a gate's
+# gradient is read off products already computed (`gate_terms`), never from exp(-G).
+# ---------------------------------------------------------------------------------------------------------
+
+
+def to_chunks_transposed(x, chunk_size: int):
+    """[B, T, H, F] -> [B, H, N, F, C]: `transposed(to_chunks(x))` in one copy instead of two."""
+    xp = array_module(x)
+    B, T, H, F = x.shape
+    N = num_chunks(T, chunk_size)
+    pad = N * chunk_size - T
+    if pad:
+        x = xp.pad(x, [(0, 0), (0, pad), (0, 0), (0, 0)])
+    return xp.ascontiguousarray(x.reshape(B, N, chunk_size, H, F).transpose(0, 3, 1, 4, 2))
+
+
+def sum_to_leading(x, ndim: int):
+    """Sum away the extra leading axes that broadcasting added: [e..., *shape] -> [*shape] (ndim axes)."""
+    extra = x.ndim - ndim
+    return x.sum(axis=tuple(range(extra))) if extra > 0 else x
+
+
+def reverse_cumsum(x, axis: int):
+    """y_i = sum_{j >= i} x_j along `axis`: the backward of a cumulative sum (of `local_cumsum` on axis 3)."""
+    xp = array_module(x)
+    return xp.flip(xp.cumsum(xp.flip(x, axis), axis), axis)
+
+
+def gate_terms(x, dx, G):
+    """The per-token terms of a log-gate's gradient: x * dx in G's shape (x, dx [..., C, K]; G [..., C, K]
+    per channel or [..., C] scalar, with x's leading axes).
+
+    The rule behind every gate gradient here. If a row x_i enters the forward only as y_i = x_i exp(s G_i)
+    (s = +1 or -1), then dx_i = dy_i exp(s G_i) and, since d/du (x e^u) = x e^u,
+        dL/dG_i |through x_i = s * (dy_i . y_i) = s * (x_i . dx_i):
+    the row times its own cotangent, with no exponential of its own. A per-channel gate keeps the product
+    per channel; a scalar gate sums it over K.
+    """
+    if G.ndim == x.ndim:
+        return x * dx
+    return array_module(x).einsum("...k,...k->...", x, dx)  # the row dot products, without an x * dx temporary
+
+
+def gated_gram_backward(dA, x, y, G, *, strict: bool = False, decay=None):
+    """The backward of `gated_gram`: (dx, dy) from dA [..., C, C], the cotangent of A.
+
+    Forward, with m_ij = 1 where j <= i (j < i when strict), else 0:
+        A_ij = m_ij sum_k x_ik y_jk exp(G_ik - G_jk).
+    Write P_ijk = m_ij exp(G_ik - G_jk), mask and decay together; P only holds exponentials of
+    non-positive numbers (G is non-increasing and j <= i). A is linear in x and in y:
+        dx_ik = sum_j dA_ij P_ijk y_jk          row i of dA, against the keys it decayed
+        dy_jk = sum_i dA_ij P_ijk x_ik          column j of dA, against the queries.
+    With no gate or a scalar one, P is one [C, C] matrix for all k, so with M = dA * P:
+        dx = M y,    dy = M^T x                  (two batched matrix products)
+    and for a per-channel gate the same sums are taken sub-block by sub-block (`_channel_gram_backward`).
+
+    The gate: x_i enters as x_i exp(+G_i) and y_j as y_j exp(-G_j), so by `gate_terms`
+        dG = gate_terms(x, dx, G) - gate_terms(y, dy, G)          (= x dx - y dy per channel)
+    (with stacked x, sum gate_terms(x, dx, G) over the extra axes first).
+
+    x may carry extra leading axes (several Grams sharing y and G): dx keeps them, dy sums them away.
+    decay: P itself, [..., C, C], for no gate or a scalar one, when the caller has built it already
+    (`gram_decay`); None builds it here.
+    """
+    xp = array_module(x)
+    if G is not None and G.ndim == y.ndim:
+        return _channel_gram_backward(dA, x, y, G, strict)
+    M = dA * (gram_decay(G, x.shape[-2], xp, strict=strict) if decay is None else decay)
+    # M^T as the left operand: NumPy multiplies a swapped view on the left at nearly full speed.
+    return M @ y, sum_to_leading(M.swapaxes(-1, -2) @ x, y.ndim)
+
+
+def gram_decay(G, C: int, xp, *, strict: bool = False):
+    """P_ij = m_ij exp(G_i - G_j), the mask and decay of `gated_gram` as one [..., C, C] matrix, for no gate
+    (the causal mask alone, [C, C] boolean) or a scalar one (`decay_matrix`); so that with
+    P = gram_decay(G, C, xp), gated_gram(x, y, G) = (x @ y^T) * P."""
+    return causal_mask(C, xp, strict=strict) if G is None else decay_matrix(G, strict=strict)
+
+
+def _channel_gram_backward(dA, x, y, G, strict):
+    """dx, dy of the per-channel `gated_gram`: the chain rule through `_channel_gram`'s sub-blocks.
+
+    The forward cut A into sub-blocks of c = SUB_CHUNK positions, (a, b) = (block of i, block of j):
+    - diagonal blocks (a = b): A_ij = sum_k x_ik y_jk D_ijk with D_ijk = m_ij exp(G_ik - G_jk) formed
+      outright, [c, c, K]. Backward, with dA restricted to the block:
+          dx_ik = sum_j dA_ij D_ijk y_jk,      dy_jk = sum_i dA_ij D_ijk x_ik;
+    - blocks below the diagonal (a > b): A_ab = X_a Y_ab^T with X_a = x_a * exp(G_a - G_ref_a) and
+      Y_ab = y_b * exp(G_ref_a - G_b), r_a the last position before block a. A product's backward:
+          dX_a = sum_b dA_ab Y_ab,       dY_ab = dA_ab^T X_a,
+      then through the two decays (elementwise): dx_a += dX_a * exp(G_a - G_ref_a),
+      dy_b += sum_{a > b} dY_ab * exp(G_ref_a - G_b).
+    Every exponential is one the forward takes, of a non-positive number. Blocks with a <= b have
+    Y_ab = 0 (the diagonal blocks' products are the ones replaced by D), so the full [ns, ns] products
+    need no extra mask.
+    """
+    xp = array_module(x)
+    C, K = x.shape[-2:]
+    c = min(SUB_CHUNK, C)
+    ns = -(-C // c)
+    pad = ns * c - C
+    if pad:
+        def widths(a, last=(0, 0)):
+            return [(0, 0)] * (a.ndim - 2) + [(0, pad), last]
+        x, y = xp.pad(x, widths(x)), xp.pad(y, widths(y))
+        G = xp.pad(G, widths(G), mode="edge")
+        dA = xp.pad(dA, widths(dA, (0, pad)))
+    xs, ys, Gs = (a.reshape(*a.shape[:-2], ns, c, K) for a in (x, y, G))
+    dblocks = xp.moveaxis(dA.reshape(*dA.shape[:-2], ns, c, ns, c), -3, -2)  # [..., a, b, c(i), c(j)]
+
+    # Diagonal sub-blocks: exp(G_i - G_j) [..., s, c(i), c(j), K] as in the forward, built in place; above
+    # the diagonal G_i - G_j >= 0 is clamped to 0 before exp, and the mask goes on dA's blocks instead.
+    decay = Gs[..., :, None, :] - Gs[..., None, :, :]
+    xp.minimum(decay, 0, out=decay)
+    xp.exp(decay, out=decay)
+    s = xp.arange(ns)
+    dA_diag = dblocks[..., s, s, :, :] * causal_mask(c, xp, strict=strict)   # dA_ij m_ij, [..., s, c, c]
+    dxs = xp.einsum("...ij,...ijk,...jk->...ik", dA_diag, decay, ys)        # sum over j
+    dys = sum_to_leading(xp.einsum("...ij,...ijk,...ik->...jk", dA_diag, decay, xs), ys.ndim)  # over i
+
+    # Sub-blocks below the diagonal, through the reference r_a.
+    G_ref = xp.concatenate([xp.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], axis=-2)
+    x_decay = xp.exp(Gs - G_ref[..., None, :])                               # [..., a, c, K]
+    earlier = (xp.arange(ns)[:, None] > xp.arange(ns)[None, :])[:, :, None, None]
+    y_decay = xp.exp(xp.where(earlier, G_ref[..., :, None, None, :] - Gs[..., None, :, :, :], -xp.inf))
+    X = xs * x_decay                                                          # [..., a, c, K]
+    Y = ys[..., None, :, :, :] * y_decay                                      # [..., a, b, c, K]
+    dX = (dblocks @ Y).sum(-3)                                                # sum over b
+    dY = dblocks.swapaxes(-1, -2) @ X[..., :, None, :, :]                     # [..., a, b, c(j), K]
+    dxs += dX * x_decay
+    dys += sum_to_leading(xp.einsum("...abjk,...abjk->...bjk", dY, y_decay), ys.ndim)   # sum over a
+
+    dx = dxs.reshape(*dxs.shape[:-3], ns * c, K)[..., :C, :]
+    dy = dys.reshape(*dys.shape[:-3], ns * c, K)[..., :C, :]
+    return dx, dy
+
+
+def gram_before_decay_backward(dA, x, y, G):
+    """The backward of `gram_before_decay`: (dx, dy) from dA [..., C, C].
+
+    The forward is `gated_gram(x, y', G')` with y'_{j+1} = y_j and G'_i = G_{i-1} (G'_0 = 0), read one
+    column to the right: A_ij = A'_{i, j+1}. Its backward undoes each shift in turn:
+        dA'_{i, j+1} = dA_ij (dA'_{i, 0} = 0),   (dx, dy') = gated_gram_backward(dA', x, y', G'),
+        dy_j = dy'_{j+1}                          (the last position's y is read by no one: 0).
+    The gate: x_i enters as x_i exp(+G_{i-1}) and y_j as y_j exp(-G_j), so (`gate_terms`)
+        dG_i = gate_terms(x, dx, G)_{i+1} - gate_terms(y, dy, G)_i.
+    """
+    xp = array_module(x)
+    y_later = xp.concatenate([xp.zeros_like(y[..., :1, :]), y[..., :-1, :]], axis=-2)
+    dshifted = xp.concatenate([xp.zeros_like(dA[..., :1]), dA[..., :-1]], axis=-1)
+    dx, dy_later = gated_gram_backward(dshifted, x, y_later, exclusive_cumsum(G))
+    return dx, xp.concatenate([dy_later[..., 1:, :], xp.zeros_like(dy_later[..., :1, :])], axis=-2)
+
+
+def pass_states_backward(dS_in, G_total, dS_final=None):
+    """The backward of `pass_states`: the adjoint of the state pass, chunk by chunk from the last.
+
+    Forward: S_{n+1} = exp(G_total_n) S_n + dS_n for n = 0..N-1, S_0 = S0; it returns S_in[n] = S_n
+    and S_final = S_N. Given the cotangents dS_in [B, H, N, K, V] (of S_in: what reading S_n
+    contributes) and dS_final [B, H, K, V] (None = zeros), let Sbar_n be the total cotangent of S_n:
+        Sbar_N = dS_final
+        Sbar_n = dS_in[n] + exp(G_total_n) Sbar_{n+1}            the pass run backwards; exponent <= 0
+    and read the inputs' cotangents off the forward's terms:
+        d(dS_n) = Sbar_{n+1}     (what chunk n writes enters S_{n+1} as it is)
+        dS0     = Sbar_0
+    Returns (d(dS) [B, H, N, K, V], dS0 [B, H, K, V]).
+
+    The gate's part is left to the caller, who knows where else its gate enters: through this pass alone,
+        dG_total_n = sum_v Sbar_{n+1} * exp(G_total_n) S_n        (summed over K too for a scalar gate)
+    (`_gated_linear.chunked_backward` folds it with the writes' own decay into one chunk-end term).
+    Like the forward, the only sequential part: a loop over N chunks, not T tokens.
+    """
+    xp = array_module(dS_in)
+    d_writes = xp.empty_like(dS_in)
+    Sbar = xp.zeros_like(dS_in[:, :, 0]) if dS_final is None else dS_final
+    for n in reversed(range(dS_in.shape[2])):
+        d_writes[:, :, n] = Sbar
+        Sbar = decay_state(Sbar, None if G_total is None else G_total[:, :, n]) + dS_in[:, :, n]
+    return d_writes, Sbar

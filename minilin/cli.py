@@ -5,6 +5,7 @@
     minilin check|hint|reset|watch [N]
     minilin tour [NAME] [--quick] [--plots DIR]
     minilin bench [--device cpu|gpu] [--json]
+    minilin train mqar [--quick] small models trained on the CPU with minilin's own gradients
     minilin doctor              what was found for the CUDA side (nvcc, CuPy, GPU, extension)
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib
 import sys
 
 # The modules that provide commands, in the order `minilin --help` lists them.
-COMMAND_MODULES = ["minilin.course", "minilin.tour", "minilin.bench", "minilin.doctor"]
+COMMAND_MODULES = ["minilin.course", "minilin.tour", "minilin.bench", "minilin.train", "minilin.doctor"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """`minilin doctor`: what was found for the CUDA side, and how to get what is missing.
 
-    minilin doctor            nvcc, CuPy, the GPU, the extension (built? for which arch?), optional baselines
+    minilin doctor            nvcc, CuPy, the GPU, the extension (built? for which arch? what did the install
+                              decide?), optional baselines
     minilin doctor --json     the same as JSON
 
 Runs anywhere: on a machine without nvcc, CuPy or a GPU it says so and what to install; it never fails
@@ -15,7 +16,9 @@ import shutil
 import subprocess
 
 INSTALL_CUPY = "pip install -e '.[cuda]'   (CuPy for CUDA 13: cupy-cuda13x)"
-BUILD_EXTENSION = "MINILIN_CUDA=1 pip install -e .   (with nvcc on PATH or CUDA_HOME set; see README)"
+BUILD_EXTENSION = ("pip install -e .   (builds it where a GPU is visible and nvcc is on PATH or CUDA_HOME is set; "
+                   "MINILIN_CUDA=1 pip install -e . builds it anyway; see README)")
+BUILD_RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build.json")
 
 
 def register(subparsers) -> None:
@@ -94,6 +97,17 @@ def find_extension() -> dict:
             "versions": [f"{v['op']} v{v['version']} {v['name']}" for v in _cuda.versions()]}
 
 
+def find_build_record() -> dict | None:
+    """What the last `pip install` of this package decided about the CUDA extension (setup.py writes
+    minilin/_build.json: the line it printed, whether it built, the objects it compiled); None without one."""
+    try:
+        with open(BUILD_RECORD) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("line"), str) else None
+
+
 def find_optional(name: str) -> str | None:
     try:
         module = __import__(name)
@@ -118,7 +132,7 @@ def arch_runs_on(arch: str, capability: str) -> bool:
 
 
 def diagnose() -> dict:
-    findings = {"nvcc": find_nvcc(), "cupy": find_cupy(), "extension": find_extension(),
+    findings = {"nvcc": find_nvcc(), "cupy": find_cupy(), "extension": find_extension(), "install": find_build_record(),
                 "torch": find_optional("torch"), "fla": find_optional("fla")}
     gpus = findings["cupy"].get("gpus") or find_gpu_without_cupy()
     findings["gpus"] = gpus
@@ -165,6 +179,13 @@ def format_report(f: dict) -> str:
         lines.append(f"             kernels: {', '.join(ext['versions'])}")
     else:
         lines.append("  extension  not built (minilin._cuda)")
+    install = f["install"]
+    if install:
+        lines.append(f"  install    {install['line']}")
+        if install.get("error"):
+            lines.append(f"             and it failed: {install['error'].splitlines()[0][:300]}")
+    else:
+        lines.append("  install    no record of a `pip install` of this checkout (setup.py writes minilin/_build.json)")
     lines.append(f"  baselines  torch: {f['torch'] or 'not installed'}; flash-linear-attention (fla): "
                  f"{f['fla'] or 'not installed (optional)'}")
     if f["todo"]:

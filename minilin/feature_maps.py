@@ -8,6 +8,10 @@ names, or any callable with that contract, can be passed as `feature_map=` to `l
 - "relu": phi(x) = max(x, 0).
 - `FavorPlus(num_features, seed)`: Performer's positive orthogonal random features (Choromanski et
   al. 2021), an unbiased estimate of the softmax kernel exp(q . k / sqrt(K)).
+
+Each has a backward, dphi -> dx (the vector-Jacobian product of phi at x; `backward_of` finds it), so that
+linear attention's gradients reach q and k through phi. A user's callable can provide one as its
+`backward(x, dphi)` attribute or method.
 """
 from __future__ import annotations
 
@@ -24,15 +28,31 @@ def identity(x):
     return x
 
 
+def identity_backward(x, dphi):
+    """dx = dphi."""
+    return dphi
+
+
 def elu_plus_one(x):
     """phi(x) = elu(x) + 1: x + 1 for x > 0, exp(x) otherwise; always positive."""
     xp = array_module(x)
     return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, 0)))
 
 
+def elu_plus_one_backward(x, dphi):
+    """phi'(x) = 1 for x > 0, exp(x) otherwise (continuous at 0, where both are 1): dx = dphi * phi'(x)."""
+    xp = array_module(x)
+    return dphi * xp.where(x > 0, 1, xp.exp(xp.minimum(x, 0)))
+
+
 def relu(x):
     """phi(x) = max(x, 0)."""
     return array_module(x).maximum(x, 0)
+
+
+def relu_backward(x, dphi):
+    """phi'(x) = 1 for x > 0, else 0 (0 at the kink x = 0, as autograd libraries take it)."""
+    return dphi * (x > 0)
 
 
 class FavorPlus:
@@ -83,8 +103,21 @@ class FavorPlus:
         # A Python float, not np.sqrt's float64 scalar, so float32 inputs stay float32 (NEP 50).
         return xp.exp(log_features) / math.sqrt(self.num_features)
 
+    def backward(self, x, dphi):
+        """dx from dphi [..., m], with x' = x / K^(1/4) and phi_j = exp(w_j . x' - |x'|^2 / 2) / sqrt(m):
+            d phi_j / d x' = phi_j (w_j - x')
+            dx' = sum_j dphi_j phi_j (w_j - x') = (dphi * phi) W - (dphi . phi) x'
+            dx  = dx' / K^(1/4)
+        phi is recomputed from x (one product and one exp)."""
+        xp = array_module(x)
+        K = x.shape[-1]
+        W = xp.asarray(self.projection(K), dtype=x.dtype)
+        weighted = dphi * self(x)
+        return (weighted @ W - weighted.sum(-1, keepdims=True) * (x / K ** 0.25)) / K ** 0.25
+
 
 NAMED = {"identity": identity, "elu+1": elu_plus_one, "relu": relu, "favor+": FavorPlus()}
+BACKWARD = {identity: identity_backward, elu_plus_one: elu_plus_one_backward, relu: relu_backward}
 
 
 def resolve(feature_map):
@@ -96,3 +129,18 @@ def resolve(feature_map):
     if isinstance(feature_map, str) and feature_map in NAMED:
         return NAMED[feature_map]
     raise ValueError(f"feature_map: expected None, a callable, or one of {sorted(NAMED)}, got {feature_map!r}")
+
+
+def backward_of(feature_map):
+    """The backward (x, dphi) -> dx of `resolve(feature_map)`: the named maps' (FavorPlus has its method),
+    or a callable's own `backward` attribute. TypeError for a map without one, before any work starts."""
+    phi = resolve(feature_map)
+    named = next((backward for f, backward in BACKWARD.items() if f is phi), None)  # by identity: any callable
+    if named is not None:
+        return named
+    backward = getattr(phi, "backward", None)
+    if callable(backward):
+        return backward
+    raise TypeError(
+        f"feature_map: expected a map with a backward to differentiate through (None, one of {sorted(NAMED)}, "
+        f"FavorPlus, or a callable with a backward(x, dphi) -> dx attribute), got {feature_map!r}, which has none")

@@ -24,6 +24,10 @@ The three ways, all computing the same h:
   chunk of C steps from zero (all chunks at once), run the short sequential scan over the N = T / C
   chunk ends, then add each chunk's incoming state, decayed by the running product of a.
 
+The gradient (`adjoint_scan`, `scan_backward`): the adjoint of the recurrence is the same kind of
+recurrence run backwards in time, lambda_t = dh_t + a_{t+1} lambda_{t+1}, so any of the three scans
+computes it on the time-reversed sequence.
+
 Shapes: a and b are arrays of one shape [..., T, ...], the scanned axis given by `axis` (default 1,
 the T of minilin's sequence-first [B, T, ...] tensors); every other axis is independent and handled
 in the same vectorized call. initial: a's shape without the scanned axis. Returns h, b's shape.
@@ -162,3 +166,54 @@ def _prepare(a, b, initial, axis):
     cast = (x if x is None else x.astype(dtype, copy=False) for x in (a, b, initial))
     return (xp, *cast, axis)
 
+
+# --- the scan's gradient --------------------------------------------------------------------------------
+
+
+SCANS = {"sequential": sequential_scan, "associative": associative_scan, "chunked": chunked_scan}
+
+
+def adjoint_scan(a, dh, *, axis=1, dfinal=None, method="associative", chunk_size=64):
+    """The adjoint of h_t = a_t h_{t-1} + b_t: lambda_t = dL/dh_t, counting every later use of h_t,
+    given dh_t (h_t's direct cotangent) and dfinal (the final state's, None = zeros):
+
+        lambda_{T-1} = dh_{T-1} + dfinal
+        lambda_t     = dh_t + a_{t+1} lambda_{t+1}          (h_t reaches h_{t+1} through a_{t+1})
+
+    itself a first-order linear recurrence, run backwards in time. Reversing the time axis, with
+    s = T - 1 - t, turns it into a forward one, mu_s = a'_s mu_{s-1} + dh'_s with a'_s = a_{T-s} (a'_0 = 1,
+    the step that brings in dfinal), so any of the three scans above computes it (`method`: "sequential",
+    "associative" or "chunked" with `chunk_size`). a, dh: [..., T, ...] along `axis`; dfinal: a's shape
+    without the axis. Returns lambda, dh's shape.
+    """
+    if method not in SCANS:
+        raise ValueError(f"method: expected one of {sorted(SCANS)}, got {method!r}")
+    xp, a, dh, dfinal, axis = _prepare(a, dh, dfinal, axis)
+    a_next = xp.concatenate([xp.moveaxis(a, axis, 0)[1:], xp.ones_like(xp.moveaxis(a, axis, 0)[:1])])
+    reverse = (slice(None, None, -1),)
+    kwargs = {"chunk_size": chunk_size} if method == "chunked" else {}
+    mu = SCANS[method](a_next[reverse], xp.moveaxis(dh, axis, 0)[reverse], axis=0, initial=dfinal, **kwargs)
+    return xp.moveaxis(mu[reverse], 0, axis)
+
+
+def scan_backward(a, b, dh, *, axis=1, initial=None, dfinal=None, h=None, method="associative", chunk_size=64):
+    """Gradients of L = <dh, h> + <dfinal, h_{T-1}> for h = scan(a, b, initial), by the adjoint scan:
+
+        lambda = adjoint_scan(a, dh, dfinal)            lambda_t = dL/dh_t
+        db_t = lambda_t                                 b_t enters h_t with coefficient 1
+        da_t = lambda_t h_{t-1}                         h_{-1} = initial (zeros when None)
+        dinitial = a_0 lambda_0                         None when initial is None
+
+    h: the forward's states when the caller has them (else recomputed with `method`). Shapes as the scans;
+    returns (da, db, dinitial)."""
+    xp = array_module(a, b, dh)
+    if h is None:
+        kwargs = {"chunk_size": chunk_size} if method == "chunked" else {}
+        h = SCANS[method](a, b, axis=axis, initial=initial, **kwargs)
+    lam = adjoint_scan(a, dh, axis=axis, dfinal=dfinal, method=method, chunk_size=chunk_size)
+    h = xp.moveaxis(h, axis, 0)
+    first = xp.zeros_like(h[:1]) if initial is None else initial[None].astype(h.dtype, copy=False)
+    h_before = xp.moveaxis(xp.concatenate([first, h[:-1]]), 0, axis)
+    da = lam * h_before
+    dinitial = None if initial is None else xp.take(a, 0, axis=axis) * xp.take(lam, 0, axis=axis)
+    return da, lam, dinitial

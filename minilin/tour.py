@@ -5,8 +5,9 @@
     minilin tour NAME ...      only these experiments (`minilin tour --list` names them)
     minilin tour --plots DIR   also a PNG per experiment (needs the `plot` extra: matplotlib)
 
-Each experiment (minilin/experiments/) returns its data; this command prints its title, the one sentence it
-demonstrates and its table, and, with --plots, asks it for a figure.
+Each experiment (minilin/experiments/) returns its data; this command prints a line with its count, name and
+title as it starts ("[3/13] capacity: Capacity of a d x d state"), then the one sentence it demonstrates and
+its table, and, with --plots, asks it for a figure.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import os
 import sys
 import time
 
-PLOT_HINT = ('minilin tour --plots needs matplotlib: pip install matplotlib (or, in a checkout, '
-             'pip install -e ".[plot]"). Printing the tables only.')
+PLOT_HINT = ('minilin tour --plots needs matplotlib, which is not installed: pip install matplotlib (or, in a '
+             'checkout, pip install -e ".[plot]"), or leave out --plots for the tables alone.')
 
 
 def register(subparsers) -> None:
@@ -45,9 +46,15 @@ def main(args) -> int:
     plotting = _plotting_ready(args.plots)
     if plotting is None:
         return 2
+    # Printed to stdout, the tour's report; when stdout goes to a file and stderr is a terminal, the
+    # progress lines are repeated there, so whoever waits sees how far the tour has got.
+    echo = not sys.stdout.isatty() and sys.stderr.isatty()
     start_all = time.perf_counter()
     for i, e in enumerate(selected, 1):
-        print(f"\n== {i}. {e.title} ({e.name})", flush=True)
+        heading = heading_line(i, len(selected), e)
+        print(f"\n{heading}", flush=True)
+        if echo:
+            print(heading, file=sys.stderr, flush=True)
         start = time.perf_counter()
         data = e.run(args.quick)
         elapsed = time.perf_counter() - start
@@ -63,16 +70,21 @@ def main(args) -> int:
     return 0
 
 
+def heading_line(i: int, count: int, e) -> str:
+    """The line printed as experiment i of count starts: "[3/13] capacity: Capacity of a d x d state"."""
+    return f"[{i}/{count}] {e.name}: {e.title}"
+
+
 def _plotting_ready(directory):
-    """True: plots go to `directory`; False: no plots (none asked for, or matplotlib missing, which is
-    said); None: the directory cannot be made (said on stderr)."""
+    """True: plots go to `directory`; False: none asked for; None: they cannot be made (matplotlib is missing or
+    the directory cannot be created; said on stderr), checked before any experiment runs."""
     if not directory:
         return False
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print(PLOT_HINT, flush=True)
-        return False
+        print(PLOT_HINT, file=sys.stderr, flush=True)
+        return None
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as error:

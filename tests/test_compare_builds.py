@@ -1,4 +1,4 @@
-"""csrc/compare_builds.py's pure-Python parts (the A/B itself needs a GPU and two builds)."""
+"""tools/compare_builds.py's pure-Python parts (the A/B itself needs a GPU and two builds)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("compare_builds", ROOT / "csrc" / "compare_builds.py")
+    spec = importlib.util.spec_from_file_location("compare_builds", ROOT / "tools" / "compare_builds.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,7 +1,9 @@
-"""`minilin bench --device cpu`'s measurements and table, on a small problem."""
+"""`minilin bench --device cpu`'s measurements and table, on a small problem; the command's default device,
+--quick and progress lines."""
 from __future__ import annotations
 
 import mmap
+import re
 
 import numpy as np
 import pytest
@@ -69,3 +71,55 @@ def test_json_goes_to_a_file_or_to_standard_output(tmp_path, capsys):
     assert json.loads((tmp_path / "out.json").read_text()) == results
     write_json("-", results)
     assert json.loads(capsys.readouterr().out) == results
+
+
+def test_bench_without_a_gpu_runs_the_cpu_bench_and_says_so(monkeypatch, capsys):
+    from minilin import cli
+    from minilin import cuda as mcuda
+
+    monkeypatch.setattr(mcuda, "available", lambda: (False, "CuPy sees no GPU"))
+    monkeypatch.setattr(cpu, "QUICK_PROBLEM", dict(B=1, T=64, H=1, K=8, V=8))
+    assert cli.main(["bench", "--quick", "--mixers", "linear_attention", "retnet", "--repeats", "1"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines[0].startswith("minilin bench: no GPU bench here (CuPy sees no GPU); timing the NumPy reference")
+    # progress on stderr: a count and what is being timed, then the seconds it took
+    assert re.fullmatch(r"\[1/2\] linear_attention: checking, then timing recurrent, chunked, parallel \.\.\. "
+                        r"\d+\.\d s", lines[1]), lines[1]
+    assert lines[2].startswith("[2/2] retnet: checking, then timing ") and len(lines) == 3
+    # stdout: the header and the table only, at the quick size
+    assert out.splitlines()[0].startswith("minilin bench --device cpu --quick: B=1 H=1 T=64 K=8 V=8")
+    assert [line.split(" | ")[0] for line in out.splitlines()[3:]] == ["| linear_attention", "| retnet"]
+    assert "[1/2]" not in out
+
+
+def test_bench_picks_the_gpu_where_it_can_run(monkeypatch, capsys):
+    from minilin import bench, cli
+    from minilin import cuda as mcuda
+    import minilin.bench.gpu as gpu
+
+    seen = []
+    monkeypatch.setattr(mcuda, "available", lambda: (True, ""))
+    monkeypatch.setattr(gpu, "main", lambda args: seen.append((args.lengths, args.repeats)) or 0)
+    assert cli.main(["bench", "--quick"]) == 0
+    assert seen == [([2048], 5)]                                  # --quick on the GPU: one length, 5 runs
+    assert "timing the CUDA kernels on the GPU" in capsys.readouterr().err
+    assert cli.main(["bench", "--quick", "--repeats", "9", "--lengths", "4096"]) == 0
+    assert seen[-1] == ([4096], 9)                                # given values win
+    assert bench.QUICK_GPU == dict(lengths=[2048], repeats=5)
+
+
+def test_quick_is_refused_with_the_floor(capsys):
+    from minilin import cli
+
+    assert cli.main(["bench", "--device", "cpu", "--floor", "--quick"]) == 2
+    assert "--quick" in capsys.readouterr().err
+
+
+def test_gpu_rows_refuses_with_the_reason_where_it_cannot_run(monkeypatch):
+    import minilin.bench.gpu as gpu
+    from minilin import cuda as mcuda
+
+    monkeypatch.setattr(mcuda, "available", lambda: (False, "CuPy sees no GPU"))
+    with pytest.raises(RuntimeError, match="CuPy sees no GPU"):
+        gpu.rows()

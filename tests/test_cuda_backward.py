@@ -1,11 +1,12 @@
-"""The CUDA backward kernels (csrc/linear_bwd/, csrc/delta_bwd/) against a float64 NumPy backward.
+"""The CUDA backward kernels (csrc/linear_bwd/, csrc/delta_bwd/) against the float64 NumPy backward.
 
-The NumPy engines have no backward yet (minilin.mixers._gated_linear / _delta_rule.recurrent_backward), so this file
-holds a small float64 reference of its own: the definition run backwards with every state kept. The reference is
-proved first, on the CPU, against central finite differences of minilin's own recurrent forms (independent code);
-then, on the CPU too, the front's call into the extension (argument order, the linear family's gate gradient formed
-from dq and dk) through a stand-in extension that follows the BackwardProblem contract; then, on the GPU, the
-kernels themselves. GPU tests skip, with the reason, where CuPy, a GPU or the extension is missing.
+The GPU tests compare with the mixers' own `recurrent_backward` in float64. This file also keeps a small float64
+reference of its own, the definition run backwards with every state kept, written from the same derivation as the
+kernels (csrc/delta_bwd/v1_recurrent.cu): it is proved on the CPU against central finite differences of minilin's
+recurrent forms and against the mixers' recurrent_backward, and it drives the CPU test of the front's call into the
+extension (argument order, the linear family's gate gradient formed from dq and dk) through a stand-in extension
+that follows the BackwardProblem contract. GPU tests skip, with the reason, where CuPy, a GPU or the extension is
+missing.
 """
 from __future__ import annotations
 
@@ -155,6 +156,32 @@ def test_the_reference_matches_central_differences(delta, gated, with_state):
         assert grad_of["g"] is None
     if not with_state:
         assert grad_of["S0"] is None
+
+
+def numpy_backward(mixer, x, scale):
+    """The mixer's own recurrent_backward (float64), as (dq, dk, dv, [dg,] [dbeta,] dinitial_state) by name."""
+    args = [x["q"], x["k"], x["v"]]
+    if mixer in ("simple_gla", "gated_deltanet"):
+        args.append(x["g"])
+    if mixer in ("deltanet", "gated_deltanet"):
+        args.append(x["beta"])
+    mod = {"simple_gla": simple_gla, "linear_attention": linear_attention, "gated_deltanet": gated_deltanet,
+           "deltanet": deltanet}[mixer]
+    return mod.recurrent_backward(*args, do=x["do"], dstate=x["dS"], scale=scale, initial_state=x["S0"])._asdict()
+
+
+@pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_the_reference_equals_the_mixers_recurrent_backward(mixer, with_state):
+    delta, gated = mixer in ("gated_deltanet", "deltanet"), mixer in ("simple_gla", "gated_deltanet")
+    x = inputs(2, 9, 2, 6, 5, seed=5, gated=gated, delta=delta, with_state=with_state)
+    ours = dict(zip(["dq", "dk", "dv", "dg"] + (["dbeta"] if delta else []) + ["dinitial_state"],
+                    reference(x, delta, 0.6)))
+    for name, theirs in numpy_backward(mixer, x, 0.6).items():
+        if theirs is None:
+            assert ours[name] is None, name
+        else:
+            assert rel_err(ours[name], theirs) < 1e-10, name
 
 
 # ---- the front's call into the extension, on the CPU -------------------------------------------------------
@@ -338,9 +365,7 @@ def test_kernels_match_the_float64_backward(mixer, dtype, shape):
     x = inputs(*shape, seed=sum(shape), gated=gated, delta=delta, with_state=shape[1] != 64)
     gx, host = device_inputs(x, dtype)
     grads = run_backward(mixer, gx)
-    K = shape[3]
-    ref = dict(zip(["dq", "dk", "dv", "dg"] + (["dbeta"] if delta else []) + ["dinitial_state"],
-                   reference(host, delta, K ** -0.5)))
+    ref = numpy_backward(mixer, host, shape[3] ** -0.5)
     tol = TOLERANCE[dtype]
     for name in grads._fields:
         got = getattr(grads, name)
@@ -361,9 +386,9 @@ def test_gradients_of_the_final_state_alone(mixer):
     x["do"] = np.zeros_like(x["do"])
     gx, host = device_inputs(x, "float32")
     grads = run_backward(mixer, gx)
-    ref = reference(host, delta, 64 ** -0.5)
-    for got, want in zip(grads, ref):
-        assert rel_err(cupy.asnumpy(got), want) < 1e-4
+    ref = numpy_backward(mixer, host, 64 ** -0.5)
+    for name in grads._fields:
+        assert rel_err(cupy.asnumpy(getattr(grads, name)), ref[name]) < 1e-4, name
 
 
 @gpu

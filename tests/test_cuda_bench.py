@@ -33,7 +33,7 @@ def test_derived_columns_and_flat_rows():
 def test_without_a_gpu_the_benchmark_says_why():
     ok, _ = mcuda.available()
     if ok:
-        pytest.skip("a GPU is available: the benchmark runs instead of refusing (csrc/gpu_check.sh runs it)")
+        pytest.skip("a GPU is available: the benchmark runs instead of refusing (tools/gpu_check.sh runs it)")
     args = argparse.Namespace(mixers=None, repeats=None, json=None)
     assert gpu.main(args) == 2
 

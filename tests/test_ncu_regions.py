@@ -1,4 +1,4 @@
-"""csrc/ncu_regions.py on small hand-written source pages (the profile itself needs a GPU and ncu)."""
+"""tools/ncu_regions.py on small hand-written source pages (the profile itself needs a GPU and ncu)."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,7 +14,7 @@ HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sa
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("ncu_regions", ROOT / "csrc" / "ncu_regions.py")
+    spec = importlib.util.spec_from_file_location("ncu_regions", ROOT / "tools" / "ncu_regions.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)

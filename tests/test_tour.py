@@ -1,5 +1,5 @@
-"""`minilin tour`: the whole quick tour runs end to end, one experiment can be picked, and --plots without
-matplotlib says how to get it instead of failing."""
+"""`minilin tour`: the whole quick tour runs end to end with a counted line per experiment, one experiment can be
+picked, and --plots without matplotlib is refused on stderr before anything runs."""
 from __future__ import annotations
 
 import os
@@ -16,23 +16,39 @@ def test_quick_tour_runs_every_experiment_end_to_end():
     result = subprocess.run([sys.executable, "-m", "minilin", "tour", "--quick"], capture_output=True, text=True,
                             timeout=300, env={**os.environ, "MPLBACKEND": "Agg"})
     assert result.returncode == 0, result.stderr[-3000:]
-    for i, e in enumerate(EXPERIMENTS, 1):
-        assert f"== {i}. {e.title} ({e.name})" in result.stdout
+    headings = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert headings == [f"[{i}/{len(EXPERIMENTS)}] {e.name}: {e.title}" for i, e in enumerate(EXPERIMENTS, 1)]
+    for e in EXPERIMENTS:
         assert e.claim in result.stdout
     assert f"minilin tour: {len(EXPERIMENTS)} experiment(s), quick sizes" in result.stdout
 
 
-def test_plots_without_matplotlib_say_how_to_get_it(monkeypatch, capsys, tmp_path):
+def test_plots_without_matplotlib_are_an_error_before_anything_runs(monkeypatch, capsys, tmp_path):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # `import matplotlib` now raises ImportError
+    import dataclasses
+
+    from minilin import experiments
+
+    ran = []
+    monkeypatch.setattr(experiments, "EXPERIMENTS",
+                        [dataclasses.replace(e, run=lambda quick: ran.append(quick)) for e in EXPERIMENTS])
     plots = tmp_path / "plots"
     status = cli.main(["tour", "fact_update", "--quick", "--plots", str(plots)])
-    out = capsys.readouterr().out
-    assert status == 0
-    assert "needs matplotlib" in out and "pip install matplotlib" in out and '".[plot]"' in out
-    assert "== 1. Updating a fact (fact_update)" in out      # the table is printed anyway
+    out, err = capsys.readouterr()
+    assert status == 2
+    assert "needs matplotlib" in err and "pip install matplotlib" in err and '".[plot]"' in err
+    assert out == "" and ran == []                            # refused before any experiment ran
     assert not plots.exists()
+
+
+def test_the_heading_says_how_far_the_tour_is(capsys):
+    assert cli.main(["tour", "fact_update", "state_tracking", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "[1/2] fact_update: Updating a fact" in out.splitlines()
+    assert "[2/2] state_tracking: State tracking: parity" in out.splitlines()
+    assert out.index("[1/2]") < out.index("[2/2]")
 
 
 def test_plots_are_written_with_matplotlib(capsys, tmp_path):

@@ -2,8 +2,9 @@
 // 128 threads, the first warp's index a multiple of 4) computes a 64 x N tile D (+)= A B with A 64 x 16 and
 // B 16 x N, bf16 in, fp32 accumulate. B (and optionally A) is read by the tensor cores straight from shared
 // memory through a 64-bit matrix descriptor, not through registers; the instruction is asynchronous (fence,
-// issue, commit, wait). First written for linear v6 (third session, b1e596f), checked case by case against a CPU
-// product by that commit's csrc/dev/wgmma_probe.cu; used by delta v10.
+// issue, commit, wait). Used by delta v10. Every way a chunk kernel uses it (A and B from shared memory or A from
+// registers, B K-major or MN-major, N = 32 and 64, starts in the middle of an atom) has been checked against a CPU
+// product on an H200; csrc/NOTES.md (lessons: "wgmma descriptors") records what those checks established.
 //
 // Shared operands use the 128-byte-swizzled layout (PTX ISA, "Shared Memory Matrix Layout"; CUTLASS's
 // Layout_K_SW128 / Layout_MN_SW128): a bf16 matrix X with `rows` x `cols` (cols a multiple of 64) is cut into
@@ -122,8 +123,8 @@ __device__ __forceinline__ auto flat(float (&acc)[1][NT][4]) -> float (&)[NT * 4
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-// D (+)= A B for N = 32 or 64 (the shapes delta v10 uses; its first form also had N = 16: git show 314ee86), A and
-// B from shared memory (descriptors). accumulate = false: D = A B.
+// D (+)= A B for N = 32 or 64 (the shapes delta v10 uses; N = 16 slices of every product were slower than
+// mma.sync: csrc/NOTES.md), A and B from shared memory (descriptors). accumulate = false: D = A B.
 // kTransB: B is MN-major (its descriptor from mn_major_bits); otherwise K-major (B^T's, from kKMajorBits).
 template <bool kTransB, int NT>
 __device__ __forceinline__ void wgmma_ss(float (&acc)[1][NT][4], uint64_t a, uint64_t b, bool accumulate) {

@@ -1,15 +1,15 @@
 // delta v10 (wgmma, sm_90a): v9's WY step with the chunk's products on Hopper warpgroup tensor cores, one or two
 // warpgroups per product at N = 64 or 32, and a producer warpgroup, because v9's chunk kernel (~480 of its ~595
-// us at T = 8192, by the ninth session's profile of its WY step) is one ldmatrix -> mma.sync chain per SM in
-// which each 16 x 16 warp tile reloads its fragments (~380 KB of shared-memory reads per chunk). wgmma reads its
-// operands from shared memory without ldmatrix or registers and issues a whole k loop at once.
+// us at T = 8192, the rest its WY step) is one ldmatrix -> mma.sync chain per SM in which each 16 x 16 warp tile
+// reloads its fragments (~380 KB of shared-memory reads per chunk). wgmma reads its operands from shared memory
+// without ldmatrix or registers and issues a whole k loop at once.
 // Measured on the H200 (device time, ladder run): 0.464 ms at T = 8192 against v9's 0.595 and v1's 4.684 (10.1x),
-// 1.825 ms at 32768 (10.2x); outputs bit-identical to v9's (the same fp32 operations in the same order). The steps
-// there, each measured (csrc/NOTES.md): every warpgroup a 16-column slice of every product, 0.819 ms, the wgmma
-// descriptors rebuilt from pointers at every k-step (~14 instructions each); built once per chunk, 0.619 (slower
-// than v9: an m64n16k16 reads a 2 KB A tile for 8 cycles of math); warpgroup roles at N = 64 / 32, 0.855, its
-// producer warp spilling at ptxas's 96-register cap; the spill removed, 0.542; four producer warps, 0.524; Q S
-// moved to phase 2 and ftz exponentials, 0.465.
+// 1.825 ms at 32768 (10.2x); outputs bit-identical to v9's (the same fp32 operations in the same order). What each
+// choice below is worth was measured (csrc/NOTES.md): the wgmma descriptors are built once per chunk (from a pointer
+// at every k-step they cost ~14 instructions per wgmma); products are split by roles at N = 64 / 32, not into
+// 16-column slices (an m64n16k16 reads a 2 KB A tile for 8 cycles of math: 0.619 ms, slower than v9); the
+// producer's copy walk is unrolled by 8, not fully (a spill at ptxas's 96-register cap starves the consumers);
+// four producer warps, not one (0.524 against 0.542 ms); Q S in phase 2 and ftz exponentials (0.465 against 0.526).
 //
 // One block per (batch, head, 64 value columns): 4 compute warpgroups (warps 0-15) and a producer warpgroup
 // (warps 16-19: q; k; v and T's tile; G = cumsum(g) and beta) that fills a ring of 3 stages, q, k and T in the

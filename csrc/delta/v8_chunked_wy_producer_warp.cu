@@ -5,7 +5,7 @@
 // The kernel is chunk_wy_producer.cuh's (v9 shares it); the WY step T = (I + A)^-1 is prepared by v5's
 // blocked kernel (wy_prepare_blocked.cuh), as in v5 - v7.
 // The compute warps take their tiles from compute_warp_tiles (producer.cuh), as linear v7's do: 3% faster
-// (device time, eighth session: 0.622 vs 0.644 ms at T = 8192, outputs bit-identical).
+// (device time, same-run A/B on an H200: 0.622 vs 0.644 ms at T = 8192, outputs bit-identical).
 #include "chunk_wy_producer.cuh"
 #include "wy_prepare_blocked.cuh"
 
@@ -23,7 +23,7 @@ void forward(const Problem& p) {
 
 extern const Version delta_v8 = {
     "delta", 8, "chunked_wy_producer_warp",
-    "v7 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate, as linear v7: that made the linear chunk kernel 7-9% faster. 7-8% faster than v7 on an H200, and 3% more once its tiles spared the producer's sub-partition; outputs bit-identical.",
+    "v7 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate, as linear v7: that made the linear chunk kernel 7-9% faster. 7-8% faster than v7 on an H200, and 3% more with its tiles placed to spare the producer's sub-partition; outputs bit-identical.",
     false, true, 90, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin

@@ -7,10 +7,11 @@
 // element once per warp, 4 bytes at a time. The chunk kernel is v8's (chunk_wy_producer.cuh).
 // Measured on the H200 (device time, same build, alternating rounds): 0.592 vs v8's 0.618 ms at T = 8192
 // (4%: the prepare kernel ~140 -> ~114 us), 2.319 vs 2.421 at 32768 in the ladder; errors against float64
-// v8's to four digits. The first form split with cvt.rna.tf32.f32, which sm_90 runs as ~10 instructions:
-// 1.5% (ncu: L1 84% -> 66% busy, but as many instructions as v8). Both far from the ~50 us the count of
-// reads promised: the waves are short chains of 1-3 warps that the block's other warps wait on at barriers
-// (csrc/NOTES.md), and shorter reads barely shorten them.
+// v8's to four digits. The split masks the low 13 bits of each operand (2 instructions); splitting with
+// cvt.rna.tf32.f32 instead, which sm_90 runs as ~10 instructions, gains only 1.5% over v8 (ncu: L1 84% -> 66%
+// busy, but as many instructions as v8). Both are far from the ~50 us the count of reads promised: the waves
+// are short chains of 1-3 warps that the block's other warps wait on at barriers (csrc/NOTES.md), and shorter
+// reads barely shorten them.
 #include "chunk_wy_producer.cuh"
 #include "wy_prepare_blocked.cuh"
 

@@ -10,11 +10,11 @@
 // block); the off-diagonal blocks follow in three waves by distance i - j = 1, 2, 3, one warp per block,
 // each a sum of 16 x 16 x 16 fp32 products. The dependent chain is 16 + 3 short steps instead of the
 // 2016 dependent multiply-adds per thread of wy_prepare.cuh, which ncu measured at 263 us, 29% of delta v4.
-// Measured: 162 us at T = 8192 (ncu, H200), waiting mostly on its own barriers: in the waves only 1 to 3 of
-// the 8 warps work. Since the sixth session more blocks share an SM instead, to fill those idle slots: the key
-// tile and T share their bytes (the keys are dead once A is formed), the waves' partial sums live in A's
-// blocks above the diagonal (never read as A), and 40 registers: 35 KB and 6 blocks per SM instead of 56 KB
-// and 4. The shared-memory reads are 16 bytes wide, the pipe then being the limit (csrc/NOTES.md).
+// At 4 blocks per SM it took 162 us at T = 8192 (ncu, H200), waiting mostly on its own barriers: in the waves
+// only 1 to 3 of the 8 warps work. So more blocks share an SM, to fill those idle slots: the key tile and T
+// share their bytes (the keys are dead once A is formed), the waves' partial sums live in A's blocks above
+// the diagonal (never read as A), and 40 registers: 35 KB and 6 blocks per SM instead of 56 KB and 4
+// (141 us). The shared-memory reads are 16 bytes wide, the pipe then being the limit (csrc/NOTES.md).
 // The solve stays fp32: T is rounded to bf16 once, when it is stored, as in v3 and v4. The waves' block
 // products run on CUDA cores (v5 - v8: a 2 x 4 micro-tile per lane, 16-byte reads) or, for delta v9 and v10, on
 // tensor cores in 3xTF32 (mma.cuh's warp_block_product_3xtf32: three tf32 mma per product, within a few

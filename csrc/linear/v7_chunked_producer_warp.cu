@@ -2,21 +2,21 @@
 // and v into a ring of three stages guarded by mbarriers and scanning the chunk's gate once for all, because
 // ncu's source view of v5 put ~21% of the stall samples on the first barrier and the cp.async issue (~190
 // instructions per warp and chunk) and 5% on the gate's scan, which each of the 16 warps repeated.
-// Measured on the H200: 7-9% faster than v6 (call time, fifth session: 0.443 vs 0.476 ms at T = 8192, 1.597
-// vs 1.746 at 32768, same run), once the producer read the next chunk's gates ahead and walked its copies by stepped pointers (its
-// first form, issuing the same copies with index math and a blocking gate load, was ~1% faster: csrc/NOTES.md).
-// It is the Hopper producer/consumer pattern in its smallest form.
+// Measured on the H200: 7-9% faster than v6 (call time, same run: 0.443 vs 0.476 ms at T = 8192, 1.597 vs
+// 1.746 at 32768). The producer must keep up for that: it reads the next chunk's gates ahead and walks its
+// copies by stepped pointers; the same copies issued with index math behind a blocking gate load gained ~1%
+// (csrc/NOTES.md). It is the Hopper producer/consumer pattern in its smallest form.
 //
 // Per chunk n (stage n % 3, its barriers waited with parity (n / 3) & 1):
 //   producer warp:  wait on the stage's `empty` barrier; cp.async q, k and v (each lane's copies arrive on
 //                   `full` when they land); G = cumsum(g) into the stage; lane 0 arrives on `full`
 //   compute warps:  wait on `full`; v6's two phases (chunk_mma_wide.cuh) after each of two named barriers
 //                   over the 16 compute warps; each warp arrives on `empty` when done with the stage
-// A first attempt copied each row with one Hopper bulk copy (cp.async.bulk, 192 per chunk; commit
-// d542d2f): 2x slower than v6, the copy engine taking ~7 us a chunk for requests of 128-256 bytes.
+// Copying each row with one Hopper bulk copy instead (cp.async.bulk, 192 per chunk) is 2x slower than v6:
+// the copy engine takes ~7 us a chunk for requests of 128-256 bytes.
 // The compute warps take their tiles from compute_warp_tiles (producer.cuh), which leaves the producer's
 // sub-partition one of the ten warps that also form Q K^T instead of four: 7% faster again (device time,
-// eighth session: 0.374 vs 0.403 ms at T = 8192, outputs bit-identical).
+// same-run A/B: 0.374 vs 0.403 ms at T = 8192, outputs bit-identical).
 #include "../common/producer.cuh"
 #include "chunk_mma_wide.cuh"
 
@@ -131,7 +131,7 @@ void forward(const Problem& p) {
 
 extern const Version linear_v7 = {
     "linear", 7, "chunked_producer_warp",
-    "v6 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan. 7-9% faster than v6 on an H200, and 7% more once its tiles spared the producer's sub-partition.",
+    "v6 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan. 7-9% faster than v6 on an H200, and 7% more with its tiles placed to spare the producer's sub-partition.",
     false, true, 90, nullptr, linear_producer::forward};
 
 }  // namespace minilin

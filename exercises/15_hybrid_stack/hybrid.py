@@ -12,7 +12,7 @@ Every layer is pre-norm with a residual connection (no MLP here: the mixers are 
     h = RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w,       eps = 1e-6, mean over the model width d
     q, k, v = (h W_q), (h W_k), (h W_v), each reshaped from [B, T, H * K] to [B, T, H, K] (K = V = d / H)
     "A":  o, cache = attention.chunked(q, k, v, chunk_size=C)              cache: KVCache(k, v), grows with T
-    "L":  q, k <- q / sqrt(|q|^2 + 1e-12), k / ...                         unit vectors, over K
+    "L":  q, k <- q / sqrt(|q|^2 + 1e-6), k / ...                          unit vectors, over K
           g = log sigmoid(h W_g) = -logaddexp(0, -(h W_g))  [B, T, H]      log-space decay, <= 0
           beta = sigmoid(h W_beta)                          [B, T, H]      write strength, in (0, 1)
           o, cache = gated_deltanet.chunked(q, k, v, g, beta, chunk_size=C)  cache: the state [B, H, K, V]

@@ -1,22 +1,35 @@
 """`minilin bench`: time every form of every mixer, after checking it against the reference.
 
+    minilin bench                   the GPU bench where it can run, else the CPU bench (and it says which)
+    minilin bench --quick           a small problem, for a first look (seconds on a CPU)
     minilin bench --device cpu      NumPy on this CPU (bench/cpu.py)
     minilin bench --device cpu --floor
                                     the chunked forms' matrix products alone, a bound (bench/cpu_floor.py)
-    minilin bench [--device gpu]    the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
+    minilin bench --device cpu --backward
+                                    forward and forward + backward per mixer and form (bench/cpu_backward.py)
+    minilin bench --device gpu      the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
     minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
+
+Tables go to stdout; progress (what is being timed, with a count) and the choice of device go to stderr.
 """
 from __future__ import annotations
 
 import json
+import sys
+
+QUICK_GPU = dict(lengths=[2048], repeats=5)  # --quick on the GPU: one length, 5 runs per measurement
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="time each mixer's forms (checked first)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu",
-                   help="cpu: the NumPy reference; gpu: the CUDA extension and CuPy (default)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None,
+                   help="cpu: the NumPy reference; gpu: the CUDA extension and CuPy (default: gpu where the GPU "
+                        "bench can run, else cpu)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small problem for a first look: on the CPU seconds (bench/cpu.py's QUICK_PROBLEM, one "
+                        "round), on the GPU one length (2048) and 5 runs per measurement")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
     p.add_argument("--repeats", type=int, default=None, help="GPU: timed runs per measurement (median reported); CPU: alternating timing rounds")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
@@ -27,6 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
+    p.add_argument("--backward", action="store_true",
+                   help="time forward and forward + backward (gradients checked by finite differences first)")
     p.add_argument("--decode", action="store_true",
                    help="GPU only: one decode step (one token for each of N = 1, 64, 256 sequences) of Gated DeltaNet, "
                         "KDA and simple GLA against the floor of reading and writing the state once")
@@ -35,25 +50,48 @@ def register(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
+def _refuse(message: str) -> int:
+    print(f"minilin bench: {message}", file=sys.stderr)
+    return 2
+
+
+def default_device(args) -> tuple[str, str]:
+    """The device when --device is not given, and the line that says why: options that only one bench takes
+    pick it; otherwise the GPU bench where it can run (CuPy, a GPU, the extension), else the CPU bench."""
+    if args.against or args.lengths or getattr(args, "decode", False):
+        return "gpu", ""
+    if args.floor or args.chunk_sizes:
+        return "cpu", ""
+    from ..cuda import available
+
+    ok, reason = available()
+    if ok:
+        return "gpu", "minilin bench: timing the CUDA kernels on the GPU (--device cpu times the NumPy reference)"
+    return "cpu", (f"minilin bench: no GPU bench here ({reason.rstrip('.')}); timing the NumPy reference on this "
+                   f"CPU instead, as --device cpu does")
+
+
 def _run(args) -> int:
+    if args.device is None:
+        args.device, said = default_device(args)
+        if said:
+            print(said, file=sys.stderr, flush=True)
     if args.against and args.device == "cpu":
-        print("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
-        return 2
+        return _refuse("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
     if args.chunk_sizes and not args.floor:
-        print("--chunk-sizes goes with --floor (the chunked forms run at their default chunk size otherwise)")
-        return 2
+        return _refuse("--chunk-sizes goes with --floor (the chunked forms run at their default chunk size otherwise)")
     if args.lengths and args.device == "cpu":
-        print(f"--lengths picks the GPU bench's sequence lengths; the CPU bench runs its one problem size "
-              f"(bench/cpu.py's PROBLEM), got --lengths {' '.join(map(str, args.lengths))} with --device cpu")
-        return 2
+        return _refuse(f"--lengths picks the GPU bench's sequence lengths; the CPU bench runs its one problem size "
+                       f"(bench/cpu.py's PROBLEM, or QUICK_PROBLEM with --quick), got --lengths "
+                       f"{' '.join(map(str, args.lengths))} with --device cpu")
     if args.floor and args.device != "cpu":
-        print("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")
-        return 2
+        return _refuse("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")
+    if args.floor and args.quick:
+        return _refuse("--floor has one problem size (bench/cpu_floor.py's PROBLEM): drop --quick")
     if getattr(args, "decode", False):
-        if args.device == "cpu" or args.against or args.floor or args.lengths:
-            print("--decode times the GPU's decode step on its own sizes: drop --device cpu, --against, --floor and "
-                  "--lengths")
-            return 2
+        if args.device == "cpu" or args.against or args.floor or args.lengths or args.backward:
+            return _refuse("--decode times the GPU's decode step on its own sizes: drop --device cpu, --against, "
+                           "--floor, --lengths and --backward")
         from . import decode
 
         return decode.main(args)
@@ -61,15 +99,28 @@ def _run(args) -> int:
         from . import cpu_floor
 
         return cpu_floor.main(args)
+    if args.backward and args.device == "cpu":
+        from . import cpu_backward
+
+        return cpu_backward.main(args)
+    if args.backward:
+        try:
+            from . import gpu_backward
+        except ImportError:
+            return _refuse("--backward on the GPU needs the CUDA backward kernels' bench (bench/gpu_backward.py), "
+                           "which this build does not have; --device cpu --backward times the NumPy backward")
+        return gpu_backward.main(args)
     if args.device == "cpu":
         from . import cpu
 
         return cpu.main(args)
+    if args.quick:
+        args.lengths = args.lengths or QUICK_GPU["lengths"]
+        args.repeats = args.repeats or QUICK_GPU["repeats"]
     try:
         from . import gpu
     except ImportError as error:  # the GPU benchmark lands with the CUDA extension
-        print(f"minilin bench --device gpu is not available: {error}. Try --device cpu.")
-        return 2
+        return _refuse(f"--device gpu is not available: {error}. Try --device cpu.")
     if args.against == "fla":
         from . import against_fla
 

@@ -1,7 +1,7 @@
 """`minilin bench --against fla`: minilin's fastest CUDA kernel beside flash-linear-attention's, in one run.
 
-FLA (Triton) is what a user would pick instead of minilin's kernels; this is the side-by-side issue 7 asks
-for. It needs FLA importable (`pip install fla-core`, pure Python: einops, torch and triton underneath);
+FLA (Triton) is what a user would pick instead of minilin's kernels; this side-by-side is what a user needs
+to choose between them. It needs FLA importable (`pip install fla-core`, pure Python: einops, torch and triton underneath);
 FLA is never a dependency of minilin.
 
 Problem: bench/gpu.py's (B=4, H=16, K=V=128), bfloat16 inputs, the same numbers for both (one draw per

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import sys
+import time
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from . import write_json
 from .timing import interleaved_median_ms, minor_page_faults
 
 PROBLEM = dict(B=1, T=4096, H=4, K=64, V=64)
+QUICK_PROBLEM = dict(B=1, T=256, H=2, K=32, V=32)  # --quick: a first look in seconds, one round
 FLOAT32_TOLERANCE = 1e-4
 ROUNDS = 3          # alternating timing rounds (--repeats overrides)
 RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: one)
@@ -30,10 +32,10 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, NumPy {np.__version__}"
 
 
-def bench_mixer(name: str, repeats: int | None) -> dict:
+def bench_mixer(name: str, repeats: int | None, problem: dict | None = None) -> dict:
     mod = catalog.module(name)
     baseline = catalog.baseline_form(name)
-    args32, kwargs = mod.example_inputs(**PROBLEM, dtype=np.float32)
+    args32, kwargs = mod.example_inputs(**(problem or PROBLEM), dtype=np.float32)
     args64 = tuple(a.astype(np.float64) if hasattr(a, "astype") else a for a in args32)
     reference, _ = getattr(mod, baseline)(*args64, **kwargs)
     row = {"mixer": name, "baseline": baseline}
@@ -94,16 +96,24 @@ def main(args) -> int:
     if unknown:
         print(f"--mixers: unknown mixer(s) {unknown}; choose from {catalog.names()}", file=sys.stderr)
         return 2
-    print(f"minilin bench --device cpu: B={PROBLEM['B']} H={PROBLEM['H']} T={PROBLEM['T']} "
-          f"K={PROBLEM['K']} V={PROBLEM['V']}, float32, median over {args.repeats or ROUNDS} alternating rounds "
-          f"(each form: one untimed run, then the baseline once, every other form {RUNS_PER_ROUND} times); "
-          f"{machine()}", flush=True)
+    quick = getattr(args, "quick", False)
+    problem = QUICK_PROBLEM if quick else PROBLEM
+    rounds = args.repeats or (1 if quick else ROUNDS)
+    print(f"minilin bench --device cpu{' --quick' if quick else ''}: B={problem['B']} "
+          f"H={problem['H']} T={problem['T']} K={problem['K']} V={problem['V']}, float32, median over "
+          f"{rounds} alternating round{'s' if rounds > 1 else ''} (each form: one untimed run, then the baseline "
+          f"once, every other form {RUNS_PER_ROUND} times); {machine()}", flush=True)
     rows = []
-    for name in names:
-        rows.append(bench_mixer(name, args.repeats))
-        print(f"  {name}: done", file=sys.stderr, flush=True)
+    for i, name in enumerate(names, 1):
+        # Progress on stderr (the table on stdout stays clean): the line says what is being timed, and ends
+        # with how long it took.
+        print(f"[{i}/{len(names)}] {name}: checking, then timing {', '.join(catalog.forms(name))} ...", end="",
+              file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        rows.append(bench_mixer(name, rounds, problem))
+        print(f" {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     print(format_table(rows))
     if args.json:
-        write_json(args.json, {"device": "cpu", "machine": machine(), "problem": PROBLEM, "rows": rows})
+        write_json(args.json, {"device": "cpu", "machine": machine(), "problem": problem, "rows": rows})
     wrong = [r["mixer"] for r in rows if any(v is None for k, v in r.items() if k.endswith("_ms"))]
     return 1 if wrong else 0

@@ -391,6 +391,33 @@ def machine() -> dict:
     return info
 
 
+def rows(mixers=DEFAULT_MIXERS, lengths=LENGTHS, repeats: int = 50, log=None) -> dict:
+    """The GPU bench as data, without printing: what `minilin bench --device gpu --json` writes.
+
+    Returns {"device": "gpu", "machine": machine(), "copy_bandwidth_gbs", "problem", "tolerance",
+    "rows": [one flat dict per measurement (flat(row))]}. log(row), if given, is called as each row is
+    measured. Raises RuntimeError (the reason) where the GPU bench cannot run, ValueError for a mixer it does
+    not bench. For other code (the tour's `cost` experiment) to call directly.
+    """
+    from ..cuda import available
+
+    ok, reason = available()
+    if not ok:
+        raise RuntimeError(reason)
+    unknown = [m for m in mixers if m not in TENSORS]
+    if unknown:
+        raise ValueError(f"mixers: {unknown} not benchmarked on the GPU; choose from {sorted(TENSORS)}")
+    copy_gbs = copy_bandwidth_gbs()
+    measured: list[Row] = []
+    softmax_cache: dict = {}
+    for mixer in mixers:
+        for T in lengths:
+            measured += bench_mixer_length(mixer, T, repeats, softmax_cache, log or (lambda row: None))
+    derive(measured, copy_gbs)
+    return {"device": "gpu", "machine": machine(), "copy_bandwidth_gbs": copy_gbs, "problem": PROBLEM,
+            "tolerance": TOLERANCE, "rows": [flat(r) for r in measured]}
+
+
 def main(args) -> int:
     from ..cuda import OPS, available
 

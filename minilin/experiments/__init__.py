@@ -35,8 +35,8 @@ EXPERIMENTS: list[Experiment] = [
                memory.run, memory.table, memory.plot),
 ]
 
-from . import (bracket, capacity, cost, exactness, fact_update, fixed_decay, interference,  # noqa: E402
-               recall, softmax_amplification, state_tracking, write_rules)
+from . import (bracket, capacity, cost, exactness, fact_update, fixed_decay, gradients,  # noqa: E402
+               interference, recall, softmax_amplification, state_tracking, write_rules)
 
 EXPERIMENTS += [
     Experiment("bracket", "The bracket move",
@@ -94,4 +94,9 @@ EXPERIMENTS += [
                "quadratically; the chunked form is the faster linear one because it works in large matrix "
                "products (this CPU always; the CUDA benchmark when a GPU and the extension are present).",
                cost.run, cost.table, cost.plot),
+    Experiment("gradients", "Gradients: the backward pass, recurrent and chunked",
+               "Each mixer's backward is written by hand twice: the state's adjoint run back token by token, and "
+               "chunk by chunk with the work inside each chunk as matrix products; the two agree to float64 "
+               "rounding and with finite differences, and the chunked one is the faster.",
+               gradients.run, gradients.table, gradients.plot),
 ]

@@ -73,7 +73,8 @@ def table(data: dict) -> str:
 def plot(data: dict, path: str) -> None:
     fig, (left, right) = _plot.subplots(2)
     n = np.array([r["n"] for r in data["rows"]])
-    left.plot(n, [max(r["orthogonal_error"], 1e-17) for r in data["rows"]], "o-", label="additive, orthogonal keys")
+    left.plot(n, [max(r["orthogonal_error"], 1e-17) for r in data["rows"]], "o-",
+              label="additive, orthogonal keys (0 drawn at 1e-17)")
     left.plot(n, [r["random_error"] for r in data["rows"]], "s-", label="additive, random unit keys")
     left.plot(n, [r["predicted_random_error"] for r in data["rows"]], "k--", label="sqrt((n-1)/d)")
     left.plot(n, [r["softmax_error"] for r in data["rows"]], "^-", label="softmax, random unit keys")
@@ -87,6 +88,10 @@ def plot(data: dict, path: str) -> None:
     twin = right.twinx()
     twin.plot(n, [r["softmax_right_weight"] for r in data["rows"]], "s--", color="C1", label="weight on the right pair")
     twin.set(ylabel="weight on the right pair", ylim=(0, 1.05))
-    right.legend(loc="lower left", fontsize=8)
-    twin.legend(loc="lower right", fontsize=8)
-    _plot.save(fig, path)
+    _plot.plain_ticks(left, list(n))
+    _plot.plain_ticks(right, list(n))
+    marks, labels = right.get_legend_handles_labels()
+    twin_marks, twin_labels = twin.get_legend_handles_labels()
+    right.legend(marks + twin_marks, [f"{label} (left axis)" for label in labels] +
+                 [f"{label} (right axis)" for label in twin_labels], loc="lower left", fontsize=8)
+    _plot.save(fig, path, "capacity")

@@ -5,25 +5,22 @@
                 fewer and larger operations (what NumPy's BLAS, and a GPU, are good at)
     softmax:    every token attends to every earlier one: T^2 / 2 scores, quadratic in T
 On this CPU the table gives the measured milliseconds and the growth exponent p (time ~ T^p) over the
-three longest lengths; the machine's other load makes single timings noisy. Two mixers stand for the two families: simple GLA (scalar-gated linear attention,
+three longest lengths. Every form at every length is timed in the same alternating rounds, on one BLAS thread
+(the claim is about growth, which one thread's time follows; experiments/_timing.py), median per cell, and
+the measured claims (linear forms p about 1, softmax p about 2, chunked faster than recurrent at the longer
+lengths) are checked on each run's numbers: one a run does not reproduce is said under the table and on the
+plot. Two mixers stand for the two families: simple GLA (scalar-gated linear attention,
 the Mamba-2 family) and Gated DeltaNet (the delta rule, chunked through the WY representation).
 Softmax is `attention.chunked`, FlashAttention-style tiling with an online softmax (NumPy's fastest
 softmax here; `attention.parallel` builds the whole T x T matrix and is slower still).
 
 The GPU part is optional: when CuPy, a GPU, the compiled extension (`minilin.cuda`) and the GPU benchmark
-(`minilin.bench.gpu`) are all present, the CUDA benchmark is run through its own command line
-(`minilin bench --device gpu --json PATH`; with --quick only T = 2048 and 5 runs) and its JSON rows are
-shown as they come. Assumed of it, and
-nothing more: that command exists and writes {"rows": [one flat dict per measurement, ...], ...}.
-Otherwise the GPU part is skipped and the reason is printed.
+(`minilin.bench.gpu`) are all present, the CUDA benchmark's `minilin.bench.gpu.rows(lengths=..., repeats=...)`
+is called (with --quick only T = 2048 and 5 runs) and its rows are shown as they come. Assumed of it, and
+nothing more: it returns {"rows": [one flat dict per measurement, ...], "machine": ...}, or raises with the
+reason it cannot run. Otherwise the GPU part is skipped and the reason is printed.
 """
 from __future__ import annotations
-
-import contextlib
-import io
-import json
-import os
-import tempfile
 
 import numpy as np
 
@@ -44,31 +41,55 @@ FLOAT32_TOLERANCE = 1e-4
 
 def sizes(quick: bool) -> dict:
     return dict(Ts=[128, 256, 512, 1024] if quick else [256, 512, 1024, 2048, 4096],
-                repeats=2 if quick else 3)
+                rounds=3, budget_s=0.01 if quick else 0.03)
 
 
-def run(quick: bool = False) -> dict:
-    p = sizes(quick)
-    load_before = _timing.machine_load()
-    cpu = []
-    for T in p["Ts"]:
-        row = {"T": T, "ms": {}, "chunked_vs_recurrent": {}}
+def measure(Ts: list[int], rounds: int, budget_s: float, clock: str = "cpu") -> list[dict]:
+    """Every form at every T, checked, then timed together in alternating rounds (in the timing process: one
+    BLAS thread). Returns one row per T: {"T", "ms": {label: median ms, None if wrong}, "spread": {label: how
+    far the rounds disagree}, "chunked_vs_recurrent": {mixer: relative error}}."""
+    rows, fns = [], {}
+    for T in Ts:
+        row = {"T": T, "ms": {}, "spread": {}, "chunked_vs_recurrent": {}}
         outputs = {}
         for label, name, form in FORMS:
             mod = catalog.module(name)
             args, kwargs = mod.example_inputs(T=T, **CPU_PROBLEM, dtype=np.float32, seed=12)
             fn = getattr(mod, form)
             outputs[(name, form)] = fn(*args, **kwargs)[0]
+            row["ms"][label] = None
             if form == "chunked" and (name, "recurrent") in outputs:
                 error = catalog.relative_error(outputs[(name, form)], outputs[(name, "recurrent")])
                 row["chunked_vs_recurrent"][name] = error
                 if not error <= FLOAT32_TOLERANCE:  # a wrong form is reported, not timed (NaN fails too)
-                    row["ms"][label] = None
                     continue
-            row["ms"][label] = _timing.best_ms(lambda: fn(*args, **kwargs), p["repeats"])
-        cpu.append(row)
+            fns[T, label] = lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs)
+        rows.append(row)
+    timed = _timing.alternating_ms(fns, rounds, budget_s, clock)
+    for row in rows:
+        for label, _, _ in FORMS:
+            if (row["T"], label) in timed:
+                t = timed[row["T"], label]
+                row["ms"][label], row["spread"][label] = t["ms"], _timing.spread(t["rounds_ms"])
+    return rows
+
+
+def run(quick: bool = False) -> dict:
+    p = sizes(quick)
+    load_before = _timing.machine_load()
+    timing = "CPU time of one BLAS thread"
+    try:
+        cpu = _timing.single_threaded(measure, Ts=p["Ts"], rounds=p["rounds"], budget_s=p["budget_s"])
+    except (RuntimeError, OSError) as error:  # timed here instead; the table says so
+        cpu = measure(p["Ts"], p["rounds"], p["budget_s"], clock="wall")
+        timing = (f"wall-clock time with this process's BLAS threads (the one-thread process failed: "
+                  f"{str(error).splitlines()[0]})")
     load = _timing.busiest(load_before, _timing.machine_load())
-    return {"problem": CPU_PROBLEM, "repeats": p["repeats"], "load": load, "cpu": cpu, "exponents": exponents(cpu), "gpu": gpu_results(quick)}
+    data = {"problem": CPU_PROBLEM, "rounds": p["rounds"], "timing": timing, "load": load, "cpu": cpu,
+            "exponents": exponents(cpu)}
+    data["checks"] = checks(data)
+    data["gpu"] = gpu_results(quick)
+    return data
 
 
 def exponents(rows: list[dict], points: int = 3) -> dict:
@@ -81,6 +102,44 @@ def exponents(rows: list[dict], points: int = 3) -> dict:
             logs = np.log(np.array(measured, dtype=float))
             out[label] = float(np.polyfit(logs[:, 0], logs[:, 1], 1)[0])
     return out
+
+
+LINEAR_GROWTH = (0.7, 1.3)   # p in time ~ T^p that counts as "about linearly"
+QUADRATIC_GROWTH = (1.6, 2.4)
+
+
+def checks(data: dict) -> list[dict]:
+    """The measured claims, each {"claim", "reproduced", "measured"}: the recurrent and chunked forms grow about
+    linearly, softmax attention about quadratically, and each mixer's chunked form is faster than its
+    recurrent form at the two longest lengths."""
+    p = data["exponents"]
+    linear = [label for label, _, form in FORMS if form in ("recurrent", "chunked") and "softmax" not in label]
+    softmax = "softmax attention"
+
+    def within(label, bounds):
+        return label in p and bounds[0] <= p[label] <= bounds[1]
+
+    def growth(label):
+        return f"{label} T^{p[label]:.2f}" if label in p else f"{label} not timed"
+
+    faster = []
+    for mixer in dict.fromkeys(label.rsplit(", ", 1)[0] for label in linear):
+        for row in data["cpu"][-2:]:
+            chunked, recurrent = row["ms"].get(f"{mixer}, chunked"), row["ms"].get(f"{mixer}, recurrent")
+            faster.append((mixer, row["T"], chunked is not None and recurrent is not None and chunked < recurrent,
+                           recurrent / chunked if chunked and recurrent else None))
+    return [
+        {"claim": "the recurrent and chunked forms grow about linearly (p within "
+                  f"{LINEAR_GROWTH[0]}..{LINEAR_GROWTH[1]})",
+         "reproduced": all(within(label, LINEAR_GROWTH) for label in linear),
+         "measured": ", ".join(growth(label) for label in linear)},
+        {"claim": f"softmax attention grows about quadratically (p within {QUADRATIC_GROWTH[0]}..{QUADRATIC_GROWTH[1]})",
+         "reproduced": within(softmax, QUADRATIC_GROWTH), "measured": growth(softmax)},
+        {"claim": "the chunked form is faster than the recurrent one at the two longest T",
+         "reproduced": all(ok for _, _, ok, _ in faster),
+         "measured": ", ".join(f"{mixer} {ratio:.1f}x at T = {T}" if ratio else f"{mixer} not timed at T = {T}"
+                               for mixer, T, _, ratio in faster)},
+    ]
 
 
 # ---- the optional GPU part ------------------------------------------------------------------------
@@ -109,41 +168,34 @@ def gpu_missing() -> str | None:
     return None
 
 
+GPU_QUICK = dict(lengths=(2048,), repeats=5)
+
+
 def gpu_results(quick: bool) -> dict:
-    """{"rows": [...]} from `minilin bench --device gpu --json PATH`, or {"skipped": reason}."""
+    """{"rows": [...], "machine": ...} from `minilin.bench.gpu.rows`, or {"skipped": reason}."""
     reason = gpu_missing()
     if reason:
         return {"skipped": reason}
-    from ..cli import main as cli_main
+    from ..bench import gpu
 
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "gpu.json")
-        argv = ["bench", "--device", "gpu", "--json", path] + (["--repeats", "5", "--lengths", "2048"] if quick else [])
-        printed, progress = io.StringIO(), io.StringIO()
-        # An experiment returns data: the benchmark's own table and progress lines are kept out of the tour.
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(progress):
-            status = cli_main(argv)
-        if not os.path.exists(path):
-            said = [line for line in progress.getvalue().splitlines() if line.strip()]
-            return {"skipped": f"`minilin {' '.join(argv[:3])}` wrote no JSON (exit status {status})"
-                               + (f": {said[-1].strip()}" if said else "")}
-        with open(path) as f:
-            payload = json.load(f)
+    try:
+        payload = gpu.rows(**GPU_QUICK) if quick else gpu.rows()
+    except Exception as error:  # noqa: BLE001 - the tour reports any failure of the optional part and goes on
+        return {"skipped": f"the GPU benchmark failed ({type(error).__name__}: {error})"}
     rows = payload.get("rows") if isinstance(payload, dict) else None
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        return {"skipped": "the GPU benchmark's JSON has no list of rows"}
+        return {"skipped": "the GPU benchmark returned no list of rows"}
     machine = payload.get("machine") or payload.get("device")
     if isinstance(machine, dict):
         machine = ", ".join(f"{key} {value}" for key, value in machine.items())
-    return {"rows": rows, "status": status, "machine": machine}
+    return {"rows": rows, "machine": machine}
 
 
 def _gpu_table(gpu: dict) -> list[str]:
     """The benchmark's rows as they come: one column per scalar field (nested fields are left out)."""
     if "skipped" in gpu:
         return [f"GPU: skipped, {gpu['skipped']}."]
-    lines = [f"GPU, from `minilin bench --device gpu`{' (' + str(gpu['machine']) + ')' if gpu.get('machine') else ''}"
-             f"{'' if gpu.get('status', 0) == 0 else ', which exited with status ' + str(gpu['status'])}:"]
+    lines = [f"GPU, from `minilin bench --device gpu`{' (' + str(gpu['machine']) + ')' if gpu.get('machine') else ''}:"]
     columns = [key for key in dict.fromkeys(k for row in gpu["rows"] for k in row)
                if all(_scalar(row.get(key)) for row in gpu["rows"])
                and any(row.get(key) not in (None, "") for row in gpu["rows"])]
@@ -176,9 +228,12 @@ def table(data: dict) -> str:
                       for label in labels)
     lines.append(f"{'growth':>6s} | {growth}")
     worst = max(max(r["chunked_vs_recurrent"].values(), default=0.0) for r in data["cpu"])
+    noisiest = max(max(r["spread"].values(), default=0.0) for r in data["cpu"])
     p = data["problem"]
-    lines.append(f"(this CPU, NumPy, float32, B={p['B']} H={p['H']} K={p['K']} V={p['V']}, best of {data['repeats']} runs; growth: "
-                 f"p in time ~ T^p, fitted over the three longest T; chunked vs recurrent agree to {worst:.0e})")
+    lines.append(f"(this CPU, NumPy, float32, B={p['B']} H={p['H']} K={p['K']} V={p['V']}; {data['timing']}, median of "
+                 f"{data['rounds']} alternating rounds, which disagree by up to {noisiest:.0%}; growth: p in time ~ "
+                 f"T^p, fitted over the three longest T; chunked vs recurrent agree to {worst:.0e})")
+    lines += _timing.not_reproduced(data["checks"])
     note = _timing.load_note(data["load"])
     lines.extend([note] if note else [])
     lines.extend(_gpu_table(data["gpu"]))
@@ -186,14 +241,19 @@ def table(data: dict) -> str:
 
 
 def plot(data: dict, path: str) -> None:
-    fig, (ax,) = _plot.subplots(1, width=7)
+    fig, (ax,) = _plot.subplots(1, width=7.5, height=4.8)
     T = [r["T"] for r in data["cpu"]]
     for label, _, form in FORMS:
         ms = [r["ms"][label] for r in data["cpu"]]
-        style = "o-" if form == "chunked" and "softmax" not in label else "s--" if form == "recurrent" else "^-"
-        ax.plot(T, [np.nan if m is None else m for m in ms], style, label=label)
-    ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="ms (best of runs, this CPU)",
-           title="Cost against sequence length (NumPy, float32)")
+        p = data["exponents"].get(label)
+        style = "^-" if "softmax" in label else "o-" if form == "chunked" else "s--"
+        ax.plot(T, [np.nan if m is None else m for m in ms], style,
+                label=f"{label}" + (f" (T^{p:.2f})" if p is not None else ""))
+    p = data["problem"]
+    ax.set(xscale="log", yscale="log", xlabel="sequence length T (tokens)",
+           ylabel="CPU time per call (ms, one thread)",
+           title=f"This CPU, NumPy, float32, B={p['B']} H={p['H']} K={p['K']} V={p['V']} "
+                 f"(median of {data['rounds']} rounds)")
     _plot.plain_ticks(ax, T)
     ax.legend(fontsize=8)
-    _plot.save(fig, path)
+    _plot.save(fig, path, "cost", _timing.not_reproduced(data["checks"]))

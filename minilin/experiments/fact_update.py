@@ -94,9 +94,9 @@ def plot(data: dict, path: str) -> None:
     fig, (ax,) = _plot.subplots(1, width=7)
     t = np.arange(data["T"])
     for r in data["rows"]:
-        ax.plot(t, np.maximum(r["error"], 1e-17), "o-", ms=3, label=r["rule"])
+        ax.plot(t, np.maximum(r["error"], 1e-17), "o-", ms=3, label=r["rule"])  # 0 drawn at 1e-17 (log axis)
     ax.axvline(data["update"], color="gray", lw=0.8, ls=":", label="value of k* changes")
-    ax.set(yscale="log", xlabel="position t", ylabel="||read(k*) - current value of k*||",
+    ax.set(yscale="log", xlabel="position t (tokens)", ylabel="||read(k*) - current value of k*|| (0 drawn at 1e-17)",
            title="Which write rule follows the change")
     ax.legend(fontsize=8)
-    _plot.save(fig, path)
+    _plot.save(fig, path, "fact_update")

@@ -108,10 +108,14 @@ def plot(data: dict, path: str) -> None:
         line, = left.plot(t, h["retained"][1:], label=f"head {h['head']}: gamma = 1 - 2^-{5 + h['head']}")
         right.plot(t, h["cross_talk"][1:], color=line.get_color())
         right.plot(t, h["retained"][1:], color=line.get_color(), ls=":")
-    left.axhline(0.5, color="gray", lw=0.8, ls=":")
+    left.axhline(0.5, color="gray", lw=0.8, ls=":", label="half of the item left")
     left.set(xscale="log", xlabel="tokens since the write t", ylabel="fraction of the item left (gamma^t)",
              title="RetNet's heads: how fast one item fades")
     left.legend(fontsize=7)
-    right.set(xscale="log", yscale="log", xlabel="tokens since the write t", ylabel="norm",
-              title="Item (dotted) vs cross-talk of later writes (solid)", ylim=(1e-3, None))
-    _plot.save(fig, path)
+    right.set(xscale="log", yscale="log", xlabel="tokens since the write t", ylabel="norm of the read (unit values)",
+              title="The item vs cross-talk of later writes (colors: heads)", ylim=(1e-3, None))
+    from matplotlib.lines import Line2D
+
+    right.legend(handles=[Line2D([], [], color="gray", label="cross-talk of the later writes (RMS)"),
+                          Line2D([], [], color="gray", ls=":", label="the item left, gamma^t")], fontsize=7)
+    _plot.save(fig, path, "fixed_decay")

@@ -73,14 +73,18 @@ def plot(rows: list[dict], path: str) -> None:
     for i, form in enumerate(forms):
         xs = [j + (i - (len(forms) - 1) / 2) * width for j, r in enumerate(rows) if form in r["ms"]]
         times.bar(xs, [r["ms"][form] for r in rows if form in r["ms"]], width, label=form)
-    times.set(yscale="log", ylabel="time (ms)", title=f"Every form, T = {rows[0]['T']} (float64, this CPU)")
+    times.set(yscale="log", ylabel="wall time per call (ms)", title=f"Every form, T = {rows[0]['T']} (float64, this CPU)")
     times.legend(fontsize=8)
     memory.bar(range(len(rows)), [r["state_bytes"] / 1024 for r in rows], 0.6, label="state (or cache) held")
     memory.axhline(rows[0]["kv_cache_bytes"] / 1024, color="C3", ls="--", lw=1,
                    label="softmax KV cache at this T")
+    for j, r in enumerate(rows):
+        if not r["state_bytes"]:  # a log axis has no 0: say it
+            memory.text(j, 0.02, "no state (non-causal)", rotation=90, ha="center", va="bottom", fontsize=7,
+                        transform=memory.get_xaxis_transform())
     memory.set(yscale="log", ylabel="KiB per layer", title="Fixed state vs KV cache")
     memory.legend(fontsize=8)
     for ax in (times, memory):
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
-    _plot.save(fig, path)
+    _plot.save(fig, path, "forms")

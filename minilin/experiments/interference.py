@@ -94,7 +94,8 @@ def plot(data: dict, path: str) -> None:
     ax.plot(n, [r["orthogonal_cross"] for r in data["rows"]], "^-", label="cross-talk, orthogonal keys")
     ax.plot(n, [r["largest_term"] for r in data["rows"]], "x:", label="largest single cross term (random)")
     ax.axvline(data["d"], color="gray", lw=0.8, ls=":", label="n = d")
-    ax.set(xlabel="pairs written n", ylabel="norm of the part of the read",
+    ax.set(xscale="log", xlabel="pairs written n", ylabel="norm of the part of the read (unit values)",
            title=f"One read, split: own term vs cross-talk (d = {data['d']})")
+    _plot.plain_ticks(ax, n)
     ax.legend(fontsize=8)
-    _plot.save(fig, path)
+    _plot.save(fig, path, "interference")

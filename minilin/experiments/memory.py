@@ -135,12 +135,9 @@ def table(data: dict) -> str:
 
 
 def plot(data: dict, path: str) -> None:
-    import matplotlib
+    from . import _plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, (ax,) = _plot.subplots(1, width=6.5, height=4.5)
     for label, values in data["growth"].items():
         ax.plot(data["growth_tokens"], np.asarray(values) / 2 ** 20, marker="o", ms=3, label=label,
                 linestyle="--" if label.startswith("sliding") else "-")
@@ -150,9 +147,7 @@ def plot(data: dict, path: str) -> None:
     ax.set_ylabel("cache per layer (MiB, bf16)")
     ax.set_title("KV cache grows with the context; a linear mixer's state does not")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _plot.save(fig, path, "memory")
 
 
 def _tokens(n: int) -> str:

@@ -85,9 +85,14 @@ def plot(data: dict, path: str) -> None:
         for memory in MEMORIES:
             line, = ax.plot(n, [r["accuracy"][memory] for r in rows], "o-", label=memory)
             ax.plot(n, [r["far_accuracy"][memory] for r in rows], "s:", color=line.get_color())
-        ax.axvline(d, color="gray", lw=0.8, ls=":")
+        ax.axvline(d, color="gray", lw=0.8, ls=":", label="n = d")
         ax.set(xscale="log", ylim=(0, 1.03), xlabel="pairs written n", title=f"d = {d}")
         _plot.plain_ticks(ax, n)
     axes[0].set_ylabel("recall accuracy (solid: all keys, dotted: oldest 1/4)")
-    axes[0].legend(fontsize=8)
-    _plot.save(fig, path)
+    from matplotlib.lines import Line2D
+
+    marks, labels = axes[0].get_legend_handles_labels()
+    axes[0].legend(marks + [Line2D([], [], color="gray", marker="o", label="all keys"),
+                            Line2D([], [], color="gray", marker="s", ls=":", label="the oldest quarter")],
+                   labels + ["all keys", "the oldest quarter"], fontsize=7, loc="lower left")
+    _plot.save(fig, path, "recall")

@@ -88,8 +88,13 @@ def plot(data: dict, path: str) -> None:
     n_max = data["ns"][-1]
     colors = ["C0" if r["kind"] == "kernel" else "C3" for r in data["rows"]]
     left.barh(labels, [r["ratio"][n_max] for r in data["rows"]], color=colors)
-    left.set(xscale="log", xlabel="right : wrong weight ratio", title="How much more the right pair weighs")
+    left.set(xscale="log", xlabel="right : wrong weight ratio (geometric mean over queries)",
+             title=f"How much more the right pair weighs (n = {n_max})")
     left.invert_yaxis()
+    from matplotlib.patches import Patch
+
+    left.legend(handles=[Patch(color="C0", label="kernel feature map"), Patch(color="C3", label="softmax")],
+                fontsize=8, loc="lower right")
     for r in data["rows"]:
         right.plot(data["ns"], [r["right_share"][n] for n in data["ns"]], "o-" if r["kind"] == "kernel" else "s--",
                    label=r["kernel"])
@@ -97,4 +102,4 @@ def plot(data: dict, path: str) -> None:
               title=f"The right pair's share of the weight (d = {data['d']})")
     _plot.plain_ticks(right, data["ns"])
     right.legend(fontsize=7)
-    _plot.save(fig, path)
+    _plot.save(fig, path, "softmax_amplification")

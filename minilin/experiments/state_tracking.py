@@ -134,8 +134,8 @@ def plot(data: dict, path: str) -> None:
     ax.plot(L, [r["best_held_out"] for r in data["rows"]], "s-",
             label=f"beta in [0, 1]: best of {data['settings']} hand-set settings (held out)")
     ax.axhline(0.5, color="gray", lw=0.8, ls=":", label="chance")
-    ax.set(xscale="log", ylim=(0.3, 1.05), xlabel="string length", ylabel="parity accuracy",
+    ax.set(xscale="log", ylim=(0.3, 1.05), xlabel="string length (bits)", ylabel="parity accuracy (held-out strings)",
            title="Parity with a one-dimensional delta rule")
     _plot.plain_ticks(ax, L)
     ax.legend(fontsize=8)
-    _plot.save(fig, path)
+    _plot.save(fig, path, "state_tracking")

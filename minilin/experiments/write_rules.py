@@ -85,7 +85,7 @@ def plot(data: dict, path: str) -> None:
         middle.plot(n, [r["recall_newest"] for r in rows], "o-", color=line.get_color(), label=f"{rule}: newest 1/4")
         right.plot(n, [r["kept_oldest"] for r in rows], "s--", color=line.get_color(), label=f"{rule}: oldest 1/4")
     for ax in (left, middle, right):
-        ax.axvline(data["d"], color="gray", lw=0.8, ls=":")
+        ax.axvline(data["d"], color="gray", lw=0.8, ls=":", label=f"n = d = {data['d']}")
         ax.set(xscale="log", xlabel="pairs written n")
         _plot.plain_ticks(ax, data["ns"])
     left.set(ylabel="RMS relative error", title="Reconstruction error")
@@ -93,4 +93,5 @@ def plot(data: dict, path: str) -> None:
     right.set(ylabel="<read, v> of the oldest pairs", ylim=(0, 1.1), title="How much of an old pair is left")
     left.legend(fontsize=8)
     middle.legend(fontsize=6)
-    _plot.save(fig, path)
+    right.legend(fontsize=7)
+    _plot.save(fig, path, "write_rules")

@@ -11,9 +11,22 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]; o
 """
 from __future__ import annotations
 
+from ..activations import l2_normalize
 from ..backend import array_module
-from ..chunking import (causal_mask, decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
-                        state_or_zeros, to_chunks, unit_lower_inverse)
+from ..chunking import (causal_mask, decay_matrix, decay_rows, decay_state, from_chunks, gated_gram,
+                        gated_gram_backward, local_cumsum, num_chunks, reverse_cumsum, state_or_zeros, to_chunks,
+                        transposed, unit_lower_inverse)
+
+
+def qk_backward(q, k, dq, dk, scale, normalize_qk):
+    """The public modules' chain rule for their own mapping of q and k onto the engine's:
+    q -> scale * l2_normalize(q), k -> l2_normalize(k) when normalize_qk, else q -> scale * q, k -> k
+    (`activations.l2_normalize` and its backward). q, k: the raw inputs [B, T, H, K]; dq, dk: the engine's
+    gradients. Returns the raw inputs' (dq, dk)."""
+    dq = dq * scale
+    if normalize_qk:
+        return l2_normalize.backward(q, dq), l2_normalize.backward(k, dk)
+    return dq, dk
 
 
 def step(q, k, v, g, beta, S):
@@ -86,3 +99,322 @@ def parallel(q, k, v, g, beta, S0):
     O = (Q K^T, masked) (I + A)^-1 diag(beta) V when starting from an empty memory (DeltaNet's
     "attention" form)."""
     return chunked(q, k, v, g, beta, S0, max(q.shape[1], 1))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Backward passes: the gradients of L = <dO, O> + <dS, S_final> with respect to (q, k, v, g, beta, S0).
+# Notation: a bar-free "dX" is the gradient of L with respect to X (same shape as X).
+# ----------------------------------------------------------------------------------------------------------
+
+# Tokens between two stored states in `recurrent_backward`.
+CHECKPOINT_EVERY = 64
+
+
+def _update(k, v, g, beta, S):
+    """The state update alone (no output): S' = exp(g) S, S_new = S' + beta k (v - S'^T k)^T."""
+    S = decay_state(S, g)
+    prediction = (k[..., None, :] @ S)[..., 0, :]
+    return S + (beta[..., None] * k)[..., :, None] * (v - prediction)[..., None, :]
+
+
+def recurrent_backward(q, k, v, g, beta, S0, do, dS, checkpoint_every=CHECKPOINT_EVERY):
+    """The definition run backwards in time. Returns (dq, dk, dv, dg, dbeta, dS0), shaped like the inputs;
+    dg is None when g is None, dS0 None when S0 is None; dS None means zeros.
+
+    One token of the forward, and the adjoint of each line (read bottom to top), for one (batch, head):
+
+        S'  = D_t S_{t-1},  D_t = Diag(exp(g_t))     dS_{t-1} = D_t dS'
+                                                     dg_t     = sum_v (dS' * S')_kv   (summed over k too
+                                                                when the gate is one scalar per token)
+        p   = S'^T k_t                               dS'     += k_t dp^T,   dk_t += S' dp
+        r   = v_t - p                                dv_t     = dr,         dp    = -dr
+        S_t = S' + beta_t k_t r^T                    dS'      = dS_t,       dr    = beta_t dS_t^T k_t
+                                                     dbeta_t  = k_t^T dS_t r,  dk_t = beta_t dS_t r
+        o_t = S_t^T q_t                              dS_t    += q_t do_t^T, dq_t  = S_t do_t
+
+    `dS_t` on entry is the adjoint of S_t from the future (dS at t = T), so the loop runs t = T .. 1,
+    each step needing S_{t-1}. Storing all T states costs T K V numbers per head (256 MB in float32 at
+    T = 4096, 4 heads, K = V = 64); instead the forward pass stores one state every `checkpoint_every`
+    tokens, and the backward pass recomputes the states of one segment at a time from its checkpoint
+    (T / C + C states held, one extra forward pass of arithmetic). S' and r are recomputed from S_{t-1}.
+    """
+    xp = array_module(q)
+    T = q.shape[1]
+    C = max(1, int(checkpoint_every))
+
+    def gate(t):
+        return None if g is None else g[:, t]
+
+    checkpoints = []
+    S = state_or_zeros(S0, q[:, 0], v[:, 0])
+    for t in range(T):
+        if t % C == 0:
+            checkpoints.append(S)
+        S = _update(k[:, t], v[:, t], gate(t), beta[:, t], S)
+
+    dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    dbeta = xp.empty_like(beta)
+    dg = None if g is None else xp.empty_like(g)
+    dS_t = xp.zeros_like(S) if dS is None else dS.astype(S.dtype, copy=True)
+    for segment in reversed(range(len(checkpoints))):
+        start, stop = segment * C, min(T, (segment + 1) * C)
+        before = [checkpoints[segment]]                      # before[i] = S_{start + i - 1}
+        for t in range(start, stop - 1):
+            before.append(_update(k[:, t], v[:, t], gate(t), beta[:, t], before[-1]))
+        for t in reversed(range(start, stop)):
+            q_t, k_t, v_t, b_t, do_t = q[:, t], k[:, t], v[:, t], beta[:, t], do[:, t]
+            # Recompute the step's intermediates from S_{t-1}.
+            S_decayed = decay_state(before[t - start], gate(t))              # S'
+            residual = v_t - (k_t[..., None, :] @ S_decayed)[..., 0, :]      # r = v - S'^T k
+            S_t = S_decayed + (b_t[..., None] * k_t)[..., :, None] * residual[..., None, :]
+            # o_t = S_t^T q_t
+            dS_t += q_t[..., :, None] * do_t[..., None, :]
+            dq[:, t] = (S_t @ do_t[..., :, None])[..., 0]
+            # S_t = S' + beta k r^T
+            read = (k_t[..., None, :] @ dS_t)[..., 0, :]                      # dS_t^T k: [B, H, V]
+            dbeta[:, t] = (residual * read).sum(-1)
+            d_residual = b_t[..., None] * read
+            dv[:, t] = d_residual
+            # r = v - S'^T k: dp = -dr flows to k (through S') and to S' (through k).
+            dk[:, t] = (b_t[..., None, None] * (dS_t @ residual[..., :, None]) -
+                        S_decayed @ d_residual[..., :, None])[..., 0]
+            dS_decayed = dS_t - k_t[..., :, None] * d_residual[..., None, :]
+            # S' = D_t S_{t-1}
+            if g is not None:
+                per_row = (dS_decayed * S_decayed).sum(-1)                   # [B, H, K]
+                dg[:, t] = per_row if g.ndim == 4 else per_row.sum(-1)
+            dS_t = decay_state(dS_decayed, gate(t))
+    return dq, dk, dv, dg, dbeta, (None if S0 is None else dS_t)
+
+
+def _rowdot(a, b, axis=-1):
+    """sum(a * b, axis) in one pass where the array module has `vecdot` (NumPy >= 2), else two."""
+    xp = array_module(a)
+    if hasattr(xp, "vecdot"):
+        return xp.vecdot(a, b, axis=axis)
+    return (a * b).sum(axis)
+
+
+def _fill_chunks(out, x):
+    """`chunking.to_chunks(x)` written into `out` [B, H, N, C, ...] (which may be a view), no copy between."""
+    B, H, N, C = out.shape[:4]
+    T = x.shape[1]
+    full = T // C
+    if full:
+        out[:, :, :full] = array_module(x).moveaxis(x[:, :full * C].reshape(B, full, C, H, *x.shape[3:]), 3, 1)
+    if full < N:
+        out[:, :, full:] = 0
+        out[:, :, full, :T - full * C] = array_module(x).moveaxis(x[:, full * C:], 2, 1)
+
+
+def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
+    """The chunked form's backward, chunk-parallel like the forward (the structure of FLA's
+    chunk_gated_delta_rule_bwd). Returns (dq, dk, dv, dg, dbeta, dS0) as `recurrent_backward`.
+
+    Per chunk (all chunks at once unless said otherwise), with the forward's names (see `chunked`):
+    Q, K [C, K], V [C, V], beta [C], G the chunk-local cumulative gate, S the state entering the chunk,
+    S+ the state leaving it, E = exp(G) and E_end = exp(G_C - G) scaling rows:
+
+        (1) A = gram(beta K, K) strict,   P = gram(Q, K)   (decayed: exp(G_t - G_j) in entry (t, j))
+        (2) T = (I + A)^-1
+        (3) Delta = T rhs,  rhs = beta V - (beta K * E) S                } sequential over chunks
+        (4) S+ = exp(G_C) S + (K * E_end)^T Delta                        }
+        (5) O = (Q * E) S + P Delta
+
+    (3) is the forward's Delta = U - W S with W = T (beta K * E) and U = T (beta V) left unformed: the
+    backward needs neither, and one more product per chunk inside the loop costs less than two products
+    over all chunks and two more arrays.
+
+    Step 0, recompute (1)-(4), keeping S (the state entering each chunk) and Delta; O is not needed.
+    Nothing from the forward call is stored: the backward recomputes the grams, T and the state pass
+    (one forward's work), then holds S and dS+ at every chunk boundary (N K V numbers each per head)
+    and Delta, R per chunk (T V each).
+
+    Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS for the last chunk. Delta feeds (4)
+    and (5); S feeds (3), (4) and (5):
+        dDelta = P^T dO + (K * E_end) dS+
+        R      = T^T dDelta         (the adjoint of a triangular solve is the transposed solve: drhs = R)
+        dS     = exp(G_C) dS+ + (Q * E)^T dO - (beta K * E)^T R
+               = exp(G_C) dS+ + [Q * E; beta K * E]^T [dO; -R]       (one product with a 2C contraction)
+    and dS of chunk n is dS+ of chunk n - 1 (of chunk 0: dS0). P^T dO is one product over all chunks,
+    before the loop.
+
+    Step 2, everything else at once, with S, Delta, dS+ and R of every chunk kept:
+        from (5):  d(Q * E) = dO S^T,          dP = dO Delta^T (causal)
+        from (4):  d(K * E_end) = Delta dS+^T, and exp(G_C) S gives dG_C += sum_v dS+ * exp(G_C) S
+        from (3):  d(beta V) = R,              d(beta K * E) = -R S^T,   dT = dDelta rhs^T
+        from (2):  T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
+                       dA = -T^T (dDelta rhs^T) T^T = -R (T rhs)^T = -R Delta^T,
+                   kept strictly lower: only those entries of A are inputs.
+        from (1):  `chunking.gated_gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
+    Then beta K and beta V give dK += beta d(beta K), dbeta = sum_c K d(beta K) + sum_v V d(beta V),
+    dV = beta d(beta V).
+
+    The gate. G enters as exp(+G_t) on a row of token t (Q * E, beta K * E, x in the grams) and as
+    exp(-G_j) on a row of token j (y in the grams, K * E_end); a row X scaled by exp(+-G) contributes
+    +-X * dX to dG, so, with dQ, d(beta K) the totals and dK' the gradient of K's own rows (the grams
+    and K * E_end, before the beta K path is added):
+        dG_t = Q_t * dQ_t + beta_t K_t * d(beta K)_t - K_t * dK'_t          (summed over channels
+    plus at the chunk's last position C                                       for a scalar gate)
+        dG_C += sum_t (K * E_end)_t * d(K * E_end)_t + sum_v dS+ * exp(G_C) S.
+    Since G_t = g_1 + ... + g_t inside the chunk, dg_s = sum_{t >= s} dG_t: a reverse cumulative sum of
+    per-token terms, and every exponential above has a non-positive argument.
+
+    Layout. Q and beta K both multiply K^T from the left, and dO and -R both multiply S^T and Delta^T,
+    so each pair is stacked along the position axis: rows = [Q; beta K] [B, H, N, 2C, K] and
+    left = [dO; -R] [B, H, N, 2C, V], and [P; A], [dP; dA] likewise. Each product of a pair is then one
+    product with 2C rows (or a 2C-long contraction), and the buffers are written in place: on a 2-core
+    CPU box, first touches of fresh memory (page faults) cost about as much as the arithmetic, so the
+    backward allocates few large arrays.
+    """
+    xp = array_module(q)
+    T, C = q.shape[1], chunk_size
+    Bn, _, H, K = q.shape
+    V, N, dtype = v.shape[-1], num_chunks(T, C), q.dtype
+    per_channel = g is not None and g.ndim == 4
+
+    kc = to_chunks(k, C)                                                 # [B, H, N, C, K]
+    vc = to_chunks(v, C)                                                 # [B, H, N, C, V]
+    beta_c = to_chunks(beta, C)[..., None]                               # [B, H, N, C, 1]
+    rows = xp.empty((Bn, H, N, 2 * C, K), dtype)                         # [Q; beta K]
+    qc, k_beta = rows[..., :C, :], rows[..., C:, :]
+    _fill_chunks(qc, q)
+    xp.multiply(kc, beta_c, out=k_beta)
+    left = xp.empty((Bn, H, N, 2 * C, V), dtype)                         # [dO; -R], -R filled in step 1
+    doc = left[..., :C, :]
+    _fill_chunks(doc, do)
+    if g is None:
+        G = L = E_both = None
+        k_to_end = kc
+    else:
+        G = local_cumsum(to_chunks(g, C))
+        G_last = G[:, :, :, -1]
+        # Row factors [..., C, K] (per channel) or [..., C, 1] (scalar), and the state's [..., K | 1, 1].
+        to_end = G_last[:, :, :, None] - G                               # G_C - G <= 0
+        E = xp.exp(G if per_channel else G[..., None])                   # exp(G)
+        E_end = xp.exp(to_end if per_channel else to_end[..., None])     # exp(G_C - G)
+        decay_end = xp.exp(G_last)[..., None] if per_channel else xp.exp(G_last)[..., None, None]
+        E_both = xp.concatenate([E, E], axis=-2)                         # exp(G) on [Q; beta K]
+        k_to_end = kc * E_end                                            # K * E_end
+        L = None if per_channel else decay_matrix(G)                     # exp(G_t - G_j), j <= t
+    strict = causal_mask(C, xp, strict=True)
+
+    def mask_grams(M):
+        """M [B, H, N, 2C, C], shaped like [P; A], times exp(G_t - G_j) for a scalar gate (a per-channel
+        decay is applied inside the gram) and the masks j <= t (top half), j < t (bottom half); in place."""
+        if L is not None:
+            halves = M.reshape(Bn, H, N, 2, C, C)
+            halves *= L[:, :, :, None]
+        else:
+            M[..., :C, :] *= causal_mask(C, xp)
+        M[..., C:, :] *= strict
+        return M
+
+    # Step 0: recompute (1)-(4).
+    if per_channel:
+        stacked = gated_gram(xp.stack([qc, k_beta]), kc, G)             # [2, B, H, N, C, C]
+        grams = xp.moveaxis(stacked, 0, 3).reshape(Bn, H, N, 2 * C, C)
+        del stacked
+    else:
+        grams = rows @ transposed(kc)                                    # [Q; beta K] K^T
+    mask_grams(grams)                                                    # [P; A]
+    P_T_do = grams[..., :C, :].swapaxes(-1, -2) @ doc                    # P^T dO
+    T_inv = unit_lower_inverse(grams[..., C:, :])                        # (I + A)^-1
+    del grams
+    v_beta = vc * beta_c
+    S_in = xp.empty((Bn, H, N + 1, K, V), dtype)                        # S entering chunk n; n = N: final
+    S_in[:, :, 0] = 0 if S0 is None else S0
+    delta = xp.empty((Bn, H, N, C, V), dtype)
+    # The loops write into scratch buffers: on a batch of B H small matrices, each NumPy call's fixed cost
+    # is a large part of its time, and a fresh temporary adds to it. [Q * E; beta K * E] is formed chunk
+    # by chunk inside the loops rather than once for all chunks: on a small CPU box a fresh array of that
+    # size costs more in first-touch page faults than the 2N small products (measured on 2 cores).
+    rhs, decayed = xp.empty((Bn, H, C, V), dtype), xp.empty((Bn, H, K, V), dtype)
+    rows_decayed = rows[:, :, 0].copy()                                  # [Q * E; beta K * E] of one chunk
+    k_beta_decayed = rows_decayed[..., C:, :]
+    for n in range(N):
+        S = S_in[:, :, n]
+        if G is None:
+            xp.matmul(k_beta[:, :, n], S, out=rhs)
+        else:
+            xp.multiply(k_beta[:, :, n], E[:, :, n], out=k_beta_decayed)
+            xp.matmul(k_beta_decayed, S, out=rhs)
+        xp.subtract(v_beta[:, :, n], rhs, out=rhs)                       # beta V - (beta K * E) S
+        xp.matmul(T_inv[:, :, n], rhs, out=delta[:, :, n])              # Delta = T rhs
+        S_next = S_in[:, :, n + 1]
+        xp.matmul(k_to_end[:, :, n].swapaxes(-1, -2), delta[:, :, n], out=S_next)
+        S_next += S if G is None else xp.multiply(S, decay_end[:, :, n], out=decayed)
+    del v_beta
+
+    # Step 1: the state adjoint, backwards over chunks. dS_out[:, :, n + 1] = dS+ of chunk n; [:, :, 0] = dS0.
+    dS_out = xp.empty((Bn, H, N + 1, K, V), dtype)
+    dS_out[:, :, N] = 0 if dS is None else dS
+    minus_T_inv_T = xp.negative(T_inv, out=T_inv).swapaxes(-1, -2)      # -T^T, in place (T is done with)
+    d_delta = rhs
+    for n in reversed(range(N)):
+        dS_next = dS_out[:, :, n + 1]
+        xp.matmul(k_to_end[:, :, n], dS_next, out=d_delta)
+        d_delta += P_T_do[:, :, n]                                       # dDelta
+        xp.matmul(minus_T_inv_T[:, :, n], d_delta, out=left[:, :, n, C:])   # -R = -T^T dDelta
+        dS_here = dS_out[:, :, n]
+        if G is not None:
+            xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
+        xp.matmul((rows[:, :, n] if G is None else rows_decayed).swapaxes(-1, -2), left[:, :, n], out=dS_here)
+        dS_here += dS_next if G is None else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
+    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both
+    dS0 = None if S0 is None else dS_out[:, :, 0].copy()
+    S_in, dS_out = S_in[:, :, :N], dS_out[:, :, 1:]
+
+    # Step 2: the intra-chunk gradients, all chunks at once.
+    minus_R = left[..., C:, :]
+    dvc = minus_R * -beta_c                                              # dV = beta d(beta V) = beta R
+    dbeta_c = -_rowdot(vc, minus_R)
+    by_state = left @ transposed(S_in)                                   # [d(Q * E); d(beta K * E)]
+    d_grams = left @ transposed(delta)                                   # [dP; dA], not yet masked
+    del left, minus_R
+    d_k_to_end = delta @ transposed(dS_out)                              # d(K * E_end)
+    del delta
+    if G is not None:                                                    # dG_C's terms, [B, H, N, K]
+        S_in *= decay_end                                                # exp(G_C) S
+        at_end = _rowdot(dS_out, S_in) + _rowdot(k_to_end, d_k_to_end, axis=-2)
+    del S_in, dS_out
+    mask_grams(d_grams)                                                  # scalar gate: dM = d[P; A] * decay
+    if per_channel:
+        d_stacked = xp.moveaxis(d_grams.reshape(Bn, H, N, 2, C, C), 3, 0)
+        d_rows_stacked, dkc = gated_gram_backward(d_stacked, xp.stack([qc, k_beta]), kc, G)
+        d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)
+        del d_stacked, d_rows_stacked
+    else:
+        d_rows = d_grams @ kc                                            # [dQ; d(beta K)] from the grams
+        dkc = d_grams.swapaxes(-1, -2) @ rows                            # dK from both grams at once
+    del d_grams
+    if G is not None:                                                    # back through exp(G) on rows
+        halves = by_state.reshape(Bn, H, N, 2, C, K)
+        halves *= E[:, :, :, None]
+        d_k_to_end *= E_end
+    d_rows += by_state
+    del by_state
+    dkc += d_k_to_end                                                    # dK', K's own rows
+    del d_k_to_end
+    dk_beta = d_rows[..., C:, :]
+
+    dg = None
+    if G is not None:
+        # dG = Q * dQ + beta K * d(beta K) - K * dK', then the chunk-end terms at position C.
+        if per_channel:
+            dG = (rows * d_rows).reshape(Bn, H, N, 2, C, K).sum(3) - kc * dkc
+        else:
+            dG = _rowdot(rows, d_rows).reshape(Bn, H, N, 2, C).sum(3) - _rowdot(kc, dkc)
+            at_end = at_end.sum(-1)
+        dG[:, :, :, -1] += at_end
+        dg = from_chunks(reverse_cumsum(dG, 3), T)                       # dg_s = sum_{t >= s} dG_t
+    dbeta_c += _rowdot(kc, dk_beta)
+    dk_beta *= beta_c
+    dkc += dk_beta
+    return (from_chunks(d_rows[..., :C, :], T), from_chunks(dkc, T), from_chunks(dvc, T), dg,
+            from_chunks(dbeta_c, T), dS0)
+
+
+def parallel_backward(q, k, v, g, beta, S0, do, dS):
+    """The backward of `parallel`: `chunked_backward` with one chunk holding the whole sequence."""
+    return chunked_backward(q, k, v, g, beta, S0, do, dS, max(q.shape[1], 1))

@@ -9,12 +9,19 @@ this; here the inputs are already checked, cast to one dtype, and `q` already ca
 RetNet / Lightning / Mamba-2 / simple GLA) or per key channel ([B, T, H, K]: GLA).
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; state [B, H, K, V]; o [B, T, H, V].
+
+Backward (`recurrent_backward`, `chunked_backward`, `parallel_backward`): the gradients of
+    L = sum_t <do_t, o_t> + <dS, S_T>        (dS None = zeros)
+with respect to q, k, v, g and the initial state, derived by hand below, no autograd.
 """
 from __future__ import annotations
 
+import math
+
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, from_chunks, gated_gram, local_cumsum,
-                        pass_states, state_or_zeros, to_chunks)
+from ..chunking import (decay_rows, decay_state, from_chunks, gate_terms, gated_gram, gated_gram_backward,
+                        gram_decay, local_cumsum, pass_states, pass_states_backward, reverse_cumsum, state_or_zeros,
+                        to_chunks, to_chunks_transposed, transposed)
 
 
 def step(q, k, v, g, S):
@@ -60,3 +67,213 @@ def chunked(q, k, v, g, S0, chunk_size):
 def parallel(q, k, v, g, S0):
     """The quadratic form o = (Q K^T * D) V (+ the read of S0): the chunked form with one chunk of T."""
     return chunked(q, k, v, g, S0, max(q.shape[1], 1))
+
+
+def states_backwards(k, v, g, S0):
+    """The states of S_t = D_t S_{t-1} + k_t v_t^T in reverse: yields (t, S_{t-1}, S_t) for t = T-1, ..., 0
+    (0-based t; S_{-1} = S0, zeros when None). k [B, T, H, K], v [B, T, H, V], g None / [B, T, H] /
+    [B, T, H, K]. The yielded arrays are views into a buffer that the next segment overwrites.
+
+    What it stores and recomputes. A backward pass needs the forward states while walking backwards,
+    and S_{t-1} cannot be recovered from S_t: undoing the decay divides by exp(g_t), which overflows for
+    strong gates. Storing every S_t costs T K V numbers per head (268 MB at B=1, H=4, T=4096, K=V=64 in
+    float32). Instead a first forward pass keeps the state at the start of every segment of
+    c = ceil(sqrt(T)) tokens (checkpoints); walking backwards, each segment's c states are recomputed
+    from its checkpoint, used, and dropped. Memory is O(sqrt(T) K V), at the price of one extra forward
+    pass: the classic sqrt(T) checkpointing of backpropagation through time.
+    """
+    xp = array_module(k)
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    segment = math.isqrt(T - 1) + 1 if T > 1 else 1          # ceil(sqrt(T))
+    n_segments = -(-T // segment)
+
+    def advance(S, t):
+        return decay_state(S, None if g is None else g[:, t]) + k[:, t, :, :, None] * v[:, t, :, None, :]
+
+    checkpoints = xp.empty((n_segments, B, H, K, V), k.dtype)  # the state entering each segment
+    S = state_or_zeros(S0, k[:, 0], v[:, 0])
+    for t in range(T):
+        if t % segment == 0:
+            checkpoints[t // segment] = S
+        S = advance(S, t)
+    states = xp.empty((segment + 1, B, H, K, V), k.dtype)      # states[i] = S_{t0 + i - 1}
+    for s in reversed(range(n_segments)):
+        t0, t1 = s * segment, min(T, (s + 1) * segment)
+        states[0] = checkpoints[s]
+        for t in range(t0, t1):
+            states[t - t0 + 1] = advance(states[t - t0], t)
+        for t in reversed(range(t0, t1)):
+            yield t, states[t - t0], states[t - t0 + 1]
+
+
+def recurrent_backward(q, k, v, g, S0, do, dS):
+    """The definition run backwards: (dq, dk, dv, dg, dS0) of L = sum_t <do_t, o_t> + <dS, S_T>.
+
+    do [B, T, H, V]; dS [B, H, K, V] or None (zeros). dg is None without a gate, dS0 None without S0.
+
+    Step 1, the state's adjoint. Write Sbar_t = dL/dS_t, everything S_t influences: its own read
+    o_t = S_t^T q_t and, through S_{t+1} = D_{t+1} S_t + k_{t+1} v_{t+1}^T (D = Diag(exp(g)) or exp(g)),
+    all later ones. Backwards from the end:
+        Sbar_T     = dS + q_T do_T^T
+        Sbar_{t-1} = D_t Sbar_t + q_{t-1} do_{t-1}^T           (dS_t carried back through the transition)
+    D_t is symmetric (diagonal), so carrying back is the same decay as the forward's, exponent g_t <= 0.
+
+    Step 2, each token's inputs, read off the two places they appear:
+        o_t = S_t^T q_t                     ->  dq_t = S_t do_t
+        S_t = ... + k_t v_t^T               ->  dk_t = Sbar_t v_t,    dv_t = Sbar_t^T k_t
+        S_t = exp(g_t) * S_{t-1} + ...      ->  dg_t = sum_v Sbar_t * exp(g_t) S_{t-1}   (over K too, scalar g)
+        S_0 = S0                            ->  dS0  = D_1 Sbar_1
+    The gate's gradient needs no exponential beyond the forward's exp(g_t) <= 1.
+
+    The forward states come from `states_backwards`: sqrt(T) checkpoints, each segment recomputed once.
+    """
+    xp = array_module(q)
+    per_channel = g is not None and g.ndim == 4
+    dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    dg = None if g is None else xp.empty(g.shape, q.dtype)
+    Sbar = xp.zeros(q.shape[:1] + q.shape[2:] + v.shape[-1:], q.dtype) if dS is None else dS
+    for t, S_prev, S_t in states_backwards(k, v, g, S0):
+        Sbar = Sbar + q[:, t, :, :, None] * do[:, t, :, None, :]       # + q_t do_t^T: Sbar is now dL/dS_t
+        dq[:, t] = (S_t @ do[:, t, :, :, None])[..., 0]                # S_t do_t
+        dk[:, t] = (Sbar @ v[:, t, :, :, None])[..., 0]                # Sbar_t v_t
+        dv[:, t] = (k[:, t, :, None, :] @ Sbar)[..., 0, :]             # Sbar_t^T k_t
+        if g is not None:
+            per_key = (Sbar * decay_state(S_prev, g[:, t])).sum(-1)    # sum_v Sbar_t * exp(g_t) S_{t-1}
+            dg[:, t] = per_key if per_channel else per_key.sum(-1)
+            Sbar = decay_state(Sbar, g[:, t])                          # D_t Sbar_t
+    return dq, dk, dv, dg, (None if S0 is None else Sbar)
+
+
+def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
+    """The chunked form's backward, chunk-parallel like `chunked`: (dq, dk, dv, dg, dS0).
+
+    The forward, per chunk n (C tokens, G the chunk-local cumulative gate, G_C its last entry, S_n the
+    state entering the chunk):
+        Kd      = k * exp(G_C - G)               the keys decayed to the chunk's end
+        S_{n+1} = exp(G_C) S_n + Kd^T v          (`pass_states`; W_n = Kd^T v is what the chunk writes)
+        Qd      = q * exp(G)                     the queries decayed from the chunk's start
+        A       = gated_gram(q, k, G)            A_ij = sum_k q_ik k_jk exp(G_ik - G_jk), j <= i
+        o       = Qd S_n + A v
+    Each step below is the chain rule through one of these lines, using for a product Y = X Z that
+    dX = dY Z^T and dZ = X^T dY, and for a row decay y = x * exp(G) that dx = dy * exp(G).
+
+    Step 0, recompute the chunk-boundary states S_n (one `pass_states`, N steps). Nothing of size
+    T x K x V is stored by the forward or kept here.
+
+    Step 1, the state read o = Qd S_n + ...:
+        dQd = do S_n^T,  dq = dQd * exp(G),      dS_n|read = Qd^T do   (what reading S_n adds to its adjoint)
+
+    Step 2, the state pass backwards (`pass_states_backward`), the only sequential part:
+        Sbar_N = dS,    Sbar_n = dS_n|read + exp(G_C) Sbar_{n+1},    dS0 = Sbar_0,
+    and the cotangent of what chunk n writes is dW_n = Sbar_{n+1}.
+
+    Step 3, the write W_n = Kd^T v:
+        dKd = v dW_n^T,  dk = dKd * exp(G_C - G),      dv = Kd dW_n
+
+    Step 4, the intra-chunk part o = ... + A v (A recomputed):
+        dv += A^T do,    dA = do v^T,    then A's backward (`chunking.gated_gram_backward`):
+        dq += (dA * P) k,  dk += (dA * P)^T q   with P_ij = exp(G_i - G_j), j <= i (per channel in blocks)
+
+    Step 5, the gate, without one exponential more. By the rule of `chunking.gate_terms`, each use of
+    G_i is a row scaled by exp(+G_i) (q_i, in Qd and in A) or by exp(-G_i) (k_i, in Kd and in A), and
+    contributes +-(row . its cotangent); the total cotangents dq, dk of steps 1-4 sum all the uses:
+        dG_i = q_i dq_i - k_i dk_i        (per channel; summed over K for a scalar gate)
+    The chunk's total decay G_C enters once more, as a factor of every term of
+    S_{n+1} = exp(G_C) S_n + sum_j exp(G_C - G_j) k_j v_j^T, so d S_{n+1} / d G_C = S_{n+1} and
+        dG_C += sum_v Sbar_{n+1} * S_{n+1}          (summed over K too for a scalar gate).
+    Finally G_i = g_1 + ... + g_i inside the chunk, so g_j reaches every G_i with i >= j:
+        dg_j = sum_{i >= j in the chunk} dG_i,
+    a reverse cumulative sum of per-token terms, never a difference of large exponentials.
+
+    Cost: 10 batched matrix products against the forward's 4 (the recomputed W and A included), and a
+    loop of N, not T, steps each way.
+    """
+    T = q.shape[1]
+    xp = array_module(q)
+    qc, kc, doc = (to_chunks(x, chunk_size) for x in (q, k, do))           # [B, H, N, C, .]
+    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
+    G_last = None if G is None else G[:, :, :, -1]
+    to_end = None if G is None else G_last[:, :, :, None] - G              # G_C - G_i <= 0
+    # Orientation, for speed only. NumPy multiplies a swapped view at nearly full speed on the left of @
+    # but about ten times slower on the right, so every product X Y^T wants Y^T as a contiguous array.
+    # v is only ever needed as v^T (in W^T = v^T Kd, dA = do v^T, dKd^T = dW v^T): chunk it transposed.
+    v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]
+
+    # Memory, for speed only: `del` drops an array as soon as it is dead, so that the next ones reuse its
+    # memory; fresh memory from the system costs page faults, here about as much as the arithmetic.
+
+    # Step 0: recompute the chunk-boundary states. The writes come out of the product as W^T;
+    # `pass_states` reads them through a swapped view and (empty_like keeps the layout) stores S_in with
+    # the same memory order, so S_in^T, needed in step 1, is contiguous as it is.
+    k_to_end = decay_rows(kc, to_end)
+    S_in, S_final = pass_states((v_T @ k_to_end).swapaxes(-1, -2), G_last, S0)
+
+    # Step 1, the state read Qd S_n (the intra-chunk part A v follows in step 4). S_in^T: no copy (above).
+    scalar_gate = G is None or G.ndim == 4
+    if scalar_gate:
+        # One decay per row commutes with the products: exp(G_i) (do_i S_n^T) = (exp(G_i) do_i) S_n^T and
+        # Qd^T do = q^T (exp(G) do), so both take do decayed once.
+        do_decayed = decay_rows(doc, G)
+        dq = do_decayed @ transposed(S_in)                       # dQd * exp(G)
+        dS_read = qc.swapaxes(-1, -2) @ do_decayed               # Qd^T do
+        del do_decayed
+    else:
+        dq = decay_rows(doc @ transposed(S_in), G)
+        dS_read = decay_rows(qc, G).swapaxes(-1, -2) @ doc
+
+    # Step 2: the state pass, backwards.
+    dW, dS0 = pass_states_backward(dS_read, G_last, dS)
+    del dS_read
+
+    # Step 3: the write Kd^T v. dKd = v dW^T is formed transposed, dKd^T = dW v^T, so that no copy of
+    # dW^T is needed; the decay below reads it through a swapped view and writes dk contiguous.
+    dk_write = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)   # dKd * exp(G_C - G)
+    dv = k_to_end @ dW
+    del k_to_end
+
+    # Step 4: the intra-chunk part A v: recompute A; dv += A^T do; dA = do v^T; A's backward.
+    if scalar_gate:
+        # No gate or a scalar one: the mask-and-decay matrix P is one [C, C] per chunk, built once here
+        # for A = (q k^T) * P and used again by the Gram's backward.
+        P = gram_decay(G, chunk_size, xp)
+        A = qc @ transposed(kc)
+        A *= P
+    else:
+        P = None
+        A = gated_gram(qc, kc, G)
+    dv += A.swapaxes(-1, -2) @ doc
+    del A
+    dq_A, dk = gated_gram_backward(doc @ v_T, qc, kc, G, decay=P)
+    del P
+    dq += dq_A
+    dk += dk_write
+    del dq_A, dk_write
+
+    # Step 5: the gate.
+    dg = None
+    if G is not None:
+        dG = gate_terms(qc, dq, G) - gate_terms(kc, dk, G)
+        # sum_v Sbar_{n+1} * S_{n+1}: the state leaving chunk n is S_in[n + 1], or S_final for the last.
+        summed = "...kv,...kv->...k" if G.ndim == 5 else "...kv,...kv->..."   # per channel: keep k
+        chunk_end = xp.concatenate([xp.einsum(summed, dW[:, :, :-1], S_in[:, :, 1:]),
+                                    xp.einsum(summed, dW[:, :, -1:], S_final[:, :, None])], axis=2)
+        dG[:, :, :, -1] += chunk_end
+        dg = from_chunks(reverse_cumsum(dG, 3), T)
+    return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dg,
+            None if S0 is None else dS0)
+
+
+def parallel_backward(q, k, v, g, S0, do, dS):
+    """The backward of `parallel`: the chunked backward with one chunk of T tokens."""
+    return chunked_backward(q, k, v, g, S0, do, dS, max(q.shape[1], 1))
+
+
+def backward(form: str, q, k, v, g, S0, do, dS, chunk_size: int | None = None):
+    """The backward of one form by name, for the public modules: "recurrent", "chunked" (with chunk_size)
+    or "parallel". All three return the same gradients; they differ in how (see each)."""
+    if form == "recurrent":
+        return recurrent_backward(q, k, v, g, S0, do, dS)
+    if form == "parallel":
+        return parallel_backward(q, k, v, g, S0, do, dS)
+    return chunked_backward(q, k, v, g, S0, do, dS, chunk_size)

@@ -65,6 +65,13 @@ def check_no_state(initial_state, mixer: str) -> None:
                          f"sequence, so there is no state to continue from), got {type(initial_state).__name__}")
 
 
+def check_no_dstate(dstate, mixer: str) -> None:
+    """No state is returned, so a backward has no state cotangent to take."""
+    if dstate is not None:
+        raise ValueError(f"dstate: expected None ({mixer} is non-causal and returns no state, so there is no "
+                         f"state cotangent), got {type(dstate).__name__}")
+
+
 def check_option_names(options: dict, allowed: tuple, function: str) -> None:
     """`exact` accepts the approximation's own options (and ignores them), nothing else."""
     unknown = sorted(set(options) - set(allowed))
@@ -88,3 +95,25 @@ def correlated_normal(rng, shape, correlation_length: float, dtype=np.float64, x
     for t in range(1, shape[1]):
         x[:, t] = rho * x[:, t - 1] + np.sqrt(1 - rho * rho) * e[:, t]
     return xp.asarray(x, dtype=dtype)
+
+
+# --- pieces of the backward passes ----------------------------------------------------------------------
+
+
+def softmax_backward(W, dW):
+    """The gradient of the scores from that of W = softmax(scores) (rows over the last axis):
+    ds_ij = W_ij (dW_ij - sum_l W_il dW_il), the softmax's Jacobian applied row by row."""
+    return W * (dW - (W * dW).sum(-1, keepdims=True))
+
+
+def along_sequence_transposed(P, dy):
+    """The adjoint of `along_sequence(P, x)` in x: P^T applied along the sequence axis, dy [B, r, H, D]
+    -> dx [B, T, H, D] (dx_t = sum_i P_it dy_i)."""
+    return along_sequence(P.T, dy)
+
+
+def projection_gradient(dy, x):
+    """The gradient of `along_sequence(P, x)` in P: dP_it = sum over batch, heads and features of
+    dy[b, i, h, d] x[b, t, h, d]. dy [B, r, H, D], x [B, T, H, D] -> [r, T]."""
+    B, r = dy.shape[:2]
+    return (dy.reshape(B, r, -1) @ x.reshape(B, x.shape[1], -1).swapaxes(-1, -2)).sum(0)

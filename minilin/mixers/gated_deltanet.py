@@ -17,6 +17,8 @@ which `validation.check_delta_keys` checks.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked (WY), parallel, step. Each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward, hand-written (`_delta_rule`), each
+returning SIGNATURE.gradients: the gradients of <do, o> + <dstate, final_state>.
 """
 from __future__ import annotations
 
@@ -72,6 +74,44 @@ def step(q, k, v, g, beta, *, state=None, scale=None, allow_neg_eigval=False, no
     """One decoding step: q, k [B, H, K], v [B, H, V], g, beta [B, H] -> (o_t [B, H, V], new state)."""
     a, q, k = _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, step=True)
     return _delta_rule.step(q, k, a.v, a.g, a.beta, a.state)
+
+
+
+# Gradients (CONVENTIONS.md): the hand-written backward passes of `_delta_rule`, then the chain rule through
+# this module's own mapping (scale on q, and normalize_qk's L2 normalization: `_delta_rule.qk_backward`).
+
+def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normalize_qk, chunk_size=None):
+    a, q, k = _checked(*arrays, scale, state, allow_neg_eigval, normalize_qk)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    engine_inputs = (q, k, a.v, a.g, a.beta, a.state, do, dstate)
+    if form == "chunked":
+        grads = _delta_rule.chunked_backward(*engine_inputs, check_chunk_size(chunk_size, a.shapes["T"]))
+    elif form == "parallel":
+        grads = _delta_rule.parallel_backward(*engine_inputs)
+    else:
+        grads = _delta_rule.recurrent_backward(*engine_inputs)
+    dq, dk, dv, dg, dbeta, dS0 = grads
+    dq, dk = _delta_rule.qk_backward(a.q, a.k, dq, dk, check_scale(scale, a.shapes["K"]), normalize_qk)
+    return SIGNATURE.gradients("gated_deltanet")(dq, dk, dv, dg, dbeta, dS0)
+
+
+def recurrent_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
+    """Gradients of L = <do, o> + <dstate, final_state> through `recurrent`: the definition run backwards in
+    time (`_delta_rule.recurrent_backward`). do [B, T, H, V]; dstate [B, H, K, V] or None (zeros). Returns
+    SIGNATURE.gradients("gated_deltanet"): one d<name> per input, dinitial_state None when initial_state is None."""
+    return _backward("recurrent", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk)
+
+
+def chunked_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
+                     chunk_size=64):
+    """Gradients through `chunked`, chunk-parallel through the WY form (`_delta_rule.chunked_backward`);
+    arguments and result as `recurrent_backward`, plus chunk_size (clamped to T)."""
+    return _backward("chunked", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk, chunk_size)
+
+
+def parallel_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
+    """Gradients through `parallel`: the chunked backward with one chunk holding the whole sequence."""
+    return _backward("parallel", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

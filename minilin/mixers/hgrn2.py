@@ -16,6 +16,8 @@ scale K ** -0.5 used here too. expm1 keeps the key exact when the gate is close 
 
 Shapes: q [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward: GLA's, with the tied key's share
+added to the gate's gradient.
 """
 from __future__ import annotations
 
@@ -60,6 +62,37 @@ def step(q, v, g, *, state=None, scale=None):
     """One decoding step: q, g [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
     a, scale, k = _checked(q, v, g, scale, state, step=True)
     return _gated_linear.step(a.q * scale, k, a.v, a.g, a.state)
+
+
+def _backward(form, q, v, g, scale, initial_state, do, dstate, chunk_size=None):
+    """Check, run the engine's backward, then the chain rule of the mapping:
+        q' = scale * q              ->  dq = scale * dq'
+        k  = -expm1(g) = 1 - e^g    ->  dk/dg = -e^g, so  dg = dg' - dk * e^g
+    (g reaches the loss twice: as the decay, dg' from the engine, and as the key). e^g <= 1."""
+    a, scale, k = _checked(q, v, g, scale, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, k, a.v, a.g, a.state, do, dstate, C)
+    dq *= scale  # the engine's dq and dg are fresh arrays
+    dg -= dk * a.xp.exp(a.g)
+    return SIGNATURE.gradients("hgrn2")(dq, dv, dg, dS0)
+
+
+def recurrent_backward(q, v, g, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, V], dstate [B, H, K, V]. Returns (dq, dv, dg, dinitial_state), named;
+    dinitial_state is None when no initial_state was given."""
+    return _backward("recurrent", q, v, g, scale, initial_state, do, dstate)
+
+
+def chunked_backward(q, v, g, *, do, dstate=None, scale=None, initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel (GLA's chunked backward)."""
+    return _backward("chunked", q, v, g, scale, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(q, v, g, *, do, dstate=None, scale=None, initial_state=None):
+    """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
+    return _backward("parallel", q, v, g, scale, initial_state, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

@@ -16,6 +16,9 @@ KV = the state. Normalization and output gating of the full layer are left out.
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; slope [H] >= 0; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent, chunked (the block algorithm above), parallel, step; each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward, and dslope through g = -s. The chunked
+backward is the gated-linear engine's (`_gated_linear.chunked_backward`) with the constant gate g = -s:
+the same chunks, states and products as the block algorithm above, in the engine's general form.
 """
 from __future__ import annotations
 
@@ -97,6 +100,39 @@ def chunked(q, k, v, *, slope=None, scale=None, initial_state=None, chunk_size=6
     KV_in, KV = pass_states(dKV, block_log_decay, S0)
     o = o + (qc * q_decay[:, None]) @ KV_in                         # O_inter
     return from_chunks(o, T), KV
+
+
+def _backward(form, q, k, v, slope, scale, initial_state, do, dstate, chunk_size=None):
+    """Check, run the engine's backward with the constant gate, then the chain rule of the mapping:
+        q' = scale * q              ->  dq = scale * dq'
+        g_t = -s at every token     ->  dslope_h = -sum_{b, t} dg_{b,t,h}
+    dslope is None when slope was not given (the default slopes are constants, not inputs)."""
+    a, scale, slope = _checked(q, k, v, slope, scale, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    q = a.q * scale
+    dq, dk, dv, dg, dS0 = _gated_linear.backward(form, q, a.k, a.v, _log_gate(q, slope), a.state, do, dstate, C)
+    dslope = None if a.slope is None else -dg.sum(axis=(0, 1))
+    dq *= scale  # the engine's dq is a fresh array
+    return SIGNATURE.gradients("lightning")(dq, dk, dv, dslope, dS0)
+
+
+def recurrent_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, V], dstate [B, H, K, V]. Returns (dq, dk, dv, dslope, dinitial_state),
+    named; dslope / dinitial_state are None when slope / initial_state were not given."""
+    return _backward("recurrent", q, k, v, slope, scale, initial_state, do, dstate)
+
+
+def chunked_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel: the engine's chunked backward with the
+    constant gate g = -s (see the module docstring)."""
+    return _backward("chunked", q, k, v, slope, scale, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, initial_state=None):
+    """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
+    return _backward("parallel", q, k, v, slope, scale, initial_state, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

@@ -20,6 +20,8 @@ numerator is 0 too: that o_t is defined as 0 (an empty weighting reads nothing),
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; state [B, H, F, V] (V + 1 when normalized).
 Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward: the engine's (`_gated_linear`, no
+gate), back through the normalizer column and the feature map (each map's backward, `feature_maps`).
 """
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ SIGNATURE = Signature(
 def _checked(q, k, v, feature_map, normalize, scale, state, step=False):
     """Checked inputs, as the engine takes them: phi(q) * scale, phi(k), v (with a column of ones when
     normalized), the state [B, H, F, V (+1)] (all in one working dtype), and the normalize flag."""
+    return _checked_with_signature(q, k, v, feature_map, normalize, scale, state, step)[1:]
+
+
+def _checked_with_signature(q, k, v, feature_map, normalize, scale, state, step=False):
+    """`_checked`'s result behind the `SIGNATURE.check` object it came from (for the backward's checks)."""
     name = "state" if step else "initial_state"
     a = SIGNATURE.check(q, k, v, step=step)
     scale = check_scale(scale, a.shapes["K"])
@@ -59,7 +66,8 @@ def _checked(q, k, v, feature_map, normalize, scale, state, step=False):
         check_array(name, state, f"B H {feature} {value}", dims, xp)
         dtype = xp.result_type(dtype, state.dtype)
         state = state.astype(dtype)
-    return q.astype(dtype, copy=False) * scale, k.astype(dtype, copy=False), v.astype(dtype, copy=False), state, normalize
+    q, k, v = q.astype(dtype, copy=False) * scale, k.astype(dtype, copy=False), v.astype(dtype, copy=False)
+    return a, q, k, v, state, normalize
 
 
 def _finish(o, S, normalize):
@@ -94,6 +102,66 @@ def step(q, k, v, *, state=None, feature_map=None, normalize=False, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
     q, k, v, S, normalize = _checked(q, k, v, feature_map, normalize, scale, state, step=True)
     return _finish(*_gated_linear.step(q, k, v, None, S), normalize)
+
+
+def _backward(form, q, k, v, feature_map, normalize, scale, initial_state, do, dstate, chunk_size=None):
+    """The chain rule from the output back to q, k, v, in three steps.
+
+    1. The normalizer (normalize=True). The engine returns o' = [n, z] (values, then the normalizer
+       column) and o = n / z. With dL/do given:
+           dn = do / z,      dz = -sum_v do * n / z^2 = -(do . o) / z
+       and do' = [dn, dz] is the engine's output cotangent (o = 0 where z = 0, as in the forward, and
+       there dn = do, dz = 0: the derivative of that definition). The ones column is no input: its
+       gradient is dropped. This needs o', so the form's forward runs first.
+    2. The engine's backward (`_gated_linear`, no gate) on q' = scale * phi(q), k' = phi(k), v'.
+    3. The feature map: dq = phi'(q)^T (scale * dq'), dk = phi'(k)^T dk', by the map's backward.
+    """
+    phi_backward = feature_maps.backward_of(feature_map)   # a map without a backward: TypeError, first
+    a, qf, kf, vf, S0, normalize = _checked_with_signature(q, k, v, feature_map, normalize, scale, initial_state)
+    scale = check_scale(scale, a.shapes["K"])
+    do, _ = SIGNATURE.check_cotangents(a, do, None)
+    if dstate is not None:
+        feature, value = ("K" if qf.shape[-1] == a.shapes["K"] else "F"), ("V+1" if normalize else "V")
+        dims = Shapes(B=a.shapes["B"], H=a.shapes["H"], **{feature: qf.shape[-1], value: vf.shape[-1]})
+        dstate = check_array("dstate", dstate, f"B H {feature} {value}", dims, a.xp).astype(qf.dtype, copy=False)
+    do = do.astype(qf.dtype, copy=False)
+    xp = a.xp
+    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    if normalize:
+        o_ext, _ = (_gated_linear.chunked(qf, kf, vf, None, S0, C) if form == "chunked" else
+                    getattr(_gated_linear, form)(qf, kf, vf, None, S0))
+        z = o_ext[..., -1:]
+        zero = z == 0
+        z_safe = xp.where(zero, 1, z)
+        o = o_ext[..., :-1] / z_safe
+        dz = xp.where(zero, 0, -(do * o).sum(-1, keepdims=True) / z_safe)
+        do = xp.concatenate([do / z_safe, dz], axis=-1)
+    dqf, dkf, dvf, _, dS0 = _gated_linear.backward(form, qf, kf, vf, None, S0, do, dstate, C)
+    dq = phi_backward(a.q, dqf * scale).astype(qf.dtype, copy=False)
+    dk = phi_backward(a.k, dkf).astype(qf.dtype, copy=False)
+    dv = dvf[..., :-1] if normalize else dvf
+    return SIGNATURE.gradients("linear_attention")(dq, dk, xp.ascontiguousarray(dv), dS0)
+
+
+def recurrent_backward(q, k, v, *, do, dstate=None, feature_map=None, normalize=False, scale=None,
+                       initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, V]; dstate [B, H, F, V] ([B, H, F, V + 1] when normalized). Returns
+    (dq, dk, dv, dinitial_state), named; dinitial_state is None when no initial_state was given. The
+    feature map needs a backward (`feature_maps.backward_of`): a callable without one is a TypeError."""
+    return _backward("recurrent", q, k, v, feature_map, normalize, scale, initial_state, do, dstate)
+
+
+def chunked_backward(q, k, v, *, do, dstate=None, feature_map=None, normalize=False, scale=None,
+                     initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel (`_gated_linear.chunked_backward`)."""
+    return _backward("chunked", q, k, v, feature_map, normalize, scale, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, feature_map=None, normalize=False, scale=None,
+                      initial_state=None):
+    """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
+    return _backward("parallel", q, k, v, feature_map, normalize, scale, initial_state, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

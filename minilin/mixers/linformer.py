@@ -45,6 +45,7 @@ from . import _noncausal
 
 SIGNATURE = Signature(
     inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
+    keywords=(Tensor("E", "R T", optional=True), Tensor("F", "R T", optional=True)),  # checked in _prepare
     output="B T H V", state=None)  # non-causal: no state
 
 PROJECTIONS = ("sample", "pool", "gaussian")
@@ -70,6 +71,7 @@ def make_projection(T: int, rank: int, kind: str = "sample", *, seed: int = 0, d
 
 
 def _prepare(q, k, v, rank, kind, seed, E, F, scale, initial_state):
+    """Checked inputs: (q * scale, k, v, E, F, checked), E and F built when not given (F = E by default)."""
     _noncausal.check_no_state(initial_state, "linformer")
     a = SIGNATURE.check(q, k, v)
     xp, shapes, (q, k, v) = a.xp, a.shapes, (a.q, a.k, a.v)
@@ -84,7 +86,7 @@ def _prepare(q, k, v, rank, kind, seed, E, F, scale, initial_state):
         dims = Shapes(T=T, **({} if rank is None else {"R": check_count("rank", rank)}))
         E = check_array("E", E, "R T", dims, xp).astype(q.dtype, copy=False)
         F = E if F is None else check_array("F", F, "R T", dims, xp).astype(q.dtype, copy=False)
-    return q * check_scale(scale, shapes["K"]), k, v, E, F
+    return q * check_scale(scale, shapes["K"]), k, v, E, F, a
 
 
 def parallel(q, k, v, *, rank=None, projection="sample", seed=0, E=None, F=None, scale=None, initial_state=None):
@@ -93,7 +95,7 @@ def parallel(q, k, v, *, rank=None, projection="sample", seed=0, E=None, F=None,
     rank: r, the number of projected keys (1 <= r <= T for "sample" and "pool"); projection: "sample",
     "pool" or "gaussian" with `seed`; or E [r, T] (and F [r, T], default E) given outright.
     """
-    q, k, v, E, F = _prepare(q, k, v, rank, projection, seed, E, F, scale, initial_state)
+    q, k, v, E, F, _ = _prepare(q, k, v, rank, projection, seed, E, F, scale, initial_state)
     keys = _noncausal.along_sequence(E, k)                          # E K: [B, r, H, K]
     values = _noncausal.along_sequence(F, v)                        # F V: [B, r, H, V]
     scores = _noncausal.heads_first(q) @ _noncausal.heads_first(keys).swapaxes(-1, -2)   # [B, H, T, r]
@@ -113,10 +115,55 @@ def exact(q, k, v, *, scale=None, **linformer_options):
     return _noncausal.softmax_attention(q * check_scale(scale, shapes["K"]), k, v), None
 
 
+# --- backward ------------------------------------------------------------------------------------------
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, rank=None, projection="sample", seed=0, E=None, F=None,
+                      scale=None, initial_state=None):
+    """Gradients of <do, o> for `parallel` (`_parallel_backward`). Returns LinformerGradients(dq, dk, dv,
+    dE, dF, dinitial_state): dE and dF when E (and F) were given, None for the built-in projections (no
+    input to differentiate); with E given and F left out (F = E) the one matrix's gradient is dE, the sum
+    of its two uses, and dF is None. dinitial_state is None. do [B, T, H, V]; dstate must be None."""
+    _noncausal.check_no_dstate(dstate, "linformer")
+    q_scaled, k, v, E_used, F_used, a = _prepare(q, k, v, rank, projection, seed, E, F, scale, initial_state)
+    do, _ = SIGNATURE.check_cotangents(a, do, None)
+    dq, dk, dv, dE, dF = _parallel_backward(q_scaled, k, v, E_used, F_used, do)
+    if E is None:
+        dE = dF = None
+    elif F is None:
+        dE, dF = dE + dF, None
+    return SIGNATURE.gradients("linformer")(dq * check_scale(scale, a.shapes["K"]), dk, dv, dE, dF)
+
+
+def _parallel_backward(q, k, v, E, F, do):
+    """The gradients of L = <do, o>, o = softmax(Q (E K)^T) (F V), q already scaled. Step by step, with
+    K' = E K and V' = F V the r projected keys and values, S = Q K'^T, W = softmax(S), o = W V':
+        dV' = W^T do,       dW = do V'^T,       dS = W (dW - rowsum(W dW))    (`_noncausal.softmax_backward`)
+        dQ  = dS K',        dK' = dS^T Q
+        dK  = E^T dK',      dV  = F^T dV'                                      (along the sequence)
+        dE  = sum dK' K^T,  dF  = sum dV' V^T                                  (over batch, heads, features)
+    q, k [B, T, H, K]; v, do [B, T, H, V]; E, F [r, T]. Returns (dq, dk, dv, dE, dF); with E = F the
+    caller adds dE and dF."""
+    hf, tf = _noncausal.heads_first, _noncausal.tokens_first
+    keys = _noncausal.along_sequence(E, k)                             # K' = E K: [B, r, H, K]
+    values = _noncausal.along_sequence(F, v)                           # V' = F V: [B, r, H, V]
+    W = _noncausal.softmax(hf(q) @ hf(keys).swapaxes(-1, -2))          # [B, H, T, r]
+    dO = hf(do)
+    dvalues = W.swapaxes(-1, -2) @ dO                                  # [B, H, r, V]
+    dS = _noncausal.softmax_backward(W, dO @ hf(values).swapaxes(-1, -2))
+    dq = dS @ hf(keys)
+    dkeys = dS.swapaxes(-1, -2) @ hf(q)                                # [B, H, r, K]
+    dkeys, dvalues = tf(dkeys), tf(dvalues)                            # [B, r, H, .]
+    dk = _noncausal.along_sequence_transposed(E, dkeys)
+    dv = _noncausal.along_sequence_transposed(F, dvalues)
+    dE = _noncausal.projection_gradient(dkeys, k)
+    dF = _noncausal.projection_gradient(dvalues, v)
+    return tf(dq), dk, dv, dE, dF
+
+
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
     """q, k, v correlated along the sequence over T / 4 tokens (`_noncausal.correlated_normal`), rank
     min(T // 4, 256) (at least 1), the seeded "sample" projection. Returns (args, kwargs)."""
     rng = examples.generator(seed)
     q, k, v = (_noncausal.correlated_normal(rng, (B, T, H, D), max(1.0, T / 4), dtype, xp) for D in (K, K, V))
     return (q, k, v), {"rank": max(1, min(T // 4, 256)), "seed": seed}
-

@@ -15,6 +15,8 @@ groups are taken per head here ([B, T, H, N]); repeat a group's B, C over its he
 
 Shapes: x [B, T, H, P]; dt [B, T, H]; A [H]; B, C [B, T, H, N]; D [H] or None; y [B, T, H, P];
 state [B, H, N, P]. Forms: recurrent, chunked, parallel, step; each returns (y, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward: the engine's (`_gated_linear`), then
+the chain rule of the mapping (see `_backward`).
 """
 from __future__ import annotations
 
@@ -75,6 +77,45 @@ def step(x, dt, A, B, C, D=None, *, state=None):
     a = _checked(x, dt, A, B, C, D, state, step=True)
     y, h = _gated_linear.step(**_mapped(a), S=a.state)
     return _skip(y, a.x, a.D), h
+
+
+def _backward(form, x, dt, A, B, C, D, initial_state, dy, dstate, chunk_size=None):
+    """Check, run the engine's backward on the mapped inputs, then the chain rule of the mapping,
+    y = y'(q = C, k = B, v = dt x, g = dt A) + D x:
+        dC = dq,   dB = dk
+        v = dt x   ->  dx = dt * dv (+ D dy),   ddt = sum_p dv_p x_p (+ the gate's share below)
+        g = dt A   ->  ddt += A dg,              dA_h = sum_{b, t} dt dg
+        y += D x   ->  dD_h = sum_{b, t, p} dy x
+    dD is None when D was not given; dinitial_state when initial_state was not."""
+    a = _checked(x, dt, A, B, C, D, initial_state)
+    dy, dstate = SIGNATURE.check_cotangents(a, dy, dstate)
+    chunk = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    m = _mapped(a)
+    dq, dk, dv, dg, dS0 = _gated_linear.backward(form, m["q"], m["k"], m["v"], m["g"], a.state, dy, dstate, chunk)
+    dx = a.dt[..., None] * dv
+    if a.D is not None:
+        dx += a.D[:, None] * dy
+    ddt = (dv * a.x).sum(-1) + a.A * dg
+    dA = (a.dt * dg).sum(axis=(0, 1))
+    dD = None if a.D is None else (dy * a.x).sum(axis=(0, 1, 3))
+    return SIGNATURE.gradients("mamba2")(dx, ddt, dA, dk, dq, dD, dS0)
+
+
+def recurrent_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """Gradients of L = <do, y> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, P], dstate [B, H, N, P]. Returns (dx, ddt, dA, dB, dC, dD, dinitial_state),
+    named; dD / dinitial_state are None when D / initial_state were not given."""
+    return _backward("recurrent", x, dt, A, B, C, D, initial_state, do, dstate)
+
+
+def chunked_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel: the backward of the SSD algorithm."""
+    return _backward("chunked", x, dt, A, B, C, D, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
+    return _backward("parallel", x, dt, A, B, C, D, initial_state, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

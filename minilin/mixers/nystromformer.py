@@ -76,7 +76,7 @@ def _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state):
     if pinv not in PSEUDO_INVERSES:
         raise ValueError(f"pinv: expected one of {list(PSEUDO_INVERSES)}, got {pinv!r}")
     iterations = check_count("iterations", iterations)
-    return q * check_scale(scale, shapes["K"]), k, v, landmarks
+    return q * check_scale(scale, shapes["K"]), k, v, landmarks, a
 
 
 def parallel(q, k, v, *, landmarks, pinv="iterative", iterations=6, scale=None, initial_state=None):
@@ -84,7 +84,7 @@ def parallel(q, k, v, *, landmarks, pinv="iterative", iterations=6, scale=None, 
 
     pinv: "iterative" (the paper's, `iterations` steps) or "exact" (SVD).
     """
-    q, k, v, m = _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state)
+    q, k, v, m, _ = _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state)
     xp = array_module(q)
     P = _noncausal.segment_means(q.shape[1], m, q.dtype, xp)
     Q, K, V = (_noncausal.heads_first(x) for x in (q, k, v))                      # [B, H, T, .]
@@ -107,6 +107,127 @@ def exact(q, k, v, *, scale=None, **nystromformer_options):
     a = SIGNATURE.check(q, k, v)
     shapes, (q, k, v) = a.shapes, (a.q, a.k, a.v)
     return _noncausal.softmax_attention(q * check_scale(scale, shapes["K"]), k, v), None
+
+
+# --- backward ------------------------------------------------------------------------------------------
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, landmarks, pinv="iterative", iterations=6, scale=None,
+                      initial_state=None):
+    """Gradients of <do, o> for `parallel` (`_parallel_backward`), through the same pseudo-inverse.
+    Returns NystromformerGradients(dq, dk, dv, dinitial_state=None). do [B, T, H, V]; dstate must be None.
+    With pinv="exact" the gradient is that of the SVD pseudo-inverse at a fixed rank (Golub-Pereyra); it
+    is only meaningful where A~'s rank does not change under small perturbations (A~ well-conditioned)."""
+    _noncausal.check_no_dstate(dstate, "nystromformer")
+    q_scaled, k, v, m, a = _prepare(q, k, v, landmarks, pinv, iterations, scale, initial_state)
+    do, _ = SIGNATURE.check_cotangents(a, do, None)
+    dq, dk, dv = _parallel_backward(q_scaled, k, v, m, pinv, iterations, do)
+    return SIGNATURE.gradients("nystromformer")(dq * check_scale(scale, a.shapes["K"]), dk, dv)
+
+
+def _iterative_pinv_backward(A, dZ, iterations):
+    """The gradient with respect to A of <dZ, iterative_pinv(A, iterations)>, the iteration run backwards.
+    Forward, per iteration: AZ = A Z, W1 = 7I - AZ, W2 = 15I - AZ W1, W3 = 13I - AZ W2, Z' = 1/4 Z W3.
+    Backwards, given dZ' (the gradient of the iteration's output):
+        dZ  = 1/4 dZ' W3^T,   dW3 = 1/4 Z^T dZ'
+        dAZ = -dW3 W2^T,      dW2 = -AZ^T dW3
+        dAZ -= dW2 W1^T,      dW1 = -AZ^T dW2
+        dAZ -= dW1
+        dA += dAZ Z^T,        dZ += A^T dAZ
+    and at the start Z_0 = A^T / s, s = ||A||_1 ||A||_inf (largest column sum times largest row sum of |A|):
+        dA += dZ_0^T / s,     ds = -<dZ_0, Z_0> / s,
+        the column (row) attaining the max gets ds ||A||_inf sign(A) (ds ||A||_1 sign(A)).
+    A row-sum maximum of a softmax is a tie (every row sums to 1), but the rows' sums do not change either,
+    so whichever row is taken, its term vanishes through the softmax's backward. Stores every Z_j (m x m).
+    A, dZ [..., m, m] -> dA."""
+    xp = array_module(A)
+    eye = xp.eye(A.shape[-1], dtype=A.dtype)
+    col_sums, row_sums = xp.abs(A).sum(-2), xp.abs(A).sum(-1)          # [..., m]
+    norm_1, norm_inf = col_sums.max(-1)[..., None, None], row_sums.max(-1)[..., None, None]
+    Zs = [A.swapaxes(-1, -2) / (norm_1 * norm_inf)]
+    for _ in range(iterations):
+        AZ = A @ Zs[-1]
+        Zs.append(0.25 * Zs[-1] @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ))))
+    dA = xp.zeros_like(A)
+    for Z in reversed(Zs[:-1]):
+        AZ = A @ Z
+        W1 = 7 * eye - AZ
+        W2 = 15 * eye - AZ @ W1
+        W3 = 13 * eye - AZ @ W2
+        dW3 = 0.25 * Z.swapaxes(-1, -2) @ dZ
+        dZ = 0.25 * dZ @ W3.swapaxes(-1, -2)
+        dAZ = -dW3 @ W2.swapaxes(-1, -2)
+        dW2 = -AZ.swapaxes(-1, -2) @ dW3
+        dAZ -= dW2 @ W1.swapaxes(-1, -2)
+        dAZ -= -AZ.swapaxes(-1, -2) @ dW2                               # dW1 = -AZ^T dW2; dAZ -= dW1
+        dA += dAZ @ Z.swapaxes(-1, -2)
+        dZ = dZ + A.swapaxes(-1, -2) @ dAZ
+    s = norm_1 * norm_inf
+    dA += dZ.swapaxes(-1, -2) / s
+    ds = -(dZ * Zs[0]).sum((-1, -2), keepdims=True) / s
+    m = A.shape[-1]
+    widest_col = xp.arange(m) == col_sums.argmax(-1)[..., None]        # [..., m], one True per matrix
+    widest_row = xp.arange(m) == row_sums.argmax(-1)[..., None]
+    dA += ds * norm_inf * xp.sign(A) * widest_col[..., None, :]
+    dA += ds * norm_1 * xp.sign(A) * widest_row[..., :, None]
+    return dA
+
+
+def _exact_pinv_backward(A, X, dX):
+    """The gradient with respect to A of <dX, X>, X = pinv(A), where the rank of A does not change
+    (Golub & Pereyra 1973, the derivative of the pseudo-inverse):
+        dX = -X dA X + X X^T dA^T (I - A X) + (I - X A) dA^T X^T X
+    whose adjoint is
+        dA = -X^T dX X^T + (I - A X) dX^T X X^T + X^T X dX^T (I - X A).
+    For an invertible A only the first term remains: the inverse's -A^-T dX A^-T.
+    A [..., p, n]; X, dX [..., n, p] -> dA [..., p, n]."""
+    xp = array_module(A)
+    Xt, dXt = X.swapaxes(-1, -2), dX.swapaxes(-1, -2)
+    off_range = xp.eye(A.shape[-2], dtype=A.dtype) - A @ X            # I - A X: onto the complement of A's range
+    off_rows = xp.eye(A.shape[-1], dtype=A.dtype) - X @ A             # I - X A: onto A's null space
+    return -Xt @ dX @ Xt + off_range @ dXt @ X @ Xt + Xt @ X @ dXt @ off_rows
+
+
+def _parallel_backward(q, k, v, m, pinv, iterations, do):
+    """The gradients of L = <do, o>, o = F~ A~^+ (B~ V), q already scaled; the forward recomputed, then
+    back through it right to left. With Y = B~ V [m, V], Z = A~^+, R = Z Y, o = F~ R:
+        dF~ = do R^T,   dR = F~^T do,   dZ = dR Y^T,   dY = Z^T dR,   dB~ = dY V^T,   dV = B~^T dY
+        dA~ from dZ through the pseudo-inverse (`_iterative_pinv_backward` / `_exact_pinv_backward`)
+        the three softmaxes (`_noncausal.softmax_backward`) give dS_F, dS_A, dS_B, and their products:
+        F~ = softmax(Q K~^T):   dQ += dS_F K~,    dK~ += dS_F^T Q
+        A~ = softmax(Q~ K~^T):  dQ~ += dS_A K~,   dK~ += dS_A^T Q~
+        B~ = softmax(Q~ K^T):   dQ~ += dS_B K,    dK  += dS_B^T Q~
+        Q~ = P Q, K~ = P K:     dQ += P^T dQ~,    dK += P^T dK~
+    q, k [B, T, H, K]; v, do [B, T, H, V] -> (dq, dk, dv)."""
+    xp = array_module(q)
+    hf, tf = _noncausal.heads_first, _noncausal.tokens_first
+    P = _noncausal.segment_means(q.shape[1], m, q.dtype, xp)
+    Q, K, V, dO = (hf(x) for x in (q, k, v, do))                       # [B, H, T, .]
+    Q_land, K_land = (hf(_noncausal.along_sequence(P, x)) for x in (q, k))   # [B, H, m, K]
+    F_tilde = _noncausal.softmax(Q @ K_land.swapaxes(-1, -2))
+    A_tilde = _noncausal.softmax(Q_land @ K_land.swapaxes(-1, -2))
+    B_tilde = _noncausal.softmax(Q_land @ K.swapaxes(-1, -2))
+    Z = iterative_pinv(A_tilde, iterations) if pinv == "iterative" else xp.linalg.pinv(A_tilde)
+    Y = B_tilde @ V
+    R = Z @ Y
+    dF = dO @ R.swapaxes(-1, -2)
+    dR = F_tilde.swapaxes(-1, -2) @ dO
+    dZ = dR @ Y.swapaxes(-1, -2)
+    dY = Z.swapaxes(-1, -2) @ dR
+    dB = dY @ V.swapaxes(-1, -2)
+    dV = B_tilde.swapaxes(-1, -2) @ dY
+    dA = (_iterative_pinv_backward(A_tilde, dZ, iterations) if pinv == "iterative"
+          else _exact_pinv_backward(A_tilde, Z, dZ))
+    dS_F = _noncausal.softmax_backward(F_tilde, dF)
+    dS_A = _noncausal.softmax_backward(A_tilde, dA)
+    dS_B = _noncausal.softmax_backward(B_tilde, dB)
+    dQ = dS_F @ K_land
+    dK = dS_B.swapaxes(-1, -2) @ Q_land
+    dQ_land = dS_A @ K_land + dS_B @ K
+    dK_land = dS_F.swapaxes(-1, -2) @ Q + dS_A.swapaxes(-1, -2) @ Q_land
+    dq = tf(dQ) + _noncausal.along_sequence_transposed(P, tf(dQ_land))
+    dk = tf(dK) + _noncausal.along_sequence_transposed(P, tf(dK_land))
+    return dq, dk, tf(dV)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

@@ -12,6 +12,8 @@ constant log-gate g = log gamma; the parallel form's exp(G_i - G_j) is exactly g
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; gamma [H]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent, chunked (RetNet's chunkwise recurrent form), parallel, step; each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward: simple GLA's, and dgamma through
+g = log gamma.
 """
 from __future__ import annotations
 
@@ -69,6 +71,38 @@ def step(q, k, v, *, state=None, gamma=None, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
     a, scale, g = _checked(q, k, v, gamma, scale, state, step=True)
     return _gated_linear.step(a.q * scale, a.k, a.v, g, a.state)
+
+
+def _backward(form, q, k, v, gamma, scale, initial_state, do, dstate, chunk_size=None):
+    """Check, run the engine's backward, then the chain rule of the mapping:
+        q' = scale * q                    ->  dq = scale * dq'
+        g_t = log gamma at every token    ->  dgamma_h = sum_{b, t} dg_{b,t,h} / gamma_h
+    (one gamma per head is shared by every token, so its gradient sums theirs). dgamma is None when
+    gamma was not given (the default decays are constants, not inputs)."""
+    a, scale, g = _checked(q, k, v, gamma, scale, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, a.k, a.v, g, a.state, do, dstate, C)
+    dgamma = None if a.gamma is None else dg.sum(axis=(0, 1)) / a.gamma
+    dq *= scale  # the engine's dq is a fresh array
+    return SIGNATURE.gradients("retnet")(dq, dk, dv, dgamma, dS0)
+
+
+def recurrent_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, V], dstate [B, H, K, V]. Returns (dq, dk, dv, dgamma, dinitial_state),
+    named; dgamma / dinitial_state are None when gamma / initial_state were not given."""
+    return _backward("recurrent", q, k, v, gamma, scale, initial_state, do, dstate)
+
+
+def chunked_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel (`_gated_linear.chunked_backward`)."""
+    return _backward("chunked", q, k, v, gamma, scale, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial_state=None):
+    """The same gradients, through the parallel form (the chunked backward with one chunk)."""
+    return _backward("parallel", q, k, v, gamma, scale, initial_state, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

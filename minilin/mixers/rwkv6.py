@@ -22,6 +22,7 @@ with G the chunk-local cumulative gate and G_{-1} = 0. Every exponent is a non-p
 
 Shapes: r, k [B, T, H, K]; v [B, T, H, V]; w [B, T, H, K]; u [H, K]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward (du for the bonus included).
 """
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gram_before_decay, local_cumsum,
-                        pass_states, state_or_zeros, to_chunks)
+from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gate_terms, gram_before_decay,
+                        gram_before_decay_backward, local_cumsum, pass_states, pass_states_backward,
+                        reverse_cumsum, state_or_zeros, to_chunks, to_chunks_transposed, transposed)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
+from ._gated_linear import states_backwards
 
 SIGNATURE = Signature(
     inputs=(Tensor("r", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"),
@@ -99,6 +102,37 @@ def _chunked(q, k, v, w, u, S0, chunk_size):
     return from_chunks(o, T), S_final
 
 
+def _backward(form, r, k, v, w, u, scale, initial_state, do, dstate, chunk_size=None):
+    """Check, run this module's backward (`_recurrent_backward` or `_chunked_backward`, below) on
+    q = scale * r, and undo the scale: dr = scale * dq."""
+    a, q = _checked(r, k, v, w, u, scale, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    if form == "recurrent":
+        dq, dk, dv, dw, du, dS0 = _recurrent_backward(q, a.k, a.v, a.w, a.u, a.state, do, dstate)
+    else:
+        C = a.shapes["T"] if form == "parallel" else check_chunk_size(chunk_size, a.shapes["T"])
+        dq, dk, dv, dw, du, dS0 = _chunked_backward(q, a.k, a.v, a.w, a.u, a.state, do, dstate, C)
+    dq *= check_scale(scale, a.shapes["K"])  # a fresh array
+    return SIGNATURE.gradients("rwkv6")(dq, dk, dv, dw, du, dS0)
+
+
+def recurrent_backward(r, k, v, w, u, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, V], dstate [B, H, K, V]. Returns (dr, dk, dv, dw, du, dinitial_state),
+    named; dinitial_state is None when no initial_state was given."""
+    return _backward("recurrent", r, k, v, w, u, scale, initial_state, do, dstate)
+
+
+def chunked_backward(r, k, v, w, u, *, do, dstate=None, scale=None, initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel and finite for any gate."""
+    return _backward("chunked", r, k, v, w, u, scale, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(r, k, v, w, u, *, do, dstate=None, scale=None, initial_state=None):
+    """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
+    return _backward("parallel", r, k, v, w, u, scale, initial_state, do, dstate)
+
+
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
     """Random valid inputs (see `minilin.examples`): returns (args, kwargs) for every form."""
     rng = examples.generator(seed)
@@ -108,3 +142,99 @@ def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=n
     w = examples.log_gates(rng, (B, T, H, K), dtype, xp)
     u = examples.normal(rng, (H, K), dtype, xp)
     return (r, k, v, w, u), {}
+
+
+def _recurrent_backward(q, k, v, w, u, S0, do, dS):
+    """The definition run backwards on checked inputs (q = scale * r): (dq, dk, dv, dw, du, dS0).
+
+    The read comes before the write: o_t = S_{t-1}^T q_t + (q_t . (u * k_t)) v_t, then
+    S_t = Diag(exp(w_t)) S_{t-1} + k_t v_t^T. With Sbar_t = dL/dS_t (Sbar_T = dS), backwards:
+        dk_t = Sbar_t v_t + (u * q_t) (v_t . do_t)                the write, then the bonus
+        dv_t = Sbar_t^T k_t + (q_t . (u * k_t)) do_t
+        dw_t = sum_v Sbar_t * exp(w_t) S_{t-1}                    per key channel
+        dq_t = S_{t-1} do_t + (u * k_t) (v_t . do_t)              the read, then the bonus
+        Sbar_{t-1} = Diag(exp(w_t)) Sbar_t + q_t do_t^T           the transition, then the read of S_{t-1}
+        du = sum_{b, t} (q_t * k_t) (v_t . do_t)                  one bonus per head and channel
+    and dS0 = Sbar_0. Unlike GLA, token t's read adds to the adjoint of the state *before* it. The
+    states come from `_gated_linear.states_backwards` (sqrt(T) checkpoints).
+    """
+    xp = array_module(q)
+    dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    dw = xp.empty_like(w)
+    du = xp.zeros_like(u)
+    Sbar = xp.zeros(q.shape[:1] + q.shape[2:] + v.shape[-1:], q.dtype) if dS is None else dS
+    for t, S_prev, _ in states_backwards(k, v, w, S0):
+        q_t, k_t, v_t, do_t = q[:, t], k[:, t], v[:, t], do[:, t]
+        d_bonus = (v_t * do_t).sum(-1, keepdims=True)                   # v_t . do_t, [B, H, 1]
+        dk[:, t] = (Sbar @ v_t[..., None])[..., 0] + u * q_t * d_bonus
+        dv[:, t] = (k_t[..., None, :] @ Sbar)[..., 0, :] + (q_t * u * k_t).sum(-1, keepdims=True) * do_t
+        dw[:, t] = (Sbar * decay_state(S_prev, w[:, t])).sum(-1)
+        dq[:, t] = (S_prev @ do_t[..., None])[..., 0] + u * k_t * d_bonus
+        du += (q_t * k_t * d_bonus).sum(0)
+        Sbar = decay_state(Sbar, w[:, t]) + q_t[..., :, None] * do_t[..., None, :]
+    return dq, dk, dv, dw, du, (None if S0 is None else Sbar)
+
+
+def _chunked_backward(q, k, v, w, u, S0, do, dS, chunk_size):
+    """The chunked form's backward on checked inputs, chunk-parallel like `_chunked`: (dq, dk, dv, dw, du, dS0).
+
+    The forward per chunk (G the chunk-local cumulative gate, G' = G_{i-1} the exclusive one, S_n the
+    state entering the chunk):
+        A  = gram_before_decay(q, k, G)     A_ij = sum_k q_ik k_jk exp(G'_ik - G_jk), j < i
+        b_i = q_i . (u * k_i)               the bonus
+        o  = A v + b * v + Q' S_n,          Q' = q * exp(G')
+        S_{n+1} = exp(G_C) S_n + Kd^T v,    Kd = k * exp(G_C - G)
+    Backward, as GLA's (`_gated_linear.chunked_backward`) with the two differences:
+        dA = do v^T,  dv = A^T do + b * do + Kd dW,   dQ' = do S_n^T,   dS_n|read = Q'^T do
+        state pass backwards (`chunking.pass_states_backward`): dW_n = Sbar_{n+1}, dS0
+        dk = dKd * exp(G_C - G) + (A's share, `chunking.gram_before_decay_backward`),  dKd = v dW^T
+        dq = dQ' * exp(G') + (A's share)
+    The bonus, no gate in it: with db_i = v_i . do_i,
+        dq_i += db_i u * k_i,    dk_i += db_i u * q_i,    du = sum over tokens of db_i q_i * k_i.
+    The gate, by `chunking.gate_terms`: q_i enters (through A and Q') scaled by exp(+G_{i-1}) and k_j
+    (through A and Kd) by exp(-G_j), so with the gated shares dq~, dk~ (before the bonus):
+        dG_i = q_{i+1} dq~_{i+1} - k_i dk~_i   (+ sum_v Sbar_{n+1} S_{n+1} at the chunk's end, i = C)
+    and dw_j = sum_{i >= j in the chunk} dG_i.
+    """
+    xp = array_module(q)
+    T = q.shape[1]
+    qc, kc, vc, doc = (to_chunks(x, chunk_size) for x in (q, k, v, do))   # [B, H, N, C, .]
+    G = local_cumsum(to_chunks(w, chunk_size))                             # [B, H, N, C, K]
+    G_before = exclusive_cumsum(G)
+    G_last = G[:, :, :, -1]
+    to_end = G_last[:, :, :, None] - G
+    v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]: see the GLA engine
+
+    # Recompute: the chunk-boundary states, the strictly causal scores, the bonus.
+    k_to_end = decay_rows(kc, to_end)
+    S_in, S_final = pass_states((v_T @ k_to_end).swapaxes(-1, -2), G_last, S0)
+    scores = gram_before_decay(qc, kc, G)
+    u_c = u[:, None, None]                                                 # [H, 1, 1, K]
+    bonus = (qc * u_c * kc).sum(-1, keepdims=True)                         # b_i, [B, H, N, C, 1]
+
+    # The output and the state pass.
+    dscores = doc @ v_T
+    dv = scores.swapaxes(-1, -2) @ doc + bonus * doc
+    dq = decay_rows(doc @ transposed(S_in), G_before)
+    dS_read = decay_rows(qc, G_before).swapaxes(-1, -2) @ doc
+    dW, dS0 = pass_states_backward(dS_read, G_last, dS)
+    dk = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)
+    dv += k_to_end @ dW
+    dq_A, dk_A = gram_before_decay_backward(dscores, qc, kc, G)
+    dq += dq_A
+    dk = dk + dk_A
+
+    # The gate, from the gated shares.
+    q_terms = gate_terms(qc, dq, G)                                        # belongs to G_{i-1}
+    dG = xp.concatenate([q_terms[..., 1:, :], xp.zeros_like(q_terms[..., :1, :])], axis=-2) - gate_terms(kc, dk, G)
+    S_out = xp.concatenate([S_in[:, :, 1:], S_final[:, :, None]], axis=2)  # S_{n+1}
+    dG[:, :, :, -1] += (dW * S_out).sum(-1)
+    dw = from_chunks(reverse_cumsum(dG, 3), T)
+
+    # The bonus.
+    d_bonus = xp.einsum("...v,...v->...", doc, vc)[..., None]             # db_i = v_i . do_i
+    dq += d_bonus * u_c * kc
+    dk += d_bonus * u_c * qc
+    du = (d_bonus * qc * kc).sum(axis=(0, 2, 3))
+    return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dw, du,
+            None if S0 is None else dS0)

@@ -37,6 +37,8 @@ Every exponent is a non-positive difference of cumulative gates, so nothing over
 
 Shapes: r, w, k, a, b [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked, step. Each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, hand-written (derived above the engine functions
+`_recurrent_backward`, `_chunked_backward`), returning SIGNATURE.gradients.
 """
 from __future__ import annotations
 
@@ -44,8 +46,9 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gram_before_decay, local_cumsum,
-                        state_or_zeros, to_chunks, unit_lower_inverse)
+from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gated_gram, gated_gram_backward,
+                        gram_before_decay, gram_before_decay_backward, local_cumsum, reverse_cumsum,
+                        state_or_zeros, to_chunks, transposed, unit_lower_inverse)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
 
@@ -129,6 +132,207 @@ def chunked(r, w, k, v, a, b, *, scale=None, initial_state=None, chunk_size=64):
     o = decay_rows(qc, G) @ S_in + R_b @ U + R_k @ vc
     return from_chunks(o, T), S
 
+
+# ----------------------------------------------------------------------------------------------------------
+# Backward passes: the gradients of L = <dO, O> + <dS, S_final> with respect to (q, w, k, v, a, b, S0), on
+# checked inputs with q = scale * r (the public functions below apply the scale's chain rule).
+# ----------------------------------------------------------------------------------------------------------
+
+# Tokens between two stored states in `_recurrent_backward`.
+CHECKPOINT_EVERY = 64
+
+
+def _update(w, k, v, a, b, S):
+    """The state update alone: S_new = exp(w) * S + b (a^T S) + k v^T."""
+    read = (a[..., None, :] @ S)[..., 0, :]
+    return decay_state(S, w) + b[..., :, None] * read[..., None, :] + k[..., :, None] * v[..., None, :]
+
+
+def _recurrent_backward(q, w, k, v, a, b, S0, do, dS, checkpoint_every=CHECKPOINT_EVERY):
+    """The definition run backwards in time. Returns (dq, dw, dk, dv, da, db, dS0); dS0 None when S0 is.
+
+    One token of the forward and the adjoint of each line (read bottom to top), D_t = Diag(exp(w_t)):
+
+        u   = S_{t-1}^T a_t                          da_t = S_{t-1} du,  dS_{t-1} = D_t dS_t + a_t du^T
+        S_t = D_t S_{t-1} + b_t u^T + k_t v_t^T      dw_t = sum_v dS_t * (D_t S_{t-1})   (per key channel)
+                                                     db_t = dS_t u,      du = dS_t^T b_t
+                                                     dk_t = dS_t v_t,    dv_t = dS_t^T k_t
+        o_t = S_t^T q_t                              dS_t += q_t do_t^T, dq_t = S_t do_t
+
+    dS_t on entry is the adjoint of S_t from the future (dS at t = T). The states are not stored: the
+    forward pass keeps one every `checkpoint_every` tokens and the backward pass recomputes one segment
+    at a time from its checkpoint (T / C + C states held), as `_delta_rule.recurrent_backward` does.
+    """
+    xp = array_module(q)
+    T = q.shape[1]
+    C = max(1, int(checkpoint_every))
+    checkpoints = []
+    S = state_or_zeros(S0, q[:, 0], v[:, 0])
+    for t in range(T):
+        if t % C == 0:
+            checkpoints.append(S)
+        S = _update(w[:, t], k[:, t], v[:, t], a[:, t], b[:, t], S)
+
+    dq, dw, dk, dv, da, db = (xp.empty_like(x) for x in (q, w, k, v, a, b))
+    dS_t = xp.zeros_like(S) if dS is None else dS.astype(S.dtype, copy=True)
+    for segment in reversed(range(len(checkpoints))):
+        start, stop = segment * C, min(T, (segment + 1) * C)
+        before = [checkpoints[segment]]                      # before[i] = S_{start + i - 1}
+        for t in range(start, stop - 1):
+            before.append(_update(w[:, t], k[:, t], v[:, t], a[:, t], b[:, t], before[-1]))
+        for t in reversed(range(start, stop)):
+            S_prev = before[t - start]
+            a_t, b_t, k_t, v_t = a[:, t], b[:, t], k[:, t], v[:, t]
+            read = (a_t[..., None, :] @ S_prev)[..., 0, :]                  # u = S_{t-1}^T a_t
+            S_decayed = decay_state(S_prev, w[:, t])
+            S_t = S_decayed + b_t[..., :, None] * read[..., None, :] + k_t[..., :, None] * v_t[..., None, :]
+            dS_t += q[:, t][..., :, None] * do[:, t][..., None, :]
+            dq[:, t] = (S_t @ do[:, t][..., :, None])[..., 0]
+            db[:, t] = (dS_t @ read[..., :, None])[..., 0]
+            d_read = (b_t[..., None, :] @ dS_t)[..., 0, :]                  # du = dS_t^T b_t
+            dk[:, t] = (dS_t @ v_t[..., :, None])[..., 0]
+            dv[:, t] = (k_t[..., None, :] @ dS_t)[..., 0, :]
+            dw[:, t] = (dS_t * S_decayed).sum(-1)
+            da[:, t] = (S_prev @ d_read[..., :, None])[..., 0]
+            dS_t = decay_state(dS_t, w[:, t]) + a_t[..., :, None] * d_read[..., None, :]
+    return dq, dw, dk, dv, da, db, (None if S0 is None else dS_t)
+
+
+def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
+    """The chunked form's backward, chunk-parallel (the structure of `_delta_rule.chunked_backward`).
+    Returns (dq, dw, dk, dv, da, db, dS0).
+
+    Per chunk, with the module docstring's names, E = exp(G), E_prev = exp(G_{t-1}), E_end = exp(G_C - G)
+    scaling rows, S the state entering the chunk and S+ the state leaving it:
+
+        (1) Mab = gbd(A, B), Mak = gbd(A, K) (strict),  Rb = gram(Q, B), Rk = gram(Q, K) (causal)
+        (2) Tinv = (I - Mab)^-1
+        (3) U = Tinv rhs,   rhs = (A * E_prev) S + Mak V                      } sequential over chunks
+        (4) S+ = exp(G_C) S + (B * E_end)^T U + (K * E_end)^T V                }
+        (5) O = (Q * E) S + Rb U + Rk V
+
+    (gbd = `chunking.gram_before_decay`, exp(G_{t-1} - G_j) in entry (t, j); gram = `chunking.gated_gram`.)
+    Step 0 recomputes (1)-(4) (nothing is kept from the forward call), holding S at every chunk boundary
+    and U per chunk. Step 1, the state adjoint chunk by chunk backwards, holding dS+ and X likewise:
+        dU = Rb^T dO + (B * E_end) dS+
+        X  = Tinv^T dU                           (the transposed solve: drhs = X)
+        dS = exp(G_C) dS+ + (Q * E)^T dO + (A * E_prev)^T X = exp(G_C) dS+ + [Q * E; A * E_prev]^T [dO; X]
+    Step 2, all chunks at once:
+        from (5):  d(Q * E) = dO S^T,  dRb = dO U^T,  dRk = dO V^T (causal),  dV = Rk^T dO
+        from (4):  d(B * E_end) = U dS+^T,  d(K * E_end) = V dS+^T,  dV += (K * E_end) dS+,
+                   dG_C += sum_v dS+ * exp(G_C) S
+        from (3):  d(A * E_prev) = X S^T,  dMak = X V^T (strict),  dV += Mak^T X
+        from (2):  (I - Mab) U = rhs, so (the solve's adjoint) dMab = +X U^T (strict)
+        from (1):  `chunking.gated_gram_backward` and `gram_before_decay_backward` give dQ, dA, dB, dK.
+    ([dO; X] is stacked: [dRb; dMab] = [dO; X] U^T and [dRk; dMak] = [dO; X] V^T are one product each.)
+    The gate, as in the delta rule: Q's rows carry exp(+G_t), A's exp(+G_{t-1}), B's and K's exp(-G_j),
+    and the chunk end exp(+G_C), so with every total gradient
+        dG_t = Q_t * dQ_t + A_{t+1} * dA_{t+1} - B_t * dB_t - K_t * dK_t
+        dG_C += sum_t (B * E_end)_t * d(B * E_end)_t + (K * E_end)_t * d(K * E_end)_t + sum_v dS+ * exp(G_C) S
+    and dw_s = sum_{t >= s} dG_t inside the chunk: a reverse cumulative sum; no exponential of a positive.
+    """
+    xp = array_module(q)
+    T, C = q.shape[1], chunk_size
+    qc, kc, vc, ac, bc = (to_chunks(x, C) for x in (q, k, v, a, b))     # [B, H, N, C, .]
+    Bn, H, N, _, K = qc.shape
+    V, dtype = vc.shape[-1], qc.dtype
+    G = local_cumsum(to_chunks(w, C))                                    # [B, H, N, C, K]
+    G_last = G[:, :, :, -1]
+    E, E_prev, E_end = xp.exp(G), xp.exp(exclusive_cumsum(G)), xp.exp(G_last[:, :, :, None] - G)
+    decay_end = xp.exp(G_last)[..., None]                                # exp(G_C) on the state's rows
+
+    # Step 0: recompute (1)-(4).
+    M_ab, M_ak = gram_before_decay(ac, bc, G), gram_before_decay(ac, kc, G)
+    R_b, R_k = gated_gram(qc, bc, G), gated_gram(qc, kc, G)
+    T_inv = unit_lower_inverse(-M_ab)
+    M_ak_V = M_ak @ vc
+    b_to_end, k_to_end = bc * E_end, kc * E_end
+    written_kv = k_to_end.swapaxes(-1, -2) @ vc                          # (K * E_end)^T V
+    rows_decayed = xp.concatenate([qc * E, ac * E_prev], axis=-2)        # [Q * E; A * E_prev] [.., 2C, K]
+    S_in = xp.empty((Bn, H, N + 1, K, V), dtype)
+    S_in[:, :, 0] = 0 if S0 is None else S0
+    U = xp.empty((Bn, H, N, C, V), dtype)
+    for n in range(N):
+        S = S_in[:, :, n]
+        rhs = rows_decayed[:, :, n, C:] @ S + M_ak_V[:, :, n]
+        xp.matmul(T_inv[:, :, n], rhs, out=U[:, :, n])
+        S_next = S_in[:, :, n + 1]
+        xp.matmul(b_to_end[:, :, n].swapaxes(-1, -2), U[:, :, n], out=S_next)
+        S_next += S * decay_end[:, :, n] + written_kv[:, :, n]
+    del M_ak_V, written_kv
+
+    # Step 1: the state adjoint, backwards over chunks.
+    left = xp.empty((Bn, H, N, 2 * C, V), dtype)                         # [dO; X]
+    left[..., :C, :] = to_chunks(do, C)
+    doc = left[..., :C, :]
+    R_b_T_do = R_b.swapaxes(-1, -2) @ doc
+    dS_out = xp.empty((Bn, H, N + 1, K, V), dtype)
+    dS_out[:, :, N] = 0 if dS is None else dS
+    for n in reversed(range(N)):
+        dS_next = dS_out[:, :, n + 1]
+        dU = R_b_T_do[:, :, n] + b_to_end[:, :, n] @ dS_next
+        xp.matmul(T_inv[:, :, n].swapaxes(-1, -2), dU, out=left[:, :, n, C:])   # X = Tinv^T dU
+        dS_here = dS_out[:, :, n]
+        xp.matmul(rows_decayed[:, :, n].swapaxes(-1, -2), left[:, :, n], out=dS_here)
+        dS_here += dS_next * decay_end[:, :, n]
+    del R_b_T_do, T_inv
+    dS0 = None if S0 is None else dS_out[:, :, 0].copy()
+    S_in, dS_out = S_in[:, :, :N], dS_out[:, :, 1:]
+    X = left[..., C:, :]
+
+    # Step 2: the intra-chunk gradients, all chunks at once.
+    by_state = left @ transposed(S_in)                                   # [d(Q * E); d(A * E_prev)]
+    d_by_U = left @ transposed(U)                                        # [dRb; dMab]
+    d_by_V = left @ transposed(vc)                                       # [dRk; dMak]
+    dS_out_T = transposed(dS_out)
+    d_b_to_end, d_k_to_end = U @ dS_out_T, vc @ dS_out_T
+    dvc = (R_k.swapaxes(-1, -2) @ doc + M_ak.swapaxes(-1, -2) @ X + k_to_end @ dS_out)
+    at_end = ((dS_out * (S_in * decay_end)).sum(-1)
+              + (b_to_end * d_b_to_end).sum(-2) + (k_to_end * d_k_to_end).sum(-2))   # [B, H, N, K]
+
+    # (each backward applies its gram's mask itself)
+    dq_b, db_r = gated_gram_backward(d_by_U[..., :C, :], qc, bc, G)
+    dq_k, dk_r = gated_gram_backward(d_by_V[..., :C, :], qc, kc, G)
+    da_b, db_m = gram_before_decay_backward(d_by_U[..., C:, :], ac, bc, G)
+    da_k, dk_m = gram_before_decay_backward(d_by_V[..., C:, :], ac, kc, G)
+    dqc = dq_b + dq_k + by_state[..., :C, :] * E
+    dac = da_b + da_k + by_state[..., C:, :] * E_prev
+    dbc = db_r + db_m + d_b_to_end * E_end
+    dkc = dk_r + dk_m + d_k_to_end * E_end
+
+    dG = qc * dqc - bc * dbc - kc * dkc
+    dG[..., :-1, :] += (ac * dac)[..., 1:, :]                             # A's rows carry exp(+G_{t-1})
+    dG[:, :, :, -1] += at_end
+    dw = from_chunks(reverse_cumsum(dG, 3), T)                           # dw_s = sum_{t >= s} dG_t
+    return (from_chunks(dqc, T), dw, from_chunks(dkc, T), from_chunks(dvc, T), from_chunks(dac, T),
+            from_chunks(dbc, T), dS0)
+
+
+
+def _backward(engine, r, w, k, v, a, b, do, dstate, scale, initial_state, chunk_size=None):
+    x, q = _checked(r, w, k, v, a, b, scale, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(x, do, dstate)
+    inputs = (q, x.w, x.k, x.v, x.a, x.b, x.state, do, dstate)
+    if engine is _chunked_backward:
+        grads = engine(*inputs, check_chunk_size(chunk_size, x.shapes["T"]))
+    else:
+        grads = engine(*inputs)
+    dq, dw, dk, dv, da, db, dS0 = grads
+    # q = scale * r
+    return SIGNATURE.gradients("rwkv7")(dq * check_scale(scale, x.shapes["K"]), dw, dk, dv, da, db, dS0)
+
+
+def recurrent_backward(r, w, k, v, a, b, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final_state> through `recurrent`, the definition run backwards
+    (`_recurrent_backward`). do [B, T, H, V]; dstate [B, H, K, V] or None (zeros). Returns
+    SIGNATURE.gradients("rwkv7"): dr, dw, dk, dv, da, db, dinitial_state (None when initial_state is)."""
+    return _backward(_recurrent_backward, r, w, k, v, a, b, do, dstate, scale, initial_state)
+
+
+def chunked_backward(r, w, k, v, a, b, *, do, dstate=None, scale=None, initial_state=None, chunk_size=64):
+    """Gradients through `chunked`, chunk-parallel through its triangular solve (`_chunked_backward`);
+    arguments and result as `recurrent_backward`, plus chunk_size (clamped to T)."""
+    return _backward(_chunked_backward, r, w, k, v, a, b, do, dstate, scale, initial_state, chunk_size)
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
     """Random valid inputs built the way RWKV-7 builds them: a = -kappa, b = kappa * alpha with kappa a

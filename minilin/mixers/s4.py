@@ -34,6 +34,9 @@ Forms (all equal):
 - `step`: one token, for decoding.
 There is no separate quadratic `parallel` form: it would be the [T, T] Toeplitz matrix per channel,
 which the convolution applies in O(T log T) without building it.
+Each of `recurrent`, `convolution`, `chunked` has its backward (`<form>_backward`), through the
+zero-order hold down to dt, A, B; complex gradients are packed as dL/dRe + i dL/dIm (the backward
+section below says why and how).
 
 Shapes: u [B, T, H] (one number per channel and token: S4 mixes along time, channel by channel, so a
 channel is a head of width 1 and the CONVENTIONS.md [B, T, H, ...] layout loses its last axis);
@@ -41,6 +44,8 @@ dt [H]; A, B, C [H, N]; D [H] or None; y [B, T, H]; state [B, H, N] (complex whe
 Every form returns (y, final_state).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -216,9 +221,11 @@ def _is_complex(x) -> bool:
     return x is not None and getattr(getattr(x, "dtype", None), "kind", None) == "c"
 
 
-def _prepare(u, dt, A, B, C, D, state, step=False):
+def _prepare(u, dt, A, B, C, D, state, step=False, *, cotangents=None):
     """Check every input; A, B, C and the state may be complex. Returns them cast: u, dt, D in the real
-    working precision, A, B, C and the state in the complex one if any of them is complex."""
+    working precision, A, B, C and the state in the complex one if any of them is complex.
+    cotangents=(do, dstate) (a backward): also checks those and returns (arrays, do, dstate), dstate in
+    the state's working dtype (complex when the state is)."""
     xp = array_module(u, dt, A, B, C, D, state)
     any_complex = any(_is_complex(x) for x in (A, B, C, state))
 
@@ -231,7 +238,289 @@ def _prepare(u, dt, A, B, C, D, state, step=False):
     check_max("A", A.real, 0.0, "Re(A) <= 0 (a stable state: |exp(dt A)| <= 1)")
     work = xp.result_type(a.u.dtype, xp.complex64) if any_complex else a.u.dtype
     A, B, C, state = (None if x is None else x.astype(work, copy=False) for x in (A, B, C, state))
-    return a.u, a.dt, A, B, C, a.D, state
+    arrays = (a.u, a.dt, A, B, C, a.D, state)
+    if cotangents is None:
+        return arrays
+    do, dstate = cotangents
+    if _is_complex(dstate) and not any_complex:
+        raise TypeError(f"dstate: expected a real array (A, B, C and the state are real), got {dstate.dtype}")
+    do, _ = SIGNATURE.check_cotangents(a, do, real(dstate))
+    return arrays, do, (None if dstate is None else dstate.astype(work, copy=False))
+
+
+# --- backward ------------------------------------------------------------------------------------------
+#
+# The gradients of L = <dy, y> + Re<dstate, h_{T-1}> (dy: the `do` argument).
+#
+# Complex parameters. A, B, C and the state may be complex; L is real. The gradient of L with respect to
+# a complex w = a + ib is packed as one complex number, dL/dw := dL/da + i dL/db (the numbers PyTorch's
+# autograd gives for a real loss: L = |w|^2 gives 2w), so that a step -lr * dL/dw descends, and
+# <dL/dw, dw> = Re(sum conj(dL/dw) dw) is L's first-order change. Two rules follow from the chain rule in a and b:
+#     v = f(w) holomorphic (a product, exp, phi):   dL/dw = conj(f'(w)) dL/dv
+#     y = Re(v):                                    dL/dv = dL/dy (a real number)
+# and for a real argument r of a holomorphic v = f(r) (dt, u): dL/dr = Re(conj(f'(r)) dL/dv).
+# For real A, B, C every conj is the identity and these are the ordinary gradients. A real argument passed
+# next to complex ones gets the real part of its packed gradient (its imaginary part is not a direction).
+#
+# The recurrence backwards (lambda_t = dL/dh_t, packed):
+#     lambda_{T-1} = dstate + dy_{T-1} conj(C),   lambda_t = dy_t conj(C) + conj(A_bar) lambda_{t+1}
+#     du_t     = Re(sum_n conj(B_bar) lambda_t) + D dy_t
+#     dB_bar   = sum_t u_t lambda_t,        dA_bar = sum_t conj(h_{t-1}) lambda_t
+#     dC       = sum_t dy_t conj(h_t),      dD = sum_t dy_t u_t,      dh_{-1} = conj(A_bar) lambda_0
+# (sums over the batch too). Then the zero-order hold, z = dt A (`_zoh_backward`):
+#     A_bar = e^z:                  dz = conj(A_bar) dA_bar
+#     B_bar = dt phi(z) B = (e^z - 1) / A * B, whose derivatives are
+#         d B_bar / dB  = dt phi(z)
+#         d B_bar / dA  = dt^2 phi'(z) B,   phi'(z) = (e^z - phi(z)) / z = phi(z) - psi(z),
+#         d B_bar / ddt = e^z B             (from (e^{dt A} - 1) / A: no division, fine at A = 0)
+#     with psi(z) = (e^z - 1 - z) / z^2 = (phi(z) - 1) / z = sum_k z^k / (k + 2)!, psi(0) = 1/2:
+#     (e^z - phi) / z cancels for small z, phi - psi does not. psi itself is summed as its series for
+#     |z| < 1 (18 terms: the first left out is below 1 / 20! < 1e-18) and as (expm1(z) - z) / z^2 beyond,
+#     where expm1 has no cancellation and, for Re(z) <= 0 as here, the subtraction loses little:
+#     (|expm1(z)| + |z|) / |expm1(z) - z| stays below 4.5 (checked on |z| in [1, 20], every angle).
+#     Chaining z = dt A:  dA = dt dz + ...,   ddt = Re(sum_n conj(A) dz) + ...
+
+
+def _backward(engine, arguments, initial_state, do, dstate, chunk_size=None):
+    """Check, run `engine` (with the chunk size when one is given), and return S4Gradients with each
+    gradient in its argument's dtype: the complex working dtype for a complex argument, the real one (and
+    the real part of the packed gradient) for a real argument."""
+    arrays, do, dstate = _prepare(*arguments, initial_state, cotangents=(do, dstate))
+    options = () if chunk_size is None else (check_chunk_size(chunk_size, arrays[0].shape[1]),)
+    grads = engine(*arrays, do, dstate, *options)
+    real_dtype = arrays[0].dtype
+    out = []
+    for given, work, g in zip(arguments + (initial_state,), arrays, grads):
+        if g is not None:
+            g = g if _is_complex(given) else g.real
+            g = g.astype(work.dtype if _is_complex(given) else real_dtype, copy=False)
+        out.append(g)
+    return SIGNATURE.gradients("s4")(*out)
+
+
+def recurrent_backward(u, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """Gradients of L = <do, y> + Re<dstate, h_{T-1}> for `recurrent`, by its loop run backwards
+    (`_recurrent_backward`). Returns S4Gradients(du, ddt, dA, dB, dC, dD, dinitial_state), complex ones
+    packed as dL/dRe + i dL/dIm; dD None without D, dinitial_state None without an initial state.
+    do [B, T, H]; dstate [B, H, N] (complex when the state is) or None."""
+    return _backward(_recurrent_backward, (u, dt, A, B, C, D), initial_state, do, dstate)
+
+
+def chunked_backward(u, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None, chunk_size=64):
+    """As `recurrent_backward`, for `chunked`: every chunk at once, the states passed backwards between
+    chunks (`_chunked_backward`)."""
+    return _backward(_chunked_backward, (u, dt, A, B, C, D), initial_state, do, dstate, chunk_size)
+
+
+def convolution_backward(u, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None):
+    """As `recurrent_backward`, for `convolution`: FFT correlations and power sums (`_convolution_backward`)."""
+    return _backward(_convolution_backward, (u, dt, A, B, C, D), initial_state, do, dstate)
+
+
+def _psi(z):
+    """(e^z - 1 - z) / z^2 = sum_{k >= 0} z^k / (k + 2)!, psi(0) = 1/2; accurate for every z (see above)."""
+    xp = array_module(z)
+    small = xp.abs(z) < 1
+    zs = xp.where(small, z, 0)
+    series = xp.zeros_like(z) + _PSI_SERIES[-1]
+    for coefficient in _PSI_SERIES[-2::-1]:        # Horner: 1/2! + z (1/3! + z (1/4! + ...))
+        series = series * zs + coefficient
+    zl = xp.where(small, 1, z)
+    return xp.where(small, series, (_expm1(zl) - zl) / (zl * zl))
+
+
+_PSI_SERIES = tuple(1.0 / math.factorial(k + 2) for k in range(18))   # psi's Taylor coefficients 1 / (k + 2)!
+
+
+def _zoh_backward(dt, A, B, dz, dB_bar):
+    """The discretization's gradients (above): dz [H, N] the packed gradient of L with respect to z = dt A
+    through A_bar (and its powers), dB_bar [H, N] through B_bar. Returns (ddt [H], dA [H, N], dB [H, N])."""
+    xp = array_module(A)
+    z = dt[:, None] * A
+    phi = _phi(z)
+    dphi = phi - _psi(z)                                               # phi'(z)
+    dB = dt[:, None] * xp.conj(phi) * dB_bar
+    dA = dt[:, None] * dz + dt[:, None] ** 2 * xp.conj(dphi * B) * dB_bar
+    ddt = (xp.conj(A) * dz + xp.conj(xp.exp(z) * B) * dB_bar).sum(-1).real
+    return ddt, dA, dB
+
+
+def _skip_backward(u, dy, D, du):
+    """y += D u: du += D dy, dD = sum dy u (None without D)."""
+    if D is None:
+        return du, None
+    return du + D * dy, (dy * u).reshape(-1, u.shape[-1]).sum(0)
+
+
+def _recurrent_backward(u, dt, A, B, C, D, h0, dy, dstate):
+    """The token loop run backwards. Stores every state h_t ([B, T, H, N], recomputed by the forward loop),
+    then carries lambda from t = T - 1 down to 0. A, B, C, h0, dstate in the working (possibly complex)
+    dtype. Returns (du, ddt, dA, dB, dC, dD, dh0), packed complex where the working dtype is."""
+    xp = array_module(u)
+    Bsz, T, H = u.shape
+    A_bar, B_bar = discretize(dt, A, B)
+    h_all = xp.empty((Bsz, T + 1, H, A.shape[1]), A_bar.dtype)        # h_all[:, t + 1] = h_t
+    h_all[:, 0] = 0 if h0 is None else h0
+    for t in range(T):
+        h_all[:, t + 1] = A_bar * h_all[:, t] + B_bar * u[:, t, :, None]
+    lam = xp.zeros_like(h_all[:, 0]) if dstate is None else dstate.astype(A_bar.dtype)
+    du = xp.empty_like(u)
+    dA_bar, dB_bar, dC = xp.zeros_like(A_bar), xp.zeros_like(B_bar), xp.zeros_like(A_bar)
+    for t in range(T - 1, -1, -1):
+        lam = lam + dy[:, t, :, None] * xp.conj(C)                     # y_t = Re(C . h_t)
+        dC += (dy[:, t, :, None] * xp.conj(h_all[:, t + 1])).sum(0)
+        du[:, t] = (xp.conj(B_bar) * lam).sum(-1).real
+        dB_bar += (u[:, t, :, None] * lam).sum(0)
+        dA_bar += (xp.conj(h_all[:, t]) * lam).sum(0)
+        lam = xp.conj(A_bar) * lam                                     # reaches h_{t-1} through A_bar
+    ddt, dA, dB = _zoh_backward(dt, A, B, xp.conj(A_bar) * dA_bar, dB_bar)
+    du, dD = _skip_backward(u, dy, D, du)
+    return du, ddt, dA, dB, dC, dD, (None if h0 is None else lam)
+
+
+def _over_batch_and_chunks(x):
+    """[B, H, N_chunks, ...] -> [H, B * N_chunks, ...]: the rows a per-channel sum runs over."""
+    x = array_module(x).moveaxis(x, 1, 0)
+    return x.reshape(x.shape[0], -1, *x.shape[3:])
+
+
+def _chunked_backward(u, dt, A, B, C, D, h0, dy, dstate, chunk_size):
+    """`chunked` backwards, every chunk at once except the state passing (a loop over chunks, as forward).
+
+    The forward is a few linear maps of u, all built from the powers P_l = A_bar^l = exp(l z), l = 0 .. c:
+        y_i   = sum_{j <= i} K_{i-j} u_j + Re(sum_n read[i, n] S_in[n])    K_l = Re(sum_n C B_bar P_l)
+                                                                           read[i, n] = C_n P_{i+1}[n]
+        S_out = P_L S_in + sum_j to_end[j] u_j                              to_end[j] = P_{c-1-j} B_bar
+    (L the chunk's length; the last, shorter chunk is right-aligned for `to_end`, so its u_j ends at c-1).
+    Backwards, step by step:
+    1. Toeplitz: du = dy Toeplitz (its transpose applied), dK_l = sum_{i - j = l} dy_i u_j.
+    2. Read: dread[i, n] = sum dy_i conj(S_in[n]),  dS_in[n] (read part) = sum_i dy_i conj(read[i, n]).
+    3. State passing, chunk by chunk from the last, with G = dL/dS_out (dstate for the last chunk):
+           dwrites_k = G,   dP_L += conj(S_in) G,   then G <- dS_in(read) + conj(P_L) G;   at the end dh0 = G.
+    4. Writes, writes_k = sum_j to_end[j] u_j:
+           du_j += Re(sum_n conj(to_end[j, n]) dwrites_k[n]),   dto_end[j] = sum u_j dwrites_k.
+    5. Everything onto (C, B_bar, P): with w = C B_bar,
+           dw = sum_l dK_l conj(P_l),  dP_l += dK_l conj(w)        (from K)
+           dC += sum_i dread[i] conj(P_{i+1}),  dP_{i+1} += dread[i] conj(C)
+           dB_bar += sum_j dto_end[j] conj(P_{c-1-j}),  dP_{c-1-j} += dto_end[j] conj(B_bar)
+       and P_l = exp(l z): dz = sum_l l conj(P_l) dP_l; then `_zoh_backward`. Every sum runs over the batch
+       and the chunks as one matrix product. Returns (du, ddt, dA, dB, dC, dD, dh0)."""
+    xp = array_module(u)
+    T, c = u.shape[1], chunk_size
+    A_bar, B_bar = discretize(dt, A, B)
+    dtA = dt[:, None] * A
+    uc, dyc = to_chunks(u, c), to_chunks(dy, c)                       # [B, H, N_chunks, c]
+    Bsz, H, n_chunks = uc.shape[:3]
+    last = T - (n_chunks - 1) * c
+    P = xp.moveaxis(xp.exp(_counts(c + 1, dtA)[:, None, None] * dtA), 0, 1)   # P_l: [H, c + 1, N]
+
+    # The forward's pieces, recomputed (as in `chunked`).
+    w = C * B_bar
+    kernel = (P[:, :c] @ w[:, :, None])[..., 0].real                  # K_l, l < c: [H, c]
+    lag = xp.arange(c)[:, None] - xp.arange(c)[None, :]
+    toeplitz = xp.where(lag >= 0, kernel[:, xp.maximum(lag, 0)], 0)  # [H, c, c]
+    to_end = P[:, c - 1::-1] * B_bar[:, None]                         # P_{c-1-j} B_bar: [H, c, N]
+    read = C[:, None] * P[:, 1:]                                      # C P_{i+1}: [H, c, N]
+    u_end = uc.copy()
+    u_end[:, :, -1] = xp.roll(uc[:, :, -1], c - last, axis=-1)        # the last chunk right-aligned
+    writes = u_end.astype(P.dtype) @ to_end[None]                     # [B, H, N_chunks, N]
+    decay = xp.broadcast_to(P[:, c, None], (H, n_chunks, P.shape[-1])).copy()
+    decay[:, -1] = P[:, last]
+    S_in = xp.empty_like(writes)
+    S = xp.zeros_like(writes[:, :, 0]) if h0 is None else h0
+    for k in range(n_chunks):
+        S_in[:, :, k] = S
+        S = decay[:, k] * S + writes[:, :, k]
+
+    # 1. Toeplitz.
+    du = dyc @ toeplitz[None]
+    dtoeplitz = _over_batch_and_chunks(dyc).swapaxes(-1, -2) @ _over_batch_and_chunks(uc)   # [H, c(i), c(j)]
+    by_lag = (lag[:, :, None] == xp.arange(c)[None, None, :]).reshape(c * c, c).astype(u.dtype)
+    dkernel = dtoeplitz.reshape(H, c * c) @ by_lag                    # dK_l = sum_{i-j=l}: [H, c]
+    # 2. Read.
+    dread = _over_batch_and_chunks(dyc).swapaxes(-1, -2) @ xp.conj(_over_batch_and_chunks(S_in))  # [H, c, N]
+    dS_in_read = dyc.astype(P.dtype) @ xp.conj(read)[None]            # [B, H, N_chunks, N]
+    # 3. State passing, backwards.
+    G = xp.zeros_like(S) if dstate is None else dstate.astype(P.dtype)
+    dwrites, ddecay = xp.empty_like(writes), xp.empty_like(decay)
+    for k in range(n_chunks - 1, -1, -1):
+        dwrites[:, :, k] = G
+        ddecay[:, k] = (xp.conj(S_in[:, :, k]) * G).sum(0)
+        G = dS_in_read[:, :, k] + xp.conj(decay[:, k]) * G
+    # 4. Writes.
+    du_end = (dwrites @ xp.conj(to_end).swapaxes(-1, -2)[None]).real  # [B, H, N_chunks, c]
+    du_end[:, :, -1] = xp.roll(du_end[:, :, -1], last - c, axis=-1)   # back to the left-aligned layout
+    du = du + du_end
+    dto_end = _over_batch_and_chunks(u_end).swapaxes(-1, -2).astype(P.dtype) @ _over_batch_and_chunks(dwrites)
+    # 5. Onto C, B_bar and the powers.
+    dP = xp.zeros_like(P)
+    dw = (dkernel[:, None, :] @ xp.conj(P[:, :c]))[:, 0]              # sum_l dK_l conj(P_l): [H, N]
+    dP[:, :c] += dkernel[..., None] * xp.conj(w)[:, None]
+    dC = dw * xp.conj(B_bar) + (dread * xp.conj(P[:, 1:])).sum(1)
+    dP[:, 1:] += dread * xp.conj(C)[:, None]
+    dB_bar = dw * xp.conj(C) + (dto_end * xp.conj(P[:, c - 1::-1])).sum(1)
+    dP[:, :c] += dto_end[:, ::-1] * xp.conj(B_bar)[:, None]
+    dP[:, c] += ddecay[:, :-1].sum(1)
+    dP[:, last] += ddecay[:, -1]
+    dz = (_counts(c + 1, dtA)[None, :, None] * xp.conj(P) * dP).sum(1)
+    ddt, dA, dB = _zoh_backward(dt, A, B, dz, dB_bar)
+    du, dD = _skip_backward(u, dy, D, from_chunks(du[..., None], T)[..., 0])
+    return du, ddt, dA, dB, dC, dD, (None if h0 is None else G)
+
+
+def _convolution_backward(u, dt, A, B, C, D, h0, dy, dstate):
+    """`convolution` backwards, O(T log T): the transposes of its FFT products, and the power sums
+    again for everything that reaches the parameters.
+        y = K * u (+ Re(sum_n C A_bar h0 P_t) + D u),   h_{T-1} = B_bar sum_l P_l u_{T-1-l} + P_T h0
+    1. du_j = sum_t dy_t K_{t-j}  (a correlation, by FFT);  dK_l = sum_t dy_t u_{t-l}  (likewise).
+    2. K_l = Re(sum_n w_n P_l), w = C B_bar:  dw = conj(sum_l dK_l P_l),  dz += conj(w sum_l l dK_l P_l).
+    3. The initial state's read, v = C A_bar h0 per batch row:  dv = conj(sum_t dy_t P_t),
+       dz += conj(v sum_t t dy_t P_t),  then v's factors: dC, dh0, and dz += conj(A_bar) (A_bar's part).
+    4. The final state, S = sum_l P_l u_{T-1-l}:  dB_bar += conj(S) dstate,  dS = conj(B_bar) dstate,
+       du_{T-1-l} += Re(sum_n conj(P_l) dS),  dz += conj(sum_l l u_{T-1-l} P_l) dS;
+       P_T h0:  dh0 += conj(P_T) dstate,  dz += T conj(P_T h0) dstate.
+    Sums over the batch where the parameter is shared. Returns (du, ddt, dA, dB, dC, dD, dh0)."""
+    xp = array_module(u)
+    T = u.shape[1]
+    A_bar, B_bar = discretize(dt, A, B)
+    dtA = dt[:, None] * A
+    w = C * B_bar
+    kernel = _power_sums(w, dtA, T)                                   # [H, T]
+    u_ht, dy_ht = xp.moveaxis(u, 1, 2), xp.moveaxis(dy, 1, 2)         # [B, H, T]
+    n_fft = 1 << (2 * T - 1).bit_length()
+    dy_f = xp.fft.rfft(dy_ht, n_fft)
+    # 1. Correlations: sum_t dy_t x_{t-l} = irfft(rfft(dy) conj(rfft(x)))[l] for 0 <= l < T.
+    du = xp.fft.irfft(dy_f * xp.conj(xp.fft.rfft(kernel, n_fft)), n_fft)[..., :T]
+    dkernel = xp.fft.irfft(dy_f * xp.conj(xp.fft.rfft(u_ht, n_fft)), n_fft)[..., :T].sum(0)   # [H, T]
+    steps = _counts(T, dtA)
+    # 2. The kernel's parameters.
+    dw = xp.conj(_weighted_power_sums(dkernel[None], dtA)[0])
+    dz = xp.conj(w * _weighted_power_sums((steps * dkernel)[None], dtA)[0])
+    dC, dB_bar = dw * xp.conj(B_bar), dw * xp.conj(C)
+    dh0 = None
+    if h0 is not None:
+        # 3. The read of the initial state: y_t += Re(sum_n v_n P_t), v = C A_bar h0.
+        v = C * A_bar * h0
+        dv = xp.conj(_weighted_power_sums(dy_ht, dtA))                # [B, H, N]
+        dz = dz + xp.conj(v * _weighted_power_sums(steps * dy_ht, dtA)).sum(0)
+        dC = dC + (dv * xp.conj(A_bar * h0)).sum(0)
+        dz = dz + (dv * xp.conj(C * A_bar * h0)).sum(0)                # A_bar = e^z: dz = conj(A_bar) dA_bar
+        dh0 = dv * xp.conj(C * A_bar)
+    if dstate is not None:
+        # 4. The final state.
+        dstate = dstate.astype(A_bar.dtype)
+        reversed_u = u_ht[..., ::-1]
+        dB_bar = dB_bar + (xp.conj(_weighted_power_sums(reversed_u, dtA)) * dstate).sum(0)
+        dS = xp.conj(B_bar) * dstate                                  # [B, H, N]
+        du = du + _power_sums(xp.conj(dS), dtA, T)[..., ::-1]         # Re(sum_n conj(P_l) dS_n) at t = T-1-l
+        dz = dz + (xp.conj(_weighted_power_sums(steps * reversed_u, dtA)) * dS).sum(0)
+        if h0 is not None:
+            P_T = xp.exp(T * dtA)
+            dh0 = dh0 + xp.conj(P_T) * dstate
+            dz = dz + (T * xp.conj(P_T * h0) * dstate).sum(0)
+    ddt, dA, dB = _zoh_backward(dt, A, B, dz, dB_bar)
+    du, dD = _skip_backward(u, dy, D, xp.moveaxis(du, 2, 1).astype(u.dtype, copy=False))
+    return du, ddt, dA, dB, dC, dD, dh0
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np, init="real"):

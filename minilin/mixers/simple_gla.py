@@ -9,6 +9,7 @@ algorithm: intra-chunk 1-semiseparable mask exp(G_i - G_j), chunk states, state 
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
+Gradients: recurrent_backward, chunked_backward, parallel_backward (the engine's, `_gated_linear`).
 """
 from __future__ import annotations
 
@@ -53,6 +54,34 @@ def step(q, k, v, g, *, state=None, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V], g [B, H] -> (o_t [B, H, V], new state)."""
     a, scale = _checked(q, k, v, g, scale, state, step=True)
     return _gated_linear.step(a.q * scale, a.k, a.v, a.g, a.state)
+
+
+def _backward(form, q, k, v, g, scale, initial_state, do, dstate, chunk_size=None):
+    """Check, run the engine's backward, and undo the scale: the engine reads q' = scale * q, so
+    dL/dq = scale * dL/dq'."""
+    a, scale = _checked(q, k, v, g, scale, initial_state)
+    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
+    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, a.k, a.v, a.g, a.state, do, dstate, C)
+    dq *= scale  # the engine's dq is a fresh array
+    return SIGNATURE.gradients("simple_gla")(dq, dk, dv, dg, dS0)
+
+
+def recurrent_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None):
+    """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
+    backwards. do [B, T, H, V], dstate [B, H, K, V]. Returns (dq, dk, dv, dg, dinitial_state), named;
+    dinitial_state is None when no initial_state was given."""
+    return _backward("recurrent", q, k, v, g, scale, initial_state, do, dstate)
+
+
+def chunked_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, chunk_size=64):
+    """The same gradients as `recurrent_backward`, chunk-parallel (`_gated_linear.chunked_backward`)."""
+    return _backward("chunked", q, k, v, g, scale, initial_state, do, dstate, chunk_size)
+
+
+def parallel_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None):
+    """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
+    return _backward("parallel", q, k, v, g, scale, initial_state, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

@@ -12,7 +12,7 @@ Every layer is pre-norm with a residual connection (no MLP here: the mixers are 
     h = RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w,       eps = 1e-6, mean over the model width d
     q, k, v = (h W_q), (h W_k), (h W_v), each reshaped from [B, T, H * K] to [B, T, H, K] (K = V = d / H)
     "A":  o, cache = attention.chunked(q, k, v, chunk_size=C)              cache: KVCache(k, v), grows with T
-    "L":  q, k <- q / sqrt(|q|^2 + 1e-12), k / ...                         unit vectors, over K
+    "L":  q, k <- q / sqrt(|q|^2 + 1e-6), k / ...                          unit vectors, over K
           g = log sigmoid(h W_g) = -logaddexp(0, -(h W_g))  [B, T, H]      log-space decay, <= 0
           beta = sigmoid(h W_beta)                          [B, T, H]      write strength, in (0, 1)
           o, cache = gated_deltanet.chunked(q, k, v, g, beta, chunk_size=C)  cache: the state [B, H, K, V]
@@ -79,7 +79,7 @@ def hybrid_prefill(x, layers, final_norm, *, heads, chunk_size=64):
         if layer["mixer"] == "attention":
             o, state = attention.chunked(q, k, v, chunk_size=chunk_size)
         else:
-            q, k = (z / np.sqrt(np.sum(z * z, axis=-1, keepdims=True) + 1e-12) for z in (q, k))
+            q, k = (z / np.sqrt(np.sum(z * z, axis=-1, keepdims=True) + 1e-6) for z in (q, k))  # unit keys
             g = -np.logaddexp(0, -(h @ layer["W_g"]))
             beta = np.exp(-np.logaddexp(0, -(h @ layer["W_beta"])))
             o, state = gated_deltanet.chunked(q, k, v, g, beta, chunk_size=chunk_size)

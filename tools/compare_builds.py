@@ -1,13 +1,15 @@
 """Same-run A/B of two builds of the extension: does a kernel change compute the same, and is it faster?
 
 The bench compares the versions of one build; a change to an existing version (a refactor, a tuning
-constant) needs the old build beside the new one, timed in the same run, because this machine's times drift
-by more than such changes (csrc/NOTES.md). In this checkout, the base commit's tree beside it (_base/ is
-git-ignored: carry it to the GPU machine), then on the GPU machine both builds and the comparison:
+constant, a shared header) needs the old build beside the new one, timed in the same run, because a GPU's
+times drift between runs by more than such changes (csrc/NOTES.md). In this checkout, with minilin installed
+from it (`pip install -e .`), the base commit's tree beside it (_base/ is git-ignored), then both builds and
+the comparison, on the GPU machine:
 
     mkdir _base && git archive BASE | tar -x -C _base
     (cd _base && python setup.py build_ext --inplace) & python setup.py build_ext --inplace; wait
-    python3 csrc/compare_builds.py _base linear:7 delta:8 --lengths 8192 32768
+    python tools/compare_builds.py _base linear:7 delta:10 --lengths 8192 32768
+    python -m tools.compare_builds _base delta:10          # the same, as a module from the checkout's root
 
 For each op:version and length, both builds run on the same inputs (the bench's, bf16, B=4 H=16 K=V=128):
 first the largest absolute difference of their outputs and final states (0 when a change is bit-identical),
@@ -22,8 +24,6 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's minilin, run from anywhere
 
 MIXER_OF_OP = {"linear": "simple_gla", "delta": "gated_deltanet"}  # the mixer that exercises each op's kernels
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         return call
     on.current = None
 
-    print(f"base: {args.base.resolve()}  new: {Path(__file__).resolve().parents[1]}  "
+    print(f"base: {args.base.resolve()}  new: {Path(this_build.__file__).resolve().parents[1]}  "
           f"({args.rounds} alternating rounds of up to {args.repeats} runs, bf16)")
     for T in args.lengths:
         for op, version in args.cases:

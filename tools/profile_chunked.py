@@ -1,15 +1,17 @@
 """Launch each tensor-core chunked kernel once (both ops, T = 8192, B = 4, H = 16, K = V = 128, bf16), for a
-profiler to look at:  ncu --clock-control none -k regex:"chunked|wy_prepare" python3 csrc/profile_chunked.py
-Arguments op:version (e.g. linear:5 delta:6) launch only those versions. csrc/ncu_regions.py splits a
-report's source page by the kernel's block barriers.
+profiler to look at:
+
+    ncu --clock-control none -k regex:"chunked|wy_prepare" python tools/profile_chunked.py
+
+Arguments op:version (e.g. linear:7 delta:10) launch only those versions. tools/ncu_regions.py splits a
+report's source page by the kernel's block barriers. Needs minilin installed with its extension built
+(`pip install -e .` on a GPU machine), or `python -m tools.profile_chunked` from the checkout's root.
 """
 import sys
-from pathlib import Path
 
 import cupy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's minilin, run from anywhere
-from minilin import cuda  # noqa: E402
+from minilin import cuda
 
 B, T, H, K, V = 4, 8192, 16, 128, 128
 rng = cupy.random.default_rng(0)

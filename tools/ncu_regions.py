@@ -6,9 +6,9 @@ of those wait at the barrier that opens it, what its warps stall on, and which i
 GPU machine (the profile needs one; this script does not):
 
     ncu --clock-control none --set full --import-source yes -k regex:wy_prepare -c 1 -o prep \\
-        python3 csrc/profile_chunked.py delta:9
+        python tools/profile_chunked.py delta:9
     ncu -i prep.ncu-rep --page source --csv --print-source sass > prep.csv
-    python3 csrc/ncu_regions.py prep.csv
+    python tools/ncu_regions.py prep.csv        # or: python -m tools.ncu_regions prep.csv
 
 A region runs from one BAR.SYNC to the next, in address order (a loop with a barrier inside, such as the
 WY waves, is one region). ncu charges a warp waiting at a barrier to the instruction after it, so a region's

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Build, check and time the CUDA extension on a GPU machine, in as few device calls as it allows.
-#   bash csrc/gpu_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default /tmp/minilin_gpu)
+# Build, check and time the CUDA extension on a GPU machine in one go. Run it from the checkout's root:
+#   bash tools/gpu_check.sh [OUTDIR]      logs, pytest output and bench JSON go to OUTDIR (default /tmp/minilin_gpu)
 # Steps: a capability probe (GPU, nvcc, CuPy + bfloat16, torch SDPA), the build (MINILIN_CUDA=1: a failed
 # build stops here), the GPU tests, `minilin bench --json` one mixer at a time (with FLA's rows when FLA
 # imports), then `minilin bench --against fla` when FLA imports (SKIP_FLA=1 skips this last step). Each step
-# is time-limited so that the logs written so far always come back.
-# On a machine without network, FLA travels as wheels: put fla-core and einops wheels in .whl/ (see the
-# README); they are installed into a temporary directory on PYTHONPATH, never into the environment.
+# has its own time limit, so a stuck step cannot take the others with it and the logs written so far stay.
+# On a machine without network, FLA travels as wheels: elsewhere, `pip download --no-deps fla-core==0.6.0
+# einops -d .whl`; this script installs .whl/'s wheels into a temporary directory on PYTHONPATH, never into
+# the environment (by hand: `pip install --no-deps --no-index --target /tmp/fla .whl/*.whl`, then
+# `PYTHONPATH=/tmp/fla minilin bench --against fla`).
 # Knobs: PYTEST_ARGS (e.g. "-n 8"), BENCH_LENGTHS ("8192"), BENCH_MIXERS ("gated_deltanet"), SKIP_BENCH=1,
 # SKIP_TESTS=1, SKIP_FLA=1, FLA_LENGTHS, FLA_MIXERS, and BUILD_ / TEST_ / BENCH_ / FLA_TIMEOUT (seconds;
-# BENCH_TIMEOUT is per mixer). With FLA's rows the whole script takes longer than one 10-minute device call:
-# give each part its own call (SKIP_ the others).
+# BENCH_TIMEOUT is per mixer). With FLA's rows the whole script takes more than 10 minutes; to split it,
+# run it once per part with the other parts' SKIP_ set.
 set -uo pipefail
 OUT="${1:-/tmp/minilin_gpu}"
 mkdir -p "$OUT"
