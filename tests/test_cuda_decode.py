@@ -248,6 +248,7 @@ def test_forward_normalize_qk_equals_the_recurrent_form_on_normalized_keys(mixer
 def test_allow_neg_eigval_takes_beta_up_to_two_with_unit_keys():
     N, H, K, V = 3, 2, 64, 64
     args, _ = one_token("gated_deltanet", N, H, K, V, seed=18)
+    args = list(args)
     args[4] = 2.0 * args[4]  # beta in [0, 2]
     gpu_args, host = to_device(token_slice(args, 0), "float32", "gated_deltanet")
     S0 = random_states(N, H, K, V, seed=19)
