@@ -11,25 +11,30 @@ through a, b (`gated_deltanet+attention`: one softmax block in two). Each run pr
 (step, loss, held-out accuracy, tokens/s, time left) and ends with a row of the table; `--json` writes
 {"runs": [{"mixer", "d_model", "num_kv_pairs", "state_bytes", "steps", "seconds", "loss", "accuracy", ...}]}.
 With --checkpoint-dir every run checkpoints as it goes and resumes from its checkpoint when started again.
+
+The runs go through NumPy's BLAS on one thread with fixed malloc thresholds: a command started otherwise re-runs
+itself in a child Python with that environment (`minilin.threads` says why, with what each saved).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
+from ..threads import compute_environment, is_one_thread
 from .loop import Run, state_bytes, train
 from .mqar import MQAR
 
 # The sweeps. Sizes chosen so that the quick one finishes in about a minute and the full one in well under
 # twenty on a 2-core CPU (README: the measured times).
 QUICK = dict(mixers=["attention", "linear_attention", "deltanet", "gated_deltanet", "gated_deltanet+attention"],
-             widths=[64], kv_pairs=[8], steps=300, seq_len=64, vocab=64)
+             widths=[32], kv_pairs=[8], steps=600, seq_len=48, vocab=32, batch_size=32, lr=5e-3)
 FULL = dict(mixers=["attention", "linear_attention", "retnet", "mamba2", "deltanet", "gated_deltanet",
                     "gated_deltanet+attention"],
-            widths=[32, 64, 128], kv_pairs=[8, 32, 64], steps=600, seq_len=None, vocab=256)
+            widths=[32, 64, 128], kv_pairs=[8, 32, 64], steps=600, seq_len=None, vocab=256, batch_size=32, lr=5e-3)
 
 
 def register(subparsers) -> None:
@@ -43,8 +48,8 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=int, default=2, help="blocks per model (default 2)")
     p.add_argument("--heads", type=int, default=2, help="heads per mixer (default 2)")
     p.add_argument("--steps", type=int, help="training steps per run")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, cosine schedule)")
+    p.add_argument("--batch-size", type=int, help="examples per step (default: the sweep's)")
+    p.add_argument("--lr", type=float, help="peak learning rate (AdamW, cosine schedule; default: the sweep's)")
     p.add_argument("--seq-len", type=int, help="tokens per example (default: max(64, 4 x pairs))")
     p.add_argument("--vocab", type=int, help="vocabulary size")
     p.add_argument("--seed", type=int, default=0)
@@ -67,6 +72,8 @@ def runs_of(args) -> list[Run]:
     kv_pairs = args.kv_pairs or sweep["kv_pairs"]
     steps = args.steps or sweep["steps"]
     vocab = args.vocab or sweep["vocab"]
+    batch_size = args.batch_size or sweep["batch_size"]
+    lr = args.lr or sweep["lr"]
     runs = []
     for D in kv_pairs:
         seq_len = args.seq_len or sweep["seq_len"] or max(64, 4 * D)
@@ -74,7 +81,7 @@ def runs_of(args) -> list[Run]:
         for width in widths:
             for spec in mixers:
                 runs.append(Run(mixers=model_mixers(spec, args.layers), d_model=width, heads=args.heads, task=task,
-                                steps=steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed))
+                                steps=steps, batch_size=batch_size, lr=lr, seed=args.seed))
     return runs
 
 
@@ -88,6 +95,8 @@ def table(records) -> str:
 
 
 def main(args) -> int:
+    if not is_one_thread():
+        return subprocess.run([sys.executable, "-m", "minilin", *args.argv], env=compute_environment()).returncode
     try:
         runs = runs_of(args)
         if args.plot:
