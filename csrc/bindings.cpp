@@ -26,7 +26,9 @@ const minilin::Version& find_version(const std::string& op, int number) {
   std::string known;
   for (const auto& v : minilin::versions())
     if (op == v.op) known += (known.empty() ? "" : ", ") + std::to_string(v.number);
-  if (known.empty()) throw minilin::ArgumentError("minilin._cuda: op must be 'linear' or 'delta', got '" + op + "'");
+  if (known.empty())
+    throw minilin::ArgumentError("minilin._cuda: op must be 'linear', 'delta', 'decode', 'linear_bwd' or "
+                                 "'delta_bwd', got '" + op + "'");
   throw minilin::ArgumentError("minilin._cuda: " + op + " has versions " + known + ", got " + std::to_string(number));
 }
 
@@ -70,6 +72,9 @@ PYBIND11_MODULE(_cuda, m) {
            std::uintptr_t beta, std::uintptr_t h0, std::uintptr_t o, std::uintptr_t ht, std::uintptr_t workspace,
            size_t workspace_size, int B, int T, int H, int K, int V, float scale, int dtype, std::uintptr_t stream) {
           const auto& ver = find_version(op, version);
+          if (!ver.forward)
+            throw minilin::ArgumentError("minilin._cuda: " + op + " is not a forward op (decode steps: decode(); "
+                                         "backward ops: backward())");
           minilin::Problem p;
           p.q = pointer<const void>(q);
           p.k = pointer<const void>(k);
@@ -93,4 +98,87 @@ PYBIND11_MODULE(_cuda, m) {
         py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"), py::arg("scale"), py::arg("dtype"), py::arg("stream"),
         "Launch one forward pass on `stream`. Pointers are device addresses (0 for an absent g, beta, h0 or "
         "workspace); dtype 0 = float32, 1 = bfloat16. Checks sizes (ValueError) and the launch (RuntimeError).");
+
+  // Positional arguments are the fast path here: a decode step's host work is most of a small batch's time.
+  m.def("decode",
+        [](int version, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t g, int gate,
+           std::uintptr_t beta, std::uintptr_t state_in, std::uintptr_t in_indices, long long pool_in,
+           std::uintptr_t state_out, std::uintptr_t out_indices, long long pool_out, bool indices_int64,
+           std::uintptr_t o, int N, int H, int K, int V, float scale, bool delta, bool normalize_qk, int dtype,
+           std::uintptr_t stream) {
+          const auto& ver = find_version("decode", version);
+          if (!ver.decode) throw minilin::ArgumentError("minilin._cuda: decode version has no decode entry");
+          minilin::DecodeProblem p;
+          p.q = pointer<const void>(q);
+          p.k = pointer<const void>(k);
+          p.v = pointer<const void>(v);
+          p.g = pointer<const float>(g);
+          p.gate = static_cast<minilin::GateKind>(gate);
+          p.beta = pointer<const float>(beta);
+          p.state_in = pointer<const float>(state_in);
+          p.in_indices = pointer<const void>(in_indices);
+          p.pool_in = pool_in;
+          p.state_out = pointer<float>(state_out);
+          p.out_indices = pointer<const void>(out_indices);
+          p.pool_out = pool_out;
+          p.indices_int64 = indices_int64;
+          p.o = pointer<void>(o);
+          p.N = N, p.H = H, p.K = K, p.V = V;
+          p.scale = scale;
+          p.delta = delta;
+          p.normalize_qk = normalize_qk;
+          p.dtype = static_cast<minilin::DType>(dtype);
+          p.stream = pointer<void>(stream);
+          py::gil_scoped_release release;
+          ver.decode(p);
+        },
+        py::arg("version"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("gate"), py::arg("beta"),
+        py::arg("state_in"), py::arg("in_indices"), py::arg("pool_in"), py::arg("state_out"), py::arg("out_indices"),
+        py::arg("pool_out"), py::arg("indices_int64"), py::arg("o"), py::arg("N"), py::arg("H"), py::arg("K"),
+        py::arg("V"), py::arg("scale"), py::arg("delta"), py::arg("normalize_qk"), py::arg("dtype"), py::arg("stream"),
+        "Launch one decode step (csrc/minilin_cuda.h, DecodeProblem) on `stream`: one token for each of N sequences. "
+        "gate 0 = none (g = 0), 1 = scalar [N, H], 2 = per channel [N, H, K]; indices int32 unless indices_int64. "
+        "Checks sizes and alignment (ValueError) and the launch (RuntimeError).");
+
+  m.def("backward",
+        [](const std::string& op, int version, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t g,
+           std::uintptr_t beta, std::uintptr_t h0, std::uintptr_t do_, std::uintptr_t dht, std::uintptr_t dq,
+           std::uintptr_t dk, std::uintptr_t dv, std::uintptr_t dg, std::uintptr_t dbeta, std::uintptr_t dh0,
+           std::uintptr_t ht, std::uintptr_t workspace, size_t workspace_size, int B, int T, int H, int K, int V,
+           float scale, int dtype, std::uintptr_t stream) {
+          const auto& ver = find_version(op, version);
+          if (!ver.backward)
+            throw minilin::ArgumentError("minilin._cuda: " + op + " is not a backward op ('linear_bwd', 'delta_bwd')");
+          minilin::BackwardProblem p;
+          p.q = pointer<const void>(q);
+          p.k = pointer<const void>(k);
+          p.v = pointer<const void>(v);
+          p.g = pointer<const float>(g);
+          p.beta = pointer<const float>(beta);
+          p.h0 = pointer<const float>(h0);
+          p.do_ = pointer<const void>(do_);
+          p.dht = pointer<const float>(dht);
+          p.dq = pointer<float>(dq);
+          p.dk = pointer<float>(dk);
+          p.dv = pointer<float>(dv);
+          p.dg = pointer<float>(dg);
+          p.dbeta = pointer<float>(dbeta);
+          p.dh0 = pointer<float>(dh0);
+          p.ht = pointer<float>(ht);
+          p.workspace = pointer<void>(workspace);
+          p.workspace_size = workspace_size;
+          p.B = B, p.T = T, p.H = H, p.K = K, p.V = V;
+          p.scale = scale;
+          p.dtype = static_cast<minilin::DType>(dtype);
+          p.stream = pointer<void>(stream);
+          py::gil_scoped_release release;
+          ver.backward(p);
+        },
+        py::arg("op"), py::arg("version"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"),
+        py::arg("h0"), py::arg("do"), py::arg("dht"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dg"),
+        py::arg("dbeta"), py::arg("dh0"), py::arg("ht"), py::arg("workspace"), py::arg("workspace_size"), py::arg("B"),
+        py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"), py::arg("scale"), py::arg("dtype"), py::arg("stream"),
+        "Launch one backward pass (csrc/minilin_cuda.h, BackwardProblem) on `stream`: float32 gradients dq, dk, dv "
+        "(and dg, dbeta for delta_bwd; dh0 when not 0; the final state into ht when not 0, linear_bwd). Checks sizes "
+        "(ValueError) and the launches (RuntimeError).");
 }

@@ -43,9 +43,82 @@ struct Problem {
   void* stream = nullptr;        // a cudaStream_t; null is the legacy default stream
 };
 
+// How a decode step decays the state before it writes: not at all, by one exp(g) per (sequence, head), or by
+// exp(g_f) per key channel f (GLA, KDA).
+enum GateKind : int { kNoGate = 0, kScalarGate = 1, kChannelGate = 2 };
+
+// One decode step: one token for each of N sequences (csrc/decode/). Shapes:
+//   q, k [N, H, K] and v, o [N, H, V] in `dtype`; g null, [N, H] (kScalarGate) or [N, H, K] (kChannelGate)
+//   float32 log-decays; beta [N, H] float32 (read when `delta`).
+//   state_in [pool_in, H, K, V] float32, or null (zeros); sequence n reads row in_indices[n] of it (row n when
+//   in_indices is null). state_out [pool_out, H, K, V] float32; sequence n writes row out_indices[n] (row n when
+//   null). Indices are int32, or int64 when indices_int64. In place: state_out == state_in with the same indices,
+//   so that every state element is read and then written by one thread; any other overlap is a race.
+// A sequence whose row lies outside its pool gets NaN outputs and writes no state row in place (out of place, its
+// row of state_out, if that row is inside, is set to NaN): a bad index never reads or writes outside the pools.
+// The step (S' = decay(S), CONVENTIONS.md):
+//   linear (delta false):  S_t = S' + k v^T,                          o = scale S_t^T q
+//   delta (delta true):    S_t = S' + beta k (v - S'^T k)^T,          o = scale S_t^T q
+// normalize_qk: q and k are first divided by sqrt(|x|^2 + 1e-6) (FLA's use_qk_l2norm_in_kernel).
+struct DecodeProblem {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  const float* state_in = nullptr;
+  const void* in_indices = nullptr;
+  float* state_out = nullptr;
+  const void* out_indices = nullptr;
+  void* o = nullptr;
+  long long pool_in = 0, pool_out = 0;
+  int N = 0, H = 0, K = 0, V = 0;
+  GateKind gate = kNoGate;
+  bool delta = false;
+  bool normalize_qk = false;
+  bool indices_int64 = false;
+  float scale = 1.0f;
+  DType dtype = kFloat32;
+  void* stream = nullptr;        // a cudaStream_t; null is the legacy default stream
+};
+
+// One backward call of a whole sequence (csrc/linear_bwd/, csrc/delta_bwd/): the gradients of
+// L = <do, o> + <dht, final state> with respect to the forward's inputs (CONVENTIONS.md, Gradients).
+//   q, k [B, T, H, K], v and do [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null; beta read by
+//   the delta family only); h0 [B, H, K, V] float32 or null (zeros); dht [B, H, K, V] float32 or null (zeros).
+//   Outputs, all float32: dq, dk [B, T, H, K] (dq with respect to q itself: the kernels differentiate scale q and
+//   multiply by scale), dv [B, T, H, V]; the delta family also dg (when g is given) and dbeta [B, T, H]; dh0
+//   [B, H, K, V] when not null. The linear family leaves dg to the front (a reverse cumulative sum of
+//   q . dq - k . dk, csrc/linear_bwd/v1_recurrent.cu) and writes the final state to ht when ht is not null, for
+//   that sum's term <dht, final state>.
+struct BackwardProblem {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  const float* h0 = nullptr;
+  const void* do_ = nullptr;
+  const float* dht = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* dg = nullptr;
+  float* dbeta = nullptr;
+  float* dh0 = nullptr;
+  float* ht = nullptr;
+  void* workspace = nullptr;     // scratch of workspace_bytes(...) bytes, or null when that is 0
+  size_t workspace_size = 0;
+  int B = 0, T = 0, H = 0, K = 0, V = 0;
+  float scale = 1.0f;
+  DType dtype = kFloat32;
+  void* stream = nullptr;
+};
+
 // One kernel version of one op: what the bindings list and dispatch to.
 struct Version {
-  const char* op;                 // "linear" (scalar-gated linear family) or "delta" (delta rule family)
+  const char* op;                 // "linear" (scalar-gated linear family), "delta" (delta rule family),
+                                  // "decode" (one token per sequence, both families), "linear_bwd", "delta_bwd"
   int number;                     // 1, 2, 3, ... : the ladder, each step kept callable
   const char* name;               // e.g. "recurrent", "chunked", "chunked_mma"
   const char* summary;            // the file header's one sentence: what changed and why
@@ -53,8 +126,10 @@ struct Version {
   bool supports_bfloat16;
   int min_compute_capability;     // e.g. 80 for mma.sync bf16
   size_t (*workspace_bytes)(int B, int T, int H, int K, int V);  // null: needs none
-  void (*forward)(const Problem&);                               // throws ArgumentError / KernelError
+  void (*forward)(const Problem&);                               // throws ArgumentError / KernelError; null for "decode"
   int max_compute_capability = 0;  // 0: any from the minimum up; 90: sm_90a code (wgmma), which runs on 9.0 only
+  void (*decode)(const DecodeProblem&) = nullptr;                // the "decode" op's entry; null for the others
+  void (*backward)(const BackwardProblem&) = nullptr;            // "linear_bwd" / "delta_bwd"; null for the others
 };
 
 // Every version the extension was built with, in op then version order.

@@ -1,5 +1,13 @@
 // The ladder: every kernel version, in op then version order. Each version lives in its own file
-// (csrc/<op>/v<N>_*.cu) and says there, in one sentence, what it changed and why.
+// (csrc/<op>/v<N>_*.cu) and says there, in one sentence, what it changed and why. The ops: "linear" and "delta"
+// (a whole sequence, forward), "decode" (one token for each of N sequences, both families), "linear_bwd" and
+// "delta_bwd" (a whole sequence, backward):
+//   decode v1      register_tiles: one block per (sequence, head, 32 value columns), its state slice in registers,
+//                  read and written once with 16-byte accesses.
+//   linear_bwd v1  recurrent: a forward token loop for dq and a backward one for the state's adjoint, dk and dv;
+//                  dg a reverse cumulative sum of per-token terms.
+//   delta_bwd v1   recurrent: the definition run backwards, states checkpointed every 64 tokens and recomputed
+//                  chunk by chunk, the state's adjoint in registers.
 #include "minilin_cuda.h"
 
 namespace minilin {
@@ -7,6 +15,8 @@ namespace minilin {
 extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
+extern const Version decode_v1;
+extern const Version linear_bwd_v1, delta_bwd_v1;
 
 // The wgmma versions (delta v10) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
@@ -18,6 +28,9 @@ const std::vector<Version>& versions() {
 #ifdef MINILIN_SM90A
                                                 delta_v10,
 #endif
+                                                decode_v1,
+                                                linear_bwd_v1,
+                                                delta_bwd_v1,
   };
   return all;
 }

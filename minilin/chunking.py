@@ -5,7 +5,9 @@ matrix products (all chunks at once), and passes the fixed-size state from one c
 
 Layouts used here:
 - sequence tensors come in sequence-first, [B, T, H, ...] (CONVENTIONS.md);
-- chunked tensors are [B, H, N, C, ...]: batch, head, chunk, position inside the chunk, features;
+- chunked tensors are [B, H, N, C, ...]: batch, head, chunk, position inside the chunk, features, either
+  copies (`to_chunks`) or views of the sequence tensors themselves (`chunk_view`: no copy; BLAS reads each
+  chunk's rows where they lie);
 - a gate is either absent (None), scalar ([..., C], one decay per token and head) or per-channel
   ([..., C, K], one decay per key channel). `G` always means a chunk-local cumulative log-gate:
   `G_i = g_1 + ... + g_i` counted from the chunk's start, so `G` is non-increasing inside a chunk and
@@ -13,12 +15,25 @@ Layouts used here:
 
 Numerics: only non-positive numbers are ever exponentiated (differences `G_i - G_j` with `i >= j`),
 never `exp(+cumsum)` or `exp(G_i) * exp(-G_j)`, so strong decays underflow to 0 and never overflow.
+A difference of two cumulative sums is only as good as the sums: in float32, G over a chunk of 512 or
+4096 tokens reaches -1000 or less and carries an absolute rounding error of about 1e-4, which a nearby
+difference G_i - G_j (close to 0, a decay close to 1) inherits whole. So the forward engines never take such
+a difference in the working precision: a scalar gate is summed in float64 per chunk and rounded once,
+after the difference (`decay_matrix`, [C] numbers per chunk: cheap); a per-channel gate is never summed
+at all (`channel_gram` multiplies decays of blocks of tokens together instead). float32 outputs then stay
+within a few 1e-7 of the float64 recurrence at any length and chunk size; what remains is the rounding
+of the products themselves and of exp of an exponent rounded once (relative error |G_i - G_j| * 2^-24).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
+
 from .backend import array_module
 
-# Width of the sub-blocks inside a chunk for per-channel gates (see `gated_gram`).
+# Width of the sub-blocks inside a chunk for per-channel gates in the sub-block evaluation of `gated_gram`'s
+# gradient (the forward builds the same Gram matrix by halving, `channel_gram`).
 SUB_CHUNK = 16
 
 
@@ -43,6 +58,33 @@ def to_chunks(x, chunk_size: int):
     return xp.ascontiguousarray(x.reshape(B, H, N, chunk_size, *x.shape[3:]))
 
 
+def chunk_view(x, chunk_size: int):
+    """[B, T, H, ...] -> [B, H, N, C, ...] as a view of x: no copy, unless C does not divide T (then of
+    x zero-padded at the end, as `to_chunks`).
+
+    Each [C, F] matrix of the view has rows of F contiguous numbers, H * F apart: BLAS multiplies such a
+    matrix where it lies (its leading dimension is H * F), so a chunked form needs no layout copy of its
+    inputs, and a matrix product can write its result into the output's own layout (`out=` a chunk view
+    of o [B, N * C, H, V]).
+    """
+    xp = array_module(x)
+    B, T, H = x.shape[:3]
+    N = num_chunks(T, chunk_size)
+    pad = N * chunk_size - T
+    if pad:
+        x = xp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return xp.moveaxis(x.reshape(B, N, chunk_size, H, *x.shape[3:]), 3, 1)
+
+
+def chunked_output(v, chunk_size: int):
+    """(o, o_chunks): an empty output [B, N * C, H, V] shaped like v [B, T, H, V], and its chunk view
+    [B, H, N, C, V]; `o[:, :T]` is the result once the chunk view has been written."""
+    xp = array_module(v)
+    B, T, H, V = v.shape
+    o = xp.empty((B, num_chunks(T, chunk_size) * chunk_size, H, V), v.dtype)
+    return o, chunk_view(o, chunk_size)
+
+
 def from_chunks(x, T: int):
     """[B, H, N, C, ...] -> [B, T, H, ...], dropping the padding."""
     xp = array_module(x)
@@ -62,18 +104,27 @@ def causal_mask(C: int, xp, *, strict: bool = False):
     return (i[:, None] > i[None, :]) if strict else (i[:, None] >= i[None, :])
 
 
-def decay_matrix(G, *, strict: bool = False):
+def decay_matrix(G, *, strict: bool = False, dtype=None):
     """Scalar gate: L_ij = exp(G_i - G_j) for j <= i (j < i when strict), else 0. [..., C] -> [..., C, C].
 
     This is Mamba-2's 1-semiseparable mask (`exp(segsum(A))`) and, for a constant gate, RetNet's
-    decay mask gamma^(i-j). Masked entries are set to -inf before exp, so nothing overflows.
+    decay mask gamma^(i-j). Entries above the diagonal become -inf before exp, so nothing overflows.
+    dtype: L's dtype (default G's). The forward engines pass G in float64 and dtype float32: the
+    differences G_i - G_j are then taken in float64 and rounded once, so a long chunk (cumulative sums of
+    thousands of gates, whose float32 rounding would be larger than a nearby difference) loses nothing.
     """
     xp = array_module(G)
-    L = G[..., :, None] - G[..., None, :]
-    xp.minimum(L, 0, out=L)  # above the diagonal G_i - G_j >= 0 may be large: clamp before exp ...
-    xp.exp(L, out=L)
-    L *= causal_mask(G.shape[-1], xp, strict=strict)  # ... and zero it after
-    return L
+    L = xp.empty(G.shape + G.shape[-1:], dtype or G.dtype)
+    xp.subtract(G[..., :, None], G[..., None, :], out=L)
+    L += _minus_inf_above(G.shape[-1], L.dtype, xp, strict)  # G_i - G_j >= 0 above the diagonal: -inf there ...
+    return xp.exp(L, out=L)                                 # ... so that exp gives 0, never overflows
+
+
+def _minus_inf_above(C: int, dtype, xp, strict: bool):
+    """[C, C]: 0 where j <= i (j < i when strict), -inf elsewhere."""
+    out = xp.zeros((C, C), dtype)
+    out[~causal_mask(C, xp, strict=strict)] = -xp.inf
+    return out
 
 
 def decay_rows(x, G):
@@ -110,8 +161,10 @@ def transposed(x):
     For `a @ transposed(b)` rather than `a @ b.swapaxes(-1, -2)`: on a batch of small matrices NumPy
     multiplies by a swapped view at about half the speed of a plain product (256 products of 64 x 64
     in float32 on the 2-core dev box: 3.4 ms against 1.4 ms), and the copy costs less than the difference.
+    Always a fresh array (even where the swapped view is contiguous, as for a single column): the chunked
+    forms scale it in place.
     """
-    return array_module(x).ascontiguousarray(x.swapaxes(-1, -2))
+    return array_module(x).array(x.swapaxes(-1, -2), order="C", copy=True)
 
 
 def gated_gram(x, y, G, *, strict: bool = False):
@@ -119,6 +172,8 @@ def gated_gram(x, y, G, *, strict: bool = False):
 
     x, y: [..., C, K]; G: None, scalar [..., C] or per-channel [..., C, K] -> A: [..., C, C].
     This is the intra-chunk "attention" matrix of every gated linear mixer: (Q K^T) masked and decayed.
+    (The forward engines call `channel_gram` with the per-token gates instead, which also returns the
+    decayed rows they need next; this form takes the cumulative gate G.)
     """
     xp = array_module(x)
     if G is None:
@@ -127,9 +182,9 @@ def gated_gram(x, y, G, *, strict: bool = False):
         return A
     if G.ndim == y.ndim - 1:  # scalar gate (x may carry extra leading axes; y and G never do)
         A = x @ transposed(y)
-        A *= decay_matrix(G, strict=strict)
+        A *= decay_matrix(G, strict=strict, dtype=A.dtype)
         return A
-    return _channel_gram(x, y, G, strict)
+    return channel_gram(x, y, gates_of(G), strict=strict).A
 
 
 def gram_before_decay(x, y, G):
@@ -137,17 +192,9 @@ def gram_before_decay(x, y, G):
 
     x, y: [..., C, K]; G: per-channel chunk-local cumulative gate [..., C, K] -> A: [..., C, C].
     Row i reads the memory as it was *before* token i's own decay and write: RWKV-6's S_{t-1}^T q_t,
-    RWKV-7's a_t^T S_{t-1}. Built from `chunking.gated_gram` by shifting y one position later: with
-    y'_{j+1} = y_j and G'_i = G_{i-1} (the exclusive cumulative gate),
-        A_ij = sum_k x_ik y'_{j+1,k} exp(G'_ik - G'_{j+1,k}),   j + 1 <= i,
-    the causal gram of (x, y') under G', read one column to the right. G' is non-increasing like G,
-    so `gated_gram`'s stable sub-block evaluation applies unchanged.
+    RWKV-7's a_t^T S_{t-1}. `channel_gram(..., before_decay=True)` on the per-token gates.
     """
-    xp = array_module(x)
-    y_later = xp.concatenate([xp.zeros_like(y[..., :1, :]), y[..., :-1, :]], axis=-2)
-    G_before = exclusive_cumsum(G)
-    shifted = gated_gram(x, y_later, G_before)
-    return xp.concatenate([shifted[..., 1:], xp.zeros_like(shifted[..., :1])], axis=-1)
+    return channel_gram(x, y, gates_of(G), before_decay=True).A
 
 
 def exclusive_cumsum(G):
@@ -156,48 +203,169 @@ def exclusive_cumsum(G):
     return xp.concatenate([xp.zeros_like(G[..., :1, :]), G[..., :-1, :]], axis=-2)
 
 
-def _channel_gram(x, y, G, strict):
-    """Per-channel `gated_gram`, finite for any gate, in sub-blocks of SUB_CHUNK positions.
+def gates_of(G):
+    """The per-token gates g_i = G_i - G_{i-1} of a chunk-local cumulative gate G [..., C, K]."""
+    return G - exclusive_cumsum(G)
 
-    exp(G_i - G_j) differs per channel, so A cannot be one product of decayed x and y unless one side
-    is multiplied by exp(-G), which overflows. Instead (as FLA's GLA kernels do):
-    - inside a diagonal sub-block the [c, c, K] tensor exp(G_i - G_j) is formed outright (small);
-    - for sub-block a below the diagonal, against an earlier sub-block b, both sides are measured
-      from the reference r_a, the last position before block a:
-          exp(G_i - G_j) = exp(G_i - G_{r_a}) * exp(G_{r_a} - G_j),
-      and both factors have non-positive exponents because j <= r_a < i.
+
+class ChannelGram(NamedTuple):
+    """What `channel_gram` returns (shapes for x, y [..., C, K] and per-channel gates g [..., C, K])."""
+
+    A: object            # [..., C, C]: sum_k x_ik y_jk exp(G_ik - G_jk), j <= i (see channel_gram)
+    x_from_start: object  # [..., C, K]: x_i * exp(G_i), row i decayed from the chunk's start (G_{i-1}: before_decay)
+    y_to_end: object      # [..., C, K]: y_j * exp(G_C - G_j), row j decayed to the chunk's end
+    chunk_decay: object   # [..., K]: exp(G_C), the decay over the whole chunk
+
+
+def channel_gram(x, y, g, *, strict: bool = False, before_decay: bool = False) -> ChannelGram:
+    """The per-channel gated Gram matrix of a chunk from its per-token gates, finite for any gate.
+
+    x, y: [..., C, K] (x and y may carry different extra leading axes: they broadcast). x or y may also be a
+    tuple of such arrays, for several Grams sharing one decay: stacked on a new leading axis of A, [nx, ...]
+    or [ny, ...], or [nx, ny, ...] when both are tuples (every x against every y). g: the per-token
+    log-gates [..., C, K], g <= 0, and G_i = g_1 + ... + g_i their chunk-local cumulative sum. Returns
+        A_ij = sum_k x_ik y_jk exp(G_ik - G_jk)       for j <= i (j < i when strict), else 0,
+    or with before_decay=True, for RWKV's reads of the memory before token i's own decay,
+        A_ij = sum_k x_ik y_jk exp(G_{i-1,k} - G_jk)   for j < i, else 0        (G_{-1} = 0),
+    together with the rows the chunked forms need next: x_i exp(G_i) (x_i exp(G_{i-1}) with before_decay),
+    y_j exp(G_C - G_j) and exp(G_C).
+
+    The decay differs per channel, so A is no product of two decayed matrices unless one side is multiplied
+    by exp(-G), which overflows. But it factors through any position r between j and i:
+        exp(G_i - G_j) = exp(G_i - G_r) * exp(G_r - G_j),     j <= r < i,  both exponents <= 0.
+    So A is built by halving (C padded to a power of two P with zero gates and zero rows). At level
+    s = 1, 2, 4, ..., P/2, every aligned block of 2s positions splits into a left half L and a right half R,
+    and the entries (i in R, j in L) are one ordinary matrix product through r = the last position of L:
+        A[R, L] = X_s[R] Y_s[L]^T,   X_s(i) = x_i exp(G_i - G_{rho_s(i)}),   Y_s(j) = y_j exp(G_{eta_s(j)} - G_j),
+    rho_s(i) = the last position before i's aligned block of s (so rho_s(i) = r for i in R), eta_s(j) = the
+    last position of j's aligned block of s (= r for j in L). Every entry below the diagonal lies in exactly
+    one such (R, L) pair; the diagonal is x_i . y_i (exp(0)); above it, 0.
+    No exponential of a cumulative sum is needed. Start from X_1(i) = x_i exp(g_i) (rho_1(i) = i - 1) and
+    Y_1 = y, then after each level move the references one block out:
+        X_2s(i) = X_s(i) d_s(L)  for i in R  (X_2s = X_s in L),   d_s(block) = exp(sum of g over the block),
+        Y_2s(j) = Y_s(j) d_s(R)  for j in L  (Y_2s = Y_s in R),   d_2s = d_s(L) d_s(R),
+    products of decays <= 1, each the exponential of a sum of a few gates: no cumulative sum over a long span
+    is ever subtracted from another, so float32 keeps its full precision however long the chunk and however
+    strong the gates. After the last level, X_P(i) = x_i exp(G_i), Y_P(j) = y_j exp(G_C - G_j), d_P = exp(G_C):
+    the decays of the reads from and the writes to the chunk's state. With before_decay, X_1 = x (the row
+    reads G_{i-1}, so rho_1(i) = i - 1 asks for no decay) and the diagonal is 0.
+
+    Cost: one multiply per level over half the rows of X and of Y, and one product per level; the work of
+    a chunk is that of a few elementwise passes over [C, K] per level, never a [C, C, K] tensor.
     """
-    xp = array_module(x)
-    C, K = x.shape[-2:]
-    c = min(SUB_CHUNK, C)
-    ns = -(-C // c)
-    pad = ns * c - C
-    if pad:
-        def widths(a):
-            return [(0, 0)] * (a.ndim - 2) + [(0, pad), (0, 0)]
-        x, y = xp.pad(x, widths(x)), xp.pad(y, widths(y))
-        G = xp.pad(G, widths(G), mode="edge")  # keeps G non-increasing; padded x, y are zero anyway
-    # Each array keeps its own leading axes, so x may carry extra ones (several grams, one decay).
-    xs, ys, Gs = (a.reshape(*a.shape[:-2], ns, c, K) for a in (x, y, G))
+    xp = array_module(g)
+    C, K = g.shape[-2:]
+    P = 1 << max(C - 1, 0).bit_length()  # zero rows read and write nothing, zero gates decay nothing
+    # X, Y and d are updated in place level by level: fresh C-ordered arrays (x, y, g may be strided views).
+    X, Y = _fresh_rows(x, P), _fresh_rows(y, P)
+    if _several(x) and _several(y):
+        X = X[:, None]                                       # [nx, 1, ...] against [ny, ...]: A [nx, ny, ...]
+    d = xp.ones(g.shape[:-2] + (P, K), X.dtype)
+    xp.exp(g, out=d[..., :C, :])                             # d_1: each token's own decay
+    A = xp.empty(tuple(np.broadcast_shapes(X.shape[:-2], Y.shape[:-2])) + (P, P), X.dtype)
+    A.fill(0)                                                # above the diagonal (one contiguous fill)
+    if not (strict or before_decay):
+        _diagonal_view(A)[...] = xp.einsum("...k,...k->...", X, Y)   # x_i . y_i
+    if not before_decay:
+        X *= d                                               # X_1 = x exp(g)  (before_decay: X_1 = x)
+    s = 1
+    while s < P:
+        n_blocks = P // (2 * s)
+        X_right = X.reshape(*X.shape[:-2], n_blocks, 2, s, K)[..., 1, :, :]   # [..., n_blocks, s, K]
+        Y_left = Y.reshape(*Y.shape[:-2], n_blocks, 2, s, K)[..., 0, :, :]
+        xp.matmul(X_right, Y_left.swapaxes(-1, -2), out=_lower_blocks(A, s))
+        d_halves = d.reshape(*d.shape[:-2], n_blocks, 2, 1, K)
+        X_right *= d_halves[..., 0, :, :]                    # R's rows now measured from before L
+        Y_left *= d_halves[..., 1, :, :]                     # L's rows now measured to the end of R
+        d = d_halves[..., 0, 0, :] * d_halves[..., 1, 0, :]  # d_2s: [..., n_blocks, K]
+        s *= 2
+    if _several(x) and _several(y):
+        X = X[:, 0]
+    return ChannelGram(A[..., :C, :C], X[..., :C, :], Y[..., :C, :], d[..., 0, :])
 
-    # Diagonal sub-blocks: [..., ns, c(i), c(j), K].
-    diff = Gs[..., :, None, :] - Gs[..., None, :, :]
-    inside = causal_mask(c, xp, strict=strict)[..., None]
-    decay = xp.exp(xp.where(inside, diff, -xp.inf))
-    diagonal = (xs[..., :, None, :] * ys[..., None, :, :] * decay).sum(-1)
 
-    # Sub-blocks below the diagonal: reference r_a is the last position of block a - 1 (G = 0 for a = 0).
-    G_ref = xp.concatenate([xp.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], axis=-2)
-    x_from_ref = xs * xp.exp(Gs - G_ref[..., None, :])  # [..., a, c, K]
-    earlier = (xp.arange(ns)[:, None] > xp.arange(ns)[None, :])[:, :, None, None]  # [a, b, 1, 1]
-    ref_minus_j = G_ref[..., :, None, None, :] - Gs[..., None, :, :, :]  # [..., a, b, c, K]
-    y_to_ref = ys[..., None, :, :, :] * xp.exp(xp.where(earlier, ref_minus_j, -xp.inf))
-    blocks = x_from_ref[..., :, None, :, :] @ y_to_ref.swapaxes(-1, -2)  # [..., a, b, c(i), c(j)]
+def _several(a) -> bool:
+    return isinstance(a, (tuple, list))
 
-    a = xp.arange(ns)
-    blocks[..., a, a, :, :] = diagonal
-    A = xp.moveaxis(blocks, -3, -2).reshape(*blocks.shape[:-4], ns * c, ns * c)  # [..., a, i, b, j]
-    return A[..., :C, :C]
+
+def _fresh_rows(a, P: int):
+    """A fresh C-ordered copy [..., P, K] of a [..., C, K], zero rows after C; of a tuple of such arrays,
+    their copies stacked on a new leading axis [n, ..., P, K]."""
+    parts = tuple(a) if _several(a) else (a,)
+    xp = array_module(*parts)
+    C, K = parts[0].shape[-2:]
+    lead = tuple(np.broadcast_shapes(*(part.shape[:-2] for part in parts)))
+    out = xp.empty(((len(parts),) if _several(a) else ()) + lead + (P, K), parts[0].dtype)
+    for i, part in enumerate(parts):
+        rows = out[i] if _several(a) else out
+        rows[..., :C, :] = part
+        rows[..., C:, :] = 0
+    return out
+
+
+def _diagonal_view(A):
+    """The diagonals of a batch of square matrices A [..., P, P] as a writable view [..., P]."""
+    rows, columns = A.strides[-2:]
+    return array_module(A).lib.stride_tricks.as_strided(A, A.shape[:-1], A.strides[:-2] + (rows + columns,))
+
+
+def _lower_blocks(A, s: int):
+    """A writable view [..., P / 2s, s, s] of A [..., P, P]: for each aligned block of 2s positions, its
+    lower-left s x s block (the rows of its right half against the columns of its left half)."""
+    P, (rows, columns) = A.shape[-1], A.strides[-2:]
+    strides = A.strides[:-2] + (2 * s * (rows + columns), rows, columns)
+    return array_module(A).lib.stride_tricks.as_strided(A[..., s:, :], A.shape[:-2] + (P // (2 * s), s, s), strides)
+
+
+def states_after_chunks(dS, decay, S0):
+    """Inter-chunk state passing, in place: dS_n <- S_n = decay_n S_{n-1} + dS_n (S_{-1} = S0), returns dS.
+
+    dS: [B, H, N, K, V], what chunk n writes, already decayed to the chunk's end; overwritten by the state
+    after each chunk (the state entering chunk n is then dS[:, :, n - 1], or S0 for n = 0).
+    decay: None, [B, H, N] or [B, H, N, K], the decay factor exp(G_C) over each whole chunk (not its log).
+    S0: [B, H, K, V] or None (zeros).
+
+    The only sequential part of a chunked form: one or two array operations per chunk, none per token, and
+    no array of N states besides dS itself.
+    """
+    xp = array_module(dS)
+    N = dS.shape[2]
+    if decay is not None:  # [B, H, N, 1, 1] (scalar) or [B, H, N, K, 1]: scales the rows of each state
+        decay = decay[..., None, None] if decay.ndim == 3 else decay[..., None]
+    if S0 is not None:
+        dS[:, :, 0] += S0 if decay is None else decay[:, :, 0] * S0
+    carried = None if decay is None else xp.empty_like(dS[:, :, 0])
+    for n in range(1, N):
+        if decay is None:
+            xp.add(dS[:, :, n], dS[:, :, n - 1], out=dS[:, :, n])
+        else:
+            xp.multiply(dS[:, :, n - 1], decay[:, :, n], out=carried)
+            xp.add(dS[:, :, n], carried, out=dS[:, :, n])
+    return dS
+
+
+def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: int):
+    """The chunked form of a gated linear recurrence, given its chunk pieces: (o [B, T, H, V], final state).
+
+    A [B, H, N, C, C]: the chunk's masked, decayed scores; q_from_start [B, H, N, C, K]: the queries decayed
+    from the chunk's start; k_to_end_T [B, H, N, K, C]: the keys decayed to its end, transposed (a swapped
+    view will do); chunk_decay: None, [B, H, N] or [B, H, N, K], the decay over each whole chunk (factors,
+    not logs); v [B, T, H, V]; S0 or None. Then
+        O_n = A_n V_n + (q_from_start)_n S_n,    S_{n+1} = chunk_decay_n S_n + (k_to_end)_n^T V_n.
+    The states after each chunk are the writes summed in place (`states_after_chunks`), and chunk n reads
+    the one after chunk n - 1. V is copied into the chunked layout first: as the right operand of two
+    products it is worth one contiguous copy (NumPy's batched products read a strided right operand at
+    about 2/3 of the speed of a contiguous one).
+    """
+    xp = array_module(v)
+    T = v.shape[1]
+    vc = to_chunks(v, chunk_size)                            # [B, H, N, C, V]
+    o = A @ vc                                               # intra-chunk
+    S = states_after_chunks(k_to_end_T @ vc, chunk_decay, S0)   # [B, H, N, K, V]
+    o[:, :, 1:] += q_from_start[:, :, 1:] @ S[:, :, :-1]     # inter-chunk: the state entering chunk n
+    if S0 is not None:
+        o[:, :, 0] += q_from_start[:, :, 0] @ S0
+    return from_chunks(o, T), S[:, :, -1].copy()
 
 
 def pass_states(dS, G_total, S0):
@@ -222,13 +390,17 @@ def pass_states(dS, G_total, S0):
 
 
 def unit_lower_inverse(A):
-    """(I + A)^-1 for strictly lower-triangular A [..., C, C], all matrices of the batch at once.
+    """(I + A)^-1 for the strictly lower-triangular part of A [..., C, C], all matrices of the batch at once
+    (A's diagonal and upper triangle are never read, so the caller need not mask them).
 
     This is the matrix T of the delta rule's WY representation. Doubling the block size: the inverse of a
     block lower-triangular matrix is
         [[I + A11, 0], [A21, I + A22]]^-1 = [[T1, 0], [-T2 A21 T1, T2]],
     so the inverses of the 1 x 1 diagonal blocks (ones) give those of the 2 x 2 blocks, then 4 x 4, ...,
-    in log2(C) rounds of batched matrix products (C is padded to a power of two with an identity).
+    in log2(C) rounds of batched matrix products (C is padded to a power of two with an identity). The
+    blocks are the aligned ones of `channel_gram`: at level s, each aligned block of 2s positions has its
+    two diagonal s-blocks T1 (left) and T2 (right) already inverted, and its lower-left block is filled in
+    place.
 
     Why not `scipy.linalg.solve_triangular`? It gives the same result to rounding (tests/test_chunking.py
     checks), but it solves a batch one matrix at a time in Python, about 40 us of overhead per 64 x 64
@@ -240,18 +412,43 @@ def unit_lower_inverse(A):
     P = 1 << max(C - 1, 0).bit_length()
     if P != C:
         A = xp.pad(A, [(0, 0)] * len(lead) + [(0, P - C), (0, P - C)])
-    T = xp.ones((*lead, P, 1, 1), A.dtype)  # inverses of the P diagonal blocks of size 1
-    size = 1
-    while size < P:
-        blocks = A.reshape(*lead, P // (2 * size), 2 * size, P // (2 * size), 2 * size)
-        diagonal = xp.moveaxis(xp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)  # [..., nb, 2s, 2s]
-        T1, T2 = T[..., 0::2, :, :], T[..., 1::2, :, :]
-        merged = xp.zeros(diagonal.shape, A.dtype)
-        merged[..., :size, :size] = T1
-        merged[..., size:, size:] = T2
-        merged[..., size:, :size] = -(T2 @ diagonal[..., size:, :size]) @ T1
-        T, size = merged, 2 * size
-    return T[..., 0, :C, :C]
+    T = xp.empty(A.shape, A.dtype)
+    T.fill(0)
+    _diagonal_view(T)[...] = 1  # the inverses of the P diagonal blocks of size 1
+    s = 1
+    while s < P:
+        T21, A21 = _lower_blocks(T, s), _lower_blocks(A, s)
+        diagonal = _diagonal_blocks(T, s)            # [..., P / s, s, s], already inverted
+        T1, T2 = diagonal[..., 0::2, :, :], diagonal[..., 1::2, :, :]
+        xp.matmul(T2 @ A21, T1, out=T21)
+        xp.negative(T21, out=T21)
+        s *= 2
+    return T[..., :C, :C]
+
+
+def unit_lower_solve(A, X):
+    """Y = (I + A)^-1 X for the strictly lower-triangular part of A [..., C, C] and X [..., C, V], without
+    forming the inverse: forward substitution by halves,
+        Y_1 = (I + A_11)^-1 X_1,    Y_2 = (I + A_22)^-1 (X_2 - A_21 Y_1),
+    down to blocks of 64, which `unit_lower_inverse` inverts. About C^2 V / 2 multiply-adds against the
+    inverse's C^3 / 3: for one chunk holding a whole long sequence (the delta rule's parallel form), where
+    C is in the thousands and V is 64, that is the difference between milliseconds and seconds.
+    """
+    xp = array_module(A)
+    C = A.shape[-1]
+    if C <= 64:
+        return unit_lower_inverse(A) @ X
+    h = 1 << ((C - 1).bit_length() - 1)  # the largest power of two below C
+    Y1 = unit_lower_solve(A[..., :h, :h], X[..., :h, :])
+    Y2 = unit_lower_solve(A[..., h:, h:], X[..., h:, :] - A[..., h:, :h] @ Y1)
+    return xp.concatenate([Y1, Y2], axis=-2)
+
+
+def _diagonal_blocks(A, s: int):
+    """A view [..., P / s, s, s] of the aligned diagonal s x s blocks of A [..., P, P]."""
+    P, (rows, columns) = A.shape[-1], A.strides[-2:]
+    strides = A.strides[:-2] + (s * (rows + columns), rows, columns)
+    return array_module(A).lib.stride_tricks.as_strided(A, A.shape[:-2] + (P // s, s, s), strides)
 
 
 

@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line itself, for a command that re-runs itself in a child process
     if args.command is None:
         if "status" in parser._subparsers._group_actions[0].choices:  # the exercises' overview
             args = parser.parse_args(["status"])

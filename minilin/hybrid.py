@@ -44,7 +44,7 @@ import numpy as np
 
 from . import activations, catalog
 from . import cache as cache_accounting
-from .backend import array_module
+from .backend import array_module, is_cupy_array
 from .validation import Shapes, check_array, check_chunk_size, check_count
 
 
@@ -198,8 +198,19 @@ class Layer:
         """x_t [B, d] -> (x_t + mixer output [B, d], the state one token later)."""
         h = rms_norm(x_t[:, None], self.norm, RMS_EPS)
         token_args = [a[:, 0] if a.ndim >= 3 else a for a in self.mixer_inputs(h)]  # drop the T axis
-        o_t, state = self.module.step(*token_args, state=state, **self.options())
+        o_t, state = self.step_form(x_t)(*token_args, state=state, **self.options())
         return x_t + o_t.reshape(x_t.shape[0], -1) @ self.out, state
+
+    def step_form(self, x_t):
+        """The mixer's one-token step: minilin.cuda's decode kernel on CuPy float32 arrays where it has one
+        (out of place, so that a cache handed in stays as it was), else the reference's `step`."""
+        if is_cupy_array(x_t) and x_t.dtype == np.float32:
+            from . import cuda
+
+            if self.mixer in cuda.STEPS:
+                step = cuda.STEPS[self.mixer]
+                return lambda *args, **kwargs: step(*args, in_place=False, **kwargs)
+        return self.module.step
 
     def cache_spec(self) -> cache_accounting.LayerCache:
         """What this layer's cache is, for `minilin.cache` accounting."""
@@ -264,6 +275,17 @@ class HybridStack:
                                 window if name == "sliding_window" else None))
         final_norm = np.asarray(1 + 0.1 * rng.standard_normal(d_model), dtype=dtype)
         return cls(layers, d_model, final_norm)
+
+    def to(self, xp, dtype=None) -> "HybridStack":
+        """The same stack with every weight, parameter and norm an array of module `xp` (numpy or cupy), in
+        `dtype` if given: `stack.to(cupy, np.float32)` decodes with minilin.cuda's kernels."""
+        def move(a):
+            return xp.asarray(a, dtype=dtype or a.dtype)
+
+        layers = [Layer(layer.mixer, layer.heads, layer.head_dim, move(layer.norm),
+                        {n: move(w) for n, w in layer.weights.items()}, {n: move(p) for n, p in layer.params.items()},
+                        move(layer.out), layer.window) for layer in self.layers]
+        return HybridStack(layers, self.d_model, move(self.final_norm))
 
     @property
     def mixers(self) -> list[str]:

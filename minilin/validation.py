@@ -149,11 +149,10 @@ def check_delta_keys(k, beta, allow_neg_eigval: bool) -> None:
     if k.size == 0:
         return
     top = 2.0 if allow_neg_eigval else 1.0
-    strength = beta * (k * k).sum(-1)
+    strength = beta * array_module(k).einsum("...k,...k->...", k, k)  # |k|^2 without a [.., K] temporary
     worst = float(strength.max())
     if worst > top * (1 + KEY_NORM_SLACK):
-        xp = array_module(strength)
-        flat = int(xp.argmax(strength))
+        flat = int(array_module(strength).argmax(strength))
         where = tuple(int(i) for i in np.unravel_index(flat, strength.shape))
         raise ValueError(
             f"k, beta: expected beta |k|^2 <= {top:g} (allow_neg_eigval={allow_neg_eigval}; the transition "

@@ -44,6 +44,27 @@ def test_rows_and_table_carry_time_error_and_page_faults(monkeypatch):
     assert line.startswith("| linear_attention | recurrent |") and line.count("|") == header.count("|")
 
 
+def test_the_floor_and_the_target_stand_beside_the_speed_up(monkeypatch):
+    """Gated DeltaNet's row: its chunk size, its products' time (the floor) from the same rounds, its target."""
+    monkeypatch.setattr(cpu, "PROBLEM", dict(B=1, T=256, H=2, K=16, V=16))
+    row = cpu.bench_mixer("gated_deltanet", repeats=1)
+    assert row["chunk_size"] == cpu.CHUNK_SIZES["gated_deltanet"] and row["target"] == cpu.TARGETS["gated_deltanet"]
+    assert set(row["floor_ms"]) == {"products", "products + solve"} and all(ms > 0 for ms in row["floor_ms"].values())
+    line = cpu.format_table([row]).splitlines()[2]
+    loop_over_floor = row["recurrent_ms"] / row["floor_ms"]["products + solve"]
+    assert f"({loop_over_floor:.1f}x, products + solve)" in line
+    assert f"| {row['chunked_ms'] / row['floor_ms']['products + solve']:.2f} |" in line
+    assert f"| {cpu.TARGETS['gated_deltanet']:.0f}x |" in line
+
+
+def test_elementwise_mixers_say_why_no_chunking_wins(monkeypatch):
+    monkeypatch.setattr(cpu, "PROBLEM", dict(B=1, T=64, H=2, K=8, V=8))
+    rows = [cpu.bench_mixer("hgrn", repeats=1), cpu.bench_mixer("linear_attention", repeats=1)]
+    assert "elementwise" in rows[0]["note"] and "note" not in rows[1]
+    assert "(see note)" in cpu.format_table(rows).splitlines()[2]
+    assert cpu.format_notes(rows).startswith("- hgrn: one elementwise update per token")
+
+
 def test_a_wrong_form_is_reported_not_timed():
     row = {"mixer": "x", "baseline": "recurrent", "recurrent_ms": 3.0, "chunked_ms": None, "chunked_error": 0.5,
            "recurrent_page_faults": 0, "chunked_page_faults": None}

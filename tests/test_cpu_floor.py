@@ -37,7 +37,7 @@ def test_floor_rows_and_table():
     for r in rows:
         assert r["loop_ms"] > 0 and all(ms > 0 for ms in r["floor_ms"].values())
     table = cpu_floor.format_floor(rows).splitlines()
-    assert len(table) == 2 + len(rows) and "C = 32" in table[0] and table[4].endswith("| 10x |")
+    assert len(table) == 2 + len(rows) and "C = 32" in table[0] and table[4].endswith(f"| {cpu_floor.TARGETS['gated_deltanet']:.0f}x |")
 
 
 def test_floor_is_a_cpu_measurement(capsys):

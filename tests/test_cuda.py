@@ -78,6 +78,8 @@ def run_case(mixer, shape, version, dtype, with_state, seed=0):
     B, T, H, K, V = shape
     mod = catalog.module(mixer)
     args, kwargs = mod.example_inputs(B, T, H, K, V, seed=seed)
+    if mcuda.OPS[mixer] == "delta":  # unit keys that stay within |k| <= 1 once rounded to bf16 (the reference checks)
+        args = (args[0], args[1] * mcuda.bf16.UNIT_KEY_SCALE, *args[2:])
     sequence = {0, 1, 2} if mixer != "mamba2" else {0, 3, 4}  # the tensors that are bf16 when dtype is
     gpu, host = to_device(args, dtype, sequence)
     state_shape = (B, H, K, V)
@@ -149,6 +151,7 @@ def test_bf16_helpers_round_to_nearest_even():
 def good_inputs(dtype="float32", B=2, T=100, H=3, K=64, V=64):
     rng = cupy.random.default_rng(0)
     q, k, v = (rng.standard_normal((B, T, H, d), dtype=cupy.float32) for d in (K, K, V))
+    k /= cupy.linalg.norm(k, axis=-1, keepdims=True)  # unit keys: beta |k|^2 <= 1 (front.check_key_strength)
     g = rng.uniform(-1, -0.01, (B, T, H), dtype=cupy.float32)
     beta = rng.uniform(0, 1, (B, T, H), dtype=cupy.float32)
     if dtype == "bfloat16":
@@ -189,6 +192,8 @@ def test_bad_inputs_raise(fn):
     if fn == "gated_deltanet":
         with pytest.raises(ValueError, match="beta: expected values in"):
             call(*args(beta=beta + 1.5))
+        with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1"):
+            call(*args(k=3 * k))
     q12, k12 = q[..., :12].copy(), k[..., :12].copy()
     with pytest.raises(ValueError, match="K and V must be multiples of 8"):
         call(*args(q=q12, k=k12))

@@ -199,3 +199,45 @@ def test_a_slow_run_lowers_the_count_of_queued_runs_and_of_single_calls():
     # one wait for the idle stream, two single calls (a third would pass half the budget), one for the queue
     assert stream.log.count("sync") == 1 + 2 + 1
     assert t.runs == 3 and t.call_ms == pytest.approx(300.0)
+
+
+# ---- minilin bench --decode ---------------------------------------------------------------------------------
+def test_decode_floor_is_the_state_read_and_written_once():
+    from minilin.bench import decode
+
+    assert decode.state_bytes(64) == 2 * 64 * 16 * 128 * 128 * 4
+    assert round(decode.floor_us(64, 4270.0), 1) == 31.4 and round(decode.floor_us(256, 4270.0), 1) == 125.7
+
+
+def test_decode_table_marks_the_targets_and_untimed_rows():
+    from minilin.bench import decode
+
+    rows = [dict(mixer="gated_deltanet", N=256, implementation="minilin", floor_us=125.7, us=150.0, call_us=170.0,
+                 floor_ratio=150.0 / 125.7, error=3e-3, state_error=1e-3, vs_fla=0.78),
+            dict(mixer="gated_deltanet", N=256, implementation="fla", floor_us=125.7, us=191.8, call_us=250.0,
+                 floor_ratio=191.8 / 125.7, error=3e-3, state_error=1e-3),
+            dict(mixer="kda", N=256, implementation="minilin", floor_us=125.7, us=180.0, call_us=190.0,
+                 floor_ratio=180.0 / 125.7, error=3e-3, state_error=1e-3),
+            dict(mixer="kda", N=1, implementation="minilin", floor_us=0.5, us=9.0, call_us=40.0, floor_ratio=18.0,
+                 error=3e-3, state_error=1e-3),
+            dict(mixer="simple_gla", N=1, implementation="minilin", floor_us=0.5, error=0.5, state_error=0.5,
+                 note="WRONG (tolerance 0.01): not timed")]
+    table = decode.format_table(rows, 4270.0)
+    assert "| gated_deltanet | 256 | minilin | 150.0 | 170.0 | 125.7 | 1.19x | 0.78 | 3.0e-03 / 1.0e-03 |" in table
+    assert "| gated_deltanet | 256 | fla fused_recurrent | 191.8 |" in table
+    assert "target N=256 gated_deltanet: 1.19x the floor (<= 1.3x): met" in table
+    assert "target N=256 kda: 1.43x the floor (<= 1.3x): NOT met" in table
+    assert "target N=1 kda: 9.0 us (<= 15 us): met" in table
+    assert "WRONG" in table and "target N=1 simple_gla" not in table  # an untimed row claims no target
+
+
+@pytest.mark.parametrize("argv", [["bench", "--decode", "--device", "cpu"], ["bench", "--decode", "--lengths", "64"],
+                                  ["bench", "--decode"]])
+def test_decode_bench_refuses_with_a_reason_where_it_cannot_run(argv, capsys):
+    from minilin import cli
+
+    if argv == ["bench", "--decode"] and mcuda.available()[0]:
+        pytest.skip("a GPU is available: the decode bench runs instead of refusing")
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "decode" in (captured.out + captured.err)

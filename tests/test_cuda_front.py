@@ -74,7 +74,7 @@ def arrays(B=2, T=10, H=3, K=16, V=8, dtype=np.float32):
 def test_valid_inputs_reach_the_launch(fake_cupy):
     q, k, v, g, beta = arrays()
     assert front.gated_linear(q, k, v, g, check_values=False) == "launched"
-    assert front.delta_rule(q, k, v, beta, g, check_values=False) == "launched"
+    assert front.delta_rule(q, k, v, g, beta, check_values=False) == "launched"
     assert fake_cupy[0] == ("linear", {"B": 2, "T": 10, "H": 3, "K": 16, "V": 8})
     bits = [FakeArray(x._data.view(np.uint16)[..., ::2].copy()) for x in (q, k, v)]  # any uint16: bf16 bits
     assert front.gated_linear(*bits, g, check_values=False) == "launched"
@@ -119,7 +119,7 @@ def test_bad_inputs_name_the_argument(fake_cupy, case, error, message):
     elif case == "allow_neg_eigval":
         kwargs["allow_neg_eigval"] = "yes"
     with pytest.raises(error, match=message):
-        front.delta_rule(q, k, v, beta, g, check_values=False, **kwargs)
+        front.delta_rule(q, k, v, g, beta, check_values=False, **kwargs)
     assert not fake_cupy, "nothing may launch after a failed check"
 
 

@@ -156,3 +156,35 @@ def test_every_causal_mixer_can_join_a_stack():
 
     causal = [name for name in catalog.names() if callable(getattr(catalog.module(name), "step", None))]
     assert sorted(supported_mixers()) == sorted(causal)
+
+
+def test_to_keeps_the_stack_and_its_outputs(x):
+    stack = small_stack("gated_deltanet")
+    moved = stack.to(np, np.float32)
+    assert all(layer.out.dtype == np.float32 for layer in moved.layers)
+    y, _ = stack.prefill(x)
+    y32, _ = moved.prefill(x.astype(np.float32))
+    assert rel_err(y32, y) < 1e-5
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "simple_gla", "kda", "deltanet"])
+def test_decode_on_the_gpu_uses_the_decode_kernels(mixer, x):
+    """With CuPy float32 arrays the linear layers decode through minilin.cuda's step kernels (softmax and
+    window layers through the reference on CuPy); prefill then decode equals the float64 NumPy stack."""
+    cupy = pytest.importorskip("cupy")
+    from minilin import cuda
+
+    ok, reason = cuda.available()
+    if not ok:
+        pytest.skip(reason)
+    stack = small_stack(mixer)
+    gpu = stack.to(cupy, np.float32)
+    t = 25
+    y_ref, cache_ref = stack.prefill(x[:, :t])
+    y_gpu, cache_gpu = gpu.prefill(cupy.asarray(x[:, :t], dtype=cupy.float32))
+    for i in range(t, T):
+        y_ref_t, cache_ref = stack.decode(x[:, i], cache_ref)
+        y_gpu_t, cache_gpu = gpu.decode(cupy.asarray(x[:, i], dtype=cupy.float32), cache_gpu)
+        assert rel_err(cupy.asnumpy(y_gpu_t), y_ref_t) < 1e-3, f"token {i}"
+    layer = next(l for l in gpu.layers if l.mixer == mixer)
+    assert layer.step_form(cupy.zeros((2, D_MODEL), cupy.float32)) is not layer.module.step

@@ -88,7 +88,16 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
         train(tiny_run(d_model=32), checkpoint=path, progress=False)
 
 
-def test_cli_writes_json(tmp_path, capsys):
+@pytest.fixture
+def one_thread(monkeypatch):
+    """Run `minilin train` in this process: with one BLAS thread asked for, it does not re-run itself."""
+    from minilin.threads import THREAD_VARIABLES
+
+    for name in THREAD_VARIABLES:
+        monkeypatch.setenv(name, "1")
+
+
+def test_cli_writes_json(tmp_path, capsys, one_thread):
     path = tmp_path / "runs.json"
     code = cli.main(["train", "mqar", "--mixers", "attention", "--widths", "16", "--kv-pairs", "2", "--steps", "3",
                      "--seq-len", "12", "--vocab", "12", "--batch-size", "4", "--json", str(path)])
@@ -99,6 +108,19 @@ def test_cli_writes_json(tmp_path, capsys):
     assert "| attention | 16 | 2 |" in capsys.readouterr().out
 
 
-def test_cli_refuses_bad_sizes(capsys):
+def test_cli_re_runs_itself_with_one_blas_thread(tmp_path, monkeypatch, capfd):
+    """Started with BLAS threads unset, the command runs in a child Python with every thread variable at 1."""
+    from minilin.threads import THREAD_VARIABLES
+
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "runs.json"
+    code = cli.main(["train", "mqar", "--mixers", "attention", "--widths", "16", "--kv-pairs", "2", "--steps", "2",
+                     "--seq-len", "12", "--vocab", "12", "--batch-size", "4", "--json", str(path)])
+    assert code == 0 and json.loads(path.read_text())["runs"][0]["steps"] == 2
+    assert "| attention | 16 | 2 |" in capfd.readouterr().out
+
+
+def test_cli_refuses_bad_sizes(capsys, one_thread):
     assert cli.main(["train", "mqar", "--kv-pairs", "40", "--vocab", "64", "--steps", "1"]) == 2
     assert "num_kv_pairs: expected at most vocab / 2 - 1" in capsys.readouterr().err

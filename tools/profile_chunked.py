@@ -20,7 +20,7 @@ k = cuda.to_bf16(cuda.from_bf16(k) / cupy.linalg.norm(cuda.from_bf16(k), axis=-1
 g = rng.uniform(-1.0, -0.01, (B, T, H), dtype=cupy.float32)
 beta = rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32)
 wanted = {tuple(a.split(":")) for a in sys.argv[1:]}
-chosen = [i for i in cuda.versions() if i["bfloat16"] and i["version"] >= 3
+chosen = [i for i in cuda.versions() if i["op"] in ("linear", "delta") and i["bfloat16"] and i["version"] >= 3
           and (not wanted or (i["op"], str(i["version"])) in wanted)]
 for info in chosen:
     if info["op"] == "linear":

@@ -1,11 +1,12 @@
 // Host-side helpers shared by every version's launcher: argument checks that throw ArgumentError
 // (Python's ValueError); the launch itself (launch_checked, and launch_per_value_block for the wide chunk
 // kernels' K = 64 / 128 instances); and the launch check that turns any CUDA error into KernelError
-// (Python's RuntimeError) naming the kernel.
+// (Python's RuntimeError) naming the kernel; check_decode_problem, the decode versions' argument checks.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -13,7 +14,9 @@
 
 namespace minilin {
 
-inline cudaStream_t stream_of(const Problem& p) { return static_cast<cudaStream_t>(p.stream); }
+// P is a Problem (a forward call) or a DecodeProblem (one decode step): both carry the stream as void*.
+template <typename P>
+inline cudaStream_t stream_of(const P& p) { return static_cast<cudaStream_t>(p.stream); }
 
 // MINILIN_CUDA_SYNC=1 synchronizes after every launch, so an error inside a kernel (an illegal address,
 // say) is reported by the call that launched it, not by whatever CUDA call happens to come next.
@@ -34,7 +37,8 @@ inline void check_cuda(cudaError_t status, const char* kernel, const char* what)
 }
 
 // Call right after a <<<...>>> launch.
-inline void check_launch(const char* kernel, const Problem& p) {
+template <typename P>
+inline void check_launch(const char* kernel, const P& p) {
   check_cuda(cudaGetLastError(), kernel, "launch");
   if (sync_after_launch()) check_cuda(cudaStreamSynchronize(stream_of(p)), kernel, "execution");
 }
@@ -49,9 +53,9 @@ inline void allow_shared_memory(Kernel kernel, size_t bytes, const char* name) {
 }
 
 // Every launch: the kernel's dynamic shared memory allowed, the launch on p's stream, the launch checked.
-// `args` follow the Problem in the kernel's parameters.
-template <typename Kernel, typename... Args>
-inline void launch_checked(const Problem& p, const char* name, Kernel kernel, dim3 grid, int threads, size_t smem,
+// `args` follow the problem (a Problem or a DecodeProblem, passed by value) in the kernel's parameters.
+template <typename P, typename Kernel, typename... Args>
+inline void launch_checked(const P& p, const char* name, Kernel kernel, dim3 grid, int threads, size_t smem,
                            Args... args) {
   allow_shared_memory(kernel, smem, name);
   kernel<<<grid, threads, smem, stream_of(p)>>>(p, args...);
@@ -135,5 +139,59 @@ inline void check_workspace(const Problem& p, const char* kernel, size_t bytes) 
 }
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The checks every decode version shares (DecodeProblem, minilin_cuda.h): positive sizes and a grid of one block
+// per (sequence, head, block_columns value columns) that fits in gridDim.x; the pointers, the gate and the beta the
+// step reads; pools of at least one row; K <= max_k (the key rows in registers); V a multiple of 4 and 16-byte
+// state rows, v and o pieces (4 columns per 16-byte access); in place, the same rows read and written.
+inline void check_decode_problem(const DecodeProblem& p, const char* kernel, int max_k, int block_columns) {
+  const auto k = [kernel] { return std::string(kernel); };
+  require(p.N > 0 && p.H > 0 && p.K > 0 && p.V > 0, [&] {
+    return k() + ": sizes must be positive, got N=" + std::to_string(p.N) + " H=" + std::to_string(p.H) + " K=" +
+           std::to_string(p.K) + " V=" + std::to_string(p.V);
+  });
+  const long long blocks = static_cast<long long>(p.N) * p.H * ceil_div(p.V, block_columns);
+  require(blocks <= 0x7fffffffLL, [&] {
+    return k() + ": N * H * ceil(V / " + std::to_string(block_columns) + ") must be below 2^31 blocks, got " +
+           std::to_string(blocks);
+  });
+  require(p.q && p.k && p.v && p.o && p.state_out, [&] {
+    return k() + ": q, k, v, o and state_out must be device pointers, got a null one";
+  });
+  require(!p.delta || p.beta, [&] { return k() + ": beta must be a device pointer for the delta rule, got null"; });
+  require(p.gate == kNoGate || p.gate == kScalarGate || p.gate == kChannelGate, [&] {
+    return k() + ": gate code must be 0 (none), 1 (scalar) or 2 (per channel), got " + std::to_string(p.gate);
+  });
+  require((p.gate == kNoGate) == (p.g == nullptr), [&] {
+    return k() + ": g must be null exactly when the gate code is 0, got gate " + std::to_string(p.gate) +
+           (p.g ? " with a pointer" : " with null");
+  });
+  require(p.dtype == kFloat32 || p.dtype == kBFloat16, [&] {
+    return k() + ": dtype code must be 0 (float32) or 1 (bfloat16), got " + std::to_string(p.dtype);
+  });
+  require(p.K <= max_k, [&] {
+    return k() + ": K must be <= " + std::to_string(max_k) + " (the key rows live in registers), got K=" +
+           std::to_string(p.K);
+  });
+  require(p.V % 4 == 0, [&] {
+    return k() + ": V must be a multiple of 4 (16-byte state accesses), got V=" + std::to_string(p.V);
+  });
+  require(p.pool_out >= 1 && (p.state_in == nullptr || p.pool_in >= 1), [&] {
+    return k() + ": state pools must hold at least one row, got pool_in=" + std::to_string(p.pool_in) +
+           " pool_out=" + std::to_string(p.pool_out);
+  });
+  require(p.in_indices == nullptr || p.state_in != nullptr, [&] {
+    return k() + ": in_indices index state_in, which is null";
+  });
+  require(p.state_out != p.state_in || p.in_indices == p.out_indices, [&] {
+    return k() + ": in place (state_out == state_in) the rows read and written must be the same indices";
+  });
+  const size_t piece = 4 * (p.dtype == kFloat32 ? 4 : 2);
+  const auto aligned = [](const void* x, size_t bytes) { return reinterpret_cast<std::uintptr_t>(x) % bytes == 0; };
+  require(aligned(p.state_in, 16) && aligned(p.state_out, 16) && aligned(p.v, piece) && aligned(p.o, piece), [&] {
+    return k() + ": the states must be 16-byte aligned and v, o " + std::to_string(piece) +
+           "-byte aligned (a view that starts inside an allocation may not be)";
+  });
+}
 
 }  // namespace minilin

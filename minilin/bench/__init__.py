@@ -9,6 +9,7 @@
                                     forward and forward + backward per mixer and form (bench/cpu_backward.py)
     minilin bench --device gpu      the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
+    minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
 
 Tables go to stdout; progress (what is being timed, with a count) and the choice of device go to stderr.
 """
@@ -41,6 +42,9 @@ def register(subparsers) -> None:
                         "alone against their token loops (a bound on the chunked speed-up)")
     p.add_argument("--backward", action="store_true",
                    help="time forward and forward + backward (gradients checked by finite differences first)")
+    p.add_argument("--decode", action="store_true",
+                   help="GPU only: one decode step (one token for each of N = 1, 64, 256 sequences) of Gated DeltaNet, "
+                        "KDA and simple GLA against the floor of reading and writing the state once")
     p.add_argument("--chunk-sizes", nargs="+", type=int, metavar="C",
                    help="with --floor: the chunk sizes to time (default 16 32 64)")
     p.set_defaults(func=_run)
@@ -54,7 +58,7 @@ def _refuse(message: str) -> int:
 def default_device(args) -> tuple[str, str]:
     """The device when --device is not given, and the line that says why: options that only one bench takes
     pick it; otherwise the GPU bench where it can run (CuPy, a GPU, the extension), else the CPU bench."""
-    if args.against or args.lengths:
+    if args.against or args.lengths or getattr(args, "decode", False):
         return "gpu", ""
     if args.floor or args.chunk_sizes:
         return "cpu", ""
@@ -84,6 +88,13 @@ def _run(args) -> int:
         return _refuse("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")
     if args.floor and args.quick:
         return _refuse("--floor has one problem size (bench/cpu_floor.py's PROBLEM): drop --quick")
+    if getattr(args, "decode", False):
+        if args.device == "cpu" or args.against or args.floor or args.lengths or args.backward:
+            return _refuse("--decode times the GPU's decode step on its own sizes: drop --device cpu, --against, "
+                           "--floor, --lengths and --backward")
+        from . import decode
+
+        return decode.main(args)
     if args.floor:
         from . import cpu_floor
 

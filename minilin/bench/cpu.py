@@ -1,11 +1,14 @@
 """`minilin bench --device cpu`: each mixer's recurrent (token loop) against its chunked form, in NumPy.
 
 Problem: B=1, H=4, T=4096, K=V=64, float32 (CONVENTIONS.md shapes). For each mixer: the baseline form's
-time (the recurrent loop, one vectorized update over B and H per token), the chunked form's time, the
-speed-up, the chunked output's relative error against the baseline run in float64, and each form's minor
-page faults per call (one more call after the timed ones). Each form is checked before it is timed; a form
-whose error exceeds float32's tolerance is reported and not timed. The forms are timed in alternating
-rounds (`timing.interleaved_median_ms`), so that load on a shared machine hits them alike.
+time (the recurrent loop, one vectorized update over B and H per token), the chunked form's time at the
+chunk size chosen for it here (`CHUNK_SIZES`), the speed-up, the target (`TARGETS`), and where the
+matrix products of the chunked form are known (`cpu_floor.PRODUCTS`), their time alone, the floor, timed
+in the same rounds; then the chunked output's relative error against the baseline run in float64, and
+each form's minor page faults per call (one more call after the timed ones). Each form is checked before
+it is timed; a form whose error exceeds float32's tolerance is reported and not timed. The forms are
+timed in alternating rounds (`timing.interleaved_median_ms`), so that load on a shared machine hits them
+alike. `NOTES` says where a chunked form cannot win on a CPU and why.
 """
 from __future__ import annotations
 
@@ -25,6 +28,23 @@ FLOAT32_TOLERANCE = 1e-4
 ROUNDS = 3          # alternating timing rounds (--repeats overrides)
 RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: one)
 
+# The chunk size each chunked form runs at here, chosen by measurement on the 2-core development machine
+# (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 up to
+# 20% slower), the WY forms of the delta rule at 16 (64 costs them 13-30%: their C x C x V products and
+# their triangular inverses grow with C). Mixers not listed run at their chunked form's default (64).
+CHUNK_SIZES = {name: 32 for name in ("linear_attention", "retnet", "lightning", "mamba2", "simple_gla", "gla",
+                                     "hgrn2", "rwkv6")}
+CHUNK_SIZES.update({name: 16 for name in ("deltanet", "gated_deltanet", "kda", "rwkv7")})
+
+# Speed-ups over the token loop that the chunked forms are held to (a benchmark, not a timed test).
+TARGETS = {"linear_attention": 8.0, "gated_deltanet": 6.0, "gla": 2.0, "kda": 2.0, "hgrn2": 2.0, "rwkv6": 2.0,
+           "rwkv7": 2.0}
+
+# Why some chunked forms do not beat the loop on a CPU.
+ELEMENTWISE = ("one elementwise update per token (no matrix state, no matrix product to batch): the loop is already "
+               "the cheapest form, and no chunking beats it on a CPU")
+NOTES = {"mamba": ELEMENTWISE, "hgrn": ELEMENTWISE}
+
 
 def machine() -> str:
     import os
@@ -33,49 +53,84 @@ def machine() -> str:
 
 
 def bench_mixer(name: str, repeats: int | None, problem: dict | None = None) -> dict:
+    from .cpu_floor import floor_parts
+
     mod = catalog.module(name)
     baseline = catalog.baseline_form(name)
     args32, kwargs = mod.example_inputs(**(problem or PROBLEM), dtype=np.float32)
     args64 = tuple(a.astype(np.float64) if hasattr(a, "astype") else a for a in args32)
     reference, _ = getattr(mod, baseline)(*args64, **kwargs)
     row = {"mixer": name, "baseline": baseline}
+    if name in CHUNK_SIZES and "chunked" in catalog.forms(name):
+        row["chunk_size"] = CHUNK_SIZES[name]
     checked = {}  # the forms within tolerance, as closures over the float32 inputs
     for form in catalog.forms(name):
         fn = getattr(mod, form)
-        out, _ = fn(*args32, **kwargs)
+        extra = {"chunk_size": row["chunk_size"]} if form == "chunked" and "chunk_size" in row else {}
+        out, _ = fn(*args32, **kwargs, **extra)
         error = catalog.relative_error(out, reference)
         row[f"{form}_error"] = error
         if not error <= FLOAT32_TOLERANCE:  # NaN fails too
             row[f"{form}_ms"] = None
             continue
-        checked[form] = lambda fn=fn: fn(*args32, **kwargs)
+        checked[form] = lambda fn=fn, extra=extra: fn(*args32, **kwargs, **extra)
+    # The chunked form's products alone (bench/cpu_floor.py), in the same rounds: the floor beside it.
+    floor = floor_parts(name, args32, row.get("chunk_size", 64))
+    timed = {**checked, **{("floor", label): fn for label, fn in floor.items()}}
     # The slow baseline once per round, the faster forms RUNS_PER_ROUND times: 3 and 9 runs by default.
-    runs = {form: 1 if form == baseline else RUNS_PER_ROUND for form in checked}
-    times = interleaved_median_ms(checked, runs, rounds=repeats or ROUNDS)
+    runs = {form: 1 if form == baseline else RUNS_PER_ROUND for form in timed}
+    times = interleaved_median_ms(timed, runs, rounds=repeats or ROUNDS)
     for form, fn in checked.items():
         row[f"{form}_ms"] = times[form]
         row[f"{form}_page_faults"] = minor_page_faults(fn)
+    if floor:
+        row["floor_ms"] = {label: times[("floor", label)] for label in floor}
     if name in catalog.APPROXIMATES:  # reported, never held to a rounding tolerance
         exact, _ = catalog.reference(name)(*args64, **kwargs)
         row["approximation_error"] = catalog.relative_error(getattr(mod, baseline)(*args32, **kwargs)[0], exact)
     if row.get("chunked_ms") and row.get(f"{baseline}_ms"):
         row["speedup"] = row[f"{baseline}_ms"] / row["chunked_ms"]
+    if name in TARGETS:
+        row["target"] = TARGETS[name]
+    if name in NOTES:
+        row["note"] = NOTES[name]
     return row
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["| mixer | baseline form | baseline ms | chunked ms | speed-up | chunked rel. error "
-             "| page faults per call (baseline / chunked) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| mixer | baseline form | C | baseline ms | chunked ms | speed-up | target | floor ms (loop / floor) "
+             "| chunked / floor | chunked rel. error | page faults per call (baseline / chunked) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         speedup = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
+        if r.get("note"):
+            speedup += " (see note)"
+        target = f"{r['target']:.0f}x" if "target" in r else "-"
         error = f"{r['chunked_error']:.1e}" if "chunked_error" in r else "-"
         if "approximation_error" in r:
             error = f"{r['approximation_error']:.1e} vs exact softmax (approximation)"
         faults = f"{_faults(r, r['baseline'])} / {_faults(r, 'chunked')}"
-        lines.append(f"| {r['mixer']} | {r['baseline']} | {_ms(r, r['baseline'])} | {_ms(r, 'chunked')} "
-                     f"| {speedup} | {error} | {faults} |")
+        floor, versus = _floor(r)
+        lines.append(f"| {r['mixer']} | {r['baseline']} | {r.get('chunk_size', '-')} | {_ms(r, r['baseline'])} "
+                     f"| {_ms(r, 'chunked')} | {speedup} | {target} | {floor} | {versus} | {error} | {faults} |")
     return "\n".join(lines)
+
+
+def format_notes(rows: list[dict]) -> str:
+    """The notes under the table: one line per mixer that has one."""
+    return "\n".join(f"- {r['mixer']}: {r['note']}." for r in rows if r.get("note"))
+
+
+def _floor(row: dict) -> tuple[str, str]:
+    """'ms (loop / floor)' of the floor's last part (the one a chunked form does in full), and chunked / floor."""
+    parts = row.get("floor_ms")
+    if not parts:
+        return "-", "-"
+    label, ms = list(parts.items())[-1]
+    loop = row.get(f"{row['baseline']}_ms")
+    cell = f"{ms:.1f} ({loop / ms:.1f}x, {label})" if loop else f"{ms:.1f} ({label})"
+    chunked = row.get("chunked_ms")
+    return cell, (f"{chunked / ms:.2f}" if chunked else "-")
 
 
 def _ms(row: dict, form: str) -> str:
@@ -113,6 +168,9 @@ def main(args) -> int:
         rows.append(bench_mixer(name, rounds, problem))
         print(f" {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     print(format_table(rows))
+    notes = format_notes(rows)
+    if notes:
+        print(notes)
     if args.json:
         write_json(args.json, {"device": "cpu", "machine": machine(), "problem": problem, "rows": rows})
     wrong = [r["mixer"] for r in rows if any(v is None for k, v in r.items() if k.endswith("_ms"))]

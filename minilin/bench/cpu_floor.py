@@ -1,7 +1,7 @@
 """`minilin bench --device cpu --floor`: how fast could a chunked form be on this CPU? Its matrix products alone.
 
-The CPU bench's targets (issue 2: chunked linear attention 5x, chunked Gated DeltaNet 10x faster than the
-token loop) ask how much of the chunked form's time is arithmetic that cannot go away. This times only the
+The CPU bench's targets (`cpu.TARGETS`: chunked linear attention 8x, chunked Gated DeltaNet 6x faster than
+the token loop) ask how much of the chunked form's time is arithmetic that cannot go away. This times only the
 batched matrix products that every chunked form of the mixer does at chunk size C, in float32 on the CPU
 bench's problem (B=1, H=4, T=4096, K=V=64; the mixer's own example inputs, so that the products see the
 values the chunked form sees), contiguous and with preallocated outputs: no gates, masks, feature maps,
@@ -26,11 +26,10 @@ import numpy as np
 from .. import catalog
 from ..chunking import causal_mask, to_chunks, transposed, unit_lower_inverse
 from . import write_json
-from .cpu import PROBLEM, machine
+from .cpu import PROBLEM, TARGETS, machine
 from .timing import interleaved_median_ms
 
 CHUNK_SIZES = (16, 32, 64)
-TARGETS = {"linear_attention": 5.0, "gated_deltanet": 10.0}  # issue 2's speed-ups over the token loop
 ROUNDS = 5
 
 
@@ -61,9 +60,9 @@ def gated_deltanet_products(args, C: int, with_solve: bool = False):
     """A closure running the products of chunked Gated DeltaNet at chunk size C on (q, k, v, g, beta) = args;
     with_solve: also the triangular inverse T = (I + A)^-1 of every chunk (`chunking.unit_lower_inverse`).
 
-    Of the two orders of the WY form this uses the one with fewer products: T times X_n = beta (V - K S_n)
-    inside the state pass, instead of W = T beta K and U = T beta V made for all chunks first (FLA's order,
-    and the chunked form's; on the dev box 7-10% slower as a floor). The operands are the real T of these
+    Of the two orders of the WY form this uses the one with fewer products, as the chunked form does: T times
+    X_n = beta (V - K S_n) inside the state pass, instead of W = T beta K and U = T beta V made for all chunks
+    first (FLA's order; on the dev box 7-10% slower as a floor). The operands are the real T of these
     inputs (gates left out), so that the state pass stays bounded as it does in the chunked form."""
     q, k, v, g, beta = args
     Q, Kc, Vc = _chunks((q, k, v), C)
@@ -102,6 +101,12 @@ PRODUCTS = {
     "gated_deltanet": [("products", gated_deltanet_products),
                        ("products + solve", lambda args, C: gated_deltanet_products(args, C, with_solve=True))],
 }
+
+
+def floor_parts(name: str, args, C: int) -> dict:
+    """{label: closure} of what `PRODUCTS` times for mixer `name` at chunk size C on its inputs `args`
+    (empty for a mixer whose products are not written here): for the CPU bench's floor column."""
+    return {label: factory(args, C) for label, factory in PRODUCTS.get(name, [])}
 
 
 def floor_rows(rounds: int = ROUNDS, chunk_sizes=CHUNK_SIZES, problem=None, names=None) -> list[dict]:

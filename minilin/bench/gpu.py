@@ -78,6 +78,7 @@ def make_inputs(mixer: str, T: int, seed: int) -> dict:
     import cupy
 
     from ..cuda import from_bf16, to_bf16
+    from ..cuda.bf16 import UNIT_KEY_SCALE
 
     B, H, K, V = (PROBLEM[d] for d in "BHKV")
     rng = cupy.random.default_rng(seed)
@@ -85,8 +86,8 @@ def make_inputs(mixer: str, T: int, seed: int) -> dict:
     out = {"q": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
            "k": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
            "v": rng.standard_normal((B, T, H, V), dtype=cupy.float32)}
-    if mixer in ("deltanet", "gated_deltanet"):  # the delta rule wants unit keys
-        out["k"] /= cupy.linalg.norm(out["k"], axis=-1, keepdims=True)
+    if mixer in ("deltanet", "gated_deltanet"):  # the delta rule wants unit keys, short enough to round (bf16)
+        out["k"] *= UNIT_KEY_SCALE / cupy.linalg.norm(out["k"], axis=-1, keepdims=True)
     if "g" in TENSORS[mixer]:
         out["g"] = rng.uniform(-1.0, -0.01, (B, T, H), dtype=cupy.float32)
     if "beta" in TENSORS[mixer]:

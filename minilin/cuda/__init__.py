@@ -4,6 +4,8 @@
     from minilin import cuda
     o, state = cuda.gated_deltanet(q, k, v, g, beta)          # q, k, v: CuPy [B, T, H, K/V], float32 or bf16
     o, state = cuda.simple_gla(q, k, v, g, version=1)          # any rung of the ladder: versions('linear')
+    o_t, pool = cuda.gated_deltanet_step(q_t, k_t, v_t, g_t, beta_t, state=pool, state_indices=slots)
+                                                               # one decode token per sequence, pool updated in place
 
 Each op has numbered kernel versions side by side, every one callable (`version=`): 1 = recurrent (the
 definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, 4 = v3 with
@@ -15,7 +17,10 @@ warpgroup tensor cores, wgmma, in sm_90a builds only); the default is the highes
 takes the input dtype and that runs on the GPU's compute capability (float32: 2; bfloat16 on Hopper: linear 7,
 delta 10, or 9 in a build without sm_90a code; below 9.0, in a build for it: linear 6, delta 7; above 9.0, from
 the compute_90 PTX: linear 7, delta 9). `versions()` lists them with what each one changed; csrc/NOTES.md has
-their measured times.
+their measured times. The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op
+"decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
+indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)
+run the ops "linear_bwd" and "delta_bwd" and return the mixers' named tuples of float32 gradients.
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
 float32 or bfloat16 (`to_bf16` / `from_bf16`: CuPy's bfloat16 dtype where it has one, else uint16 bit
@@ -26,17 +31,30 @@ Importing this package needs neither CuPy nor the extension; calling a kernel ne
 says how to get what is missing (`minilin doctor` lists what was found).
 """
 from .. import catalog
+from .backward import (delta_rule_backward, deltanet_backward, gated_deltanet_backward, gated_linear_backward,
+                       linear_attention_backward, simple_gla_backward)
 from .bf16 import from_bf16, native_dtype, to_bf16
+from .decode import delta_rule_step, gated_linear_step
 from .front import default_version, delta_rule, extension, gated_linear, versions
 from .mixers import deltanet, gated_deltanet, lightning, linear_attention, mamba2, retnet, simple_gla
+from .steps import (deltanet_step, gated_deltanet_step, gla_step, kda_step, lightning_step, linear_attention_step,
+                    mamba2_step, retnet_step, simple_gla_step)
 
-__all__ = ["available", "default_version", "delta_rule", "deltanet", "extension", "from_bf16", "gated_deltanet",
-           "gated_linear", "lightning", "linear_attention", "mamba2", "native_dtype", "retnet", "simple_gla",
-           "to_bf16", "versions"]
+__all__ = ["available", "default_version", "delta_rule", "delta_rule_backward", "delta_rule_step", "deltanet",
+           "deltanet_backward", "deltanet_step", "extension", "from_bf16", "gated_deltanet", "gated_deltanet_backward",
+           "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla_step", "kda_step",
+           "lightning", "lightning_step", "linear_attention", "linear_attention_backward", "linear_attention_step",
+           "mamba2", "mamba2_step", "native_dtype", "retnet", "retnet_step", "simple_gla", "simple_gla_backward",
+           "simple_gla_step", "to_bf16", "versions"]
 
-# Which engine each GPU mixer runs on, "linear" (scalar-gated linear family) or "delta": each mixer's
-# SIGNATURE says it (`gpu`); the mixers without one have no kernel.
+# Which engine each GPU mixer's forward runs on, "linear" (scalar-gated linear family) or "delta": each mixer's
+# SIGNATURE says it (`gpu`); the mixers without one have no forward kernel.
 OPS = {name: catalog.signature(name).gpu for name in catalog.names() if catalog.signature(name).gpu}
+# The one-token steps of these mixers, and of gla and kda, all run on the "decode" op: STEPS maps each mixer to its
+# `<mixer>_step`.
+STEPS = {"linear_attention": linear_attention_step, "simple_gla": simple_gla_step, "gla": gla_step,
+         "retnet": retnet_step, "lightning": lightning_step, "mamba2": mamba2_step, "deltanet": deltanet_step,
+         "gated_deltanet": gated_deltanet_step, "kda": kda_step}
 
 
 def available() -> tuple[bool, str]:

@@ -1,7 +1,8 @@
 """The two engines of minilin.cuda: check CuPy arrays, launch one kernel version, return (o, final_state).
 
     gated_linear(q, k, v, g=None, ...)         S_t = exp(g_t) S_{t-1} + k_t v_t^T,          o_t = scale S_t^T q_t
-    delta_rule(q, k, v, beta, g=None, ...)     S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,   S' = exp(g_t) S_{t-1}
+    delta_rule(q, k, v, g, beta, ...)          S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,   S' = exp(g_t) S_{t-1}
+                                               (g None: DeltaNet, no decay; g before beta, as everywhere)
 
 Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; initial_state and the
 returned state [B, H, K, V]; o [B, T, H, V].
@@ -20,7 +21,8 @@ import functools
 import numpy as np
 
 from ..backend import is_cupy_array
-from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
+from ..activations import l2_normalize
+from ..validation import KEY_NORM_SLACK, Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
 
 OPS = ("linear", "delta")
@@ -118,11 +120,13 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dic
     raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}{hint}")
 
 
-def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, like=None):
+def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, like=None, like_name: str = "q",
+                device: int | None = None):
     """One CuPy tensor argument: dtype, then shape, then contiguity, then device.
 
     float32_only: gates, beta and states are float32; otherwise float32 or bfloat16 (native or bits), and
-    the same dtype as `like` (q's) when given.
+    the same dtype as `like` (the array called `like_name`, q by default) when given. device: the current
+    device's id when the caller has it (asking CuPy costs about a microsecond per argument), else looked up.
     """
     if not is_cupy_array(x):  # decided without importing CuPy, so this check runs anywhere
         raise TypeError(f"{name}: expected a CuPy array on the GPU, got {_describe(x)} "
@@ -132,14 +136,15 @@ def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, 
         if x.dtype != np.float32:
             raise TypeError(f"{name}: expected float32 (gates, beta and states are kept in float32), got {x.dtype}")
     elif like is not None and x.dtype != like.dtype:
-        raise TypeError(f"{name}: expected the dtype of q ({like.dtype}), got {x.dtype}")
+        raise TypeError(f"{name}: expected the dtype of {like_name} ({like.dtype}), got {x.dtype}")
     elif not (x.dtype == np.float32 or bf16.is_bf16(x.dtype)):
         raise TypeError(f"{name}: expected float32 or bfloat16 (native, or uint16 bits from minilin.cuda.to_bf16), "
                         f"got {x.dtype}")
     shapes.bind(name, x.shape, dims)
     if not x.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array (cupy.ascontiguousarray), got strides {x.strides}")
-    device = cupy.cuda.Device().id
+    if device is None:
+        device = cupy.cuda.Device().id
     if x.device.id != device:
         raise ValueError(f"{name}: expected an array on the current device {device}, got one on device {x.device.id}")
     return x
@@ -149,6 +154,44 @@ def check_finite(name: str, x) -> None:
     """Raise unless every element is finite (one device-to-host sync)."""
     if x.size and not bool(cupy_module().isfinite(x).all()):
         raise ValueError(f"{name}: expected finite values, got NaN or inf")
+
+
+# How far beta_t |k_t|^2 may exceed its bound. float32 keys: the NumPy forms' slack (validation.KEY_NORM_SLACK), a
+# unit key in float32 having |k|^2 = 1 within a few 1e-7. bfloat16 keys: unit keys rounded to bfloat16 have |k|^2
+# within about 2 * 2^-8 of 1 (each element off by at most 2^-9 of itself, squared), so 2^-6 lets every rounded unit
+# key through; the NumPy check, which sees no rounding, would refuse some of them.
+KEY_STRENGTH_SLACK = {"bfloat16": 2.0 ** -6, "float32": KEY_NORM_SLACK}
+
+
+def check_key_strength(k, beta, allow_neg_eigval: bool) -> None:
+    """validation.check_delta_keys for the GPU's inputs: the transition I - beta_t k_t k_t^T has the eigenvalue
+    1 - beta_t |k_t|^2 along k_t (1 on the rest), in [0, 1] when beta_t |k_t|^2 <= 1 and in [-1, 1] when it is
+    <= 2 (allow_neg_eigval): only then the state cannot grow. Raise unless beta_t |k_t|^2 is within that bound, up to
+    KEY_STRENGTH_SLACK of the keys' dtype.
+
+    k [..., K] (float32 or bfloat16), beta [...] float32 (beta's own range is checked before). Two syncs; the
+    index of the worst token costs a third, on failure only.
+    """
+    xp = cupy_module() if is_cupy_array(k) else np
+    k32 = bf16.as_float32(k)
+    strength = beta * (k32 * k32).sum(-1)  # beta_t |k_t|^2
+    dtype = "bfloat16" if bf16.is_bf16(k.dtype) else "float32"
+    bound = 2.0 if allow_neg_eigval else 1.0
+    top = float(strength.max()) if strength.size else 0.0
+    if not top <= bound * (1.0 + KEY_STRENGTH_SLACK[dtype]):  # NaN fails too
+        at = tuple(int(i) for i in np.unravel_index(int(xp.argmax(strength)), strength.shape))
+        eigen = "[-1, 1]" if allow_neg_eigval else "[0, 1]"
+        raise ValueError(f"k, beta: expected beta |k|^2 <= {bound:g} (allow_neg_eigval={allow_neg_eigval}; "
+                         f"+{KEY_STRENGTH_SLACK[dtype]:g} for {dtype} rounding) so that the transition I - beta k k^T "
+                         f"keeps its eigenvalues in {eigen}: L2-normalize the keys, or pass normalize_qk=True to have "
+                         f"the call do it; got beta |k|^2 = {top:.6g} at index {at}")
+
+
+def l2_normalized(x):
+    """x / sqrt(|x|^2 + eps) over the last axis (`activations.l2_normalize`, FLA's eps), computed in float32 and
+    returned in x's dtype (bfloat16 rounded once more): normalize_qk's pre-pass, a few CuPy elementwise and
+    reduction launches over q and k."""
+    return bf16.like(l2_normalize(bf16.as_float32(x)), x)
 
 
 def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Shapes):
@@ -207,24 +250,32 @@ def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=Non
     return _launch("linear", q, k, v, g, None, initial_state, scale, version, shapes)
 
 
-def delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None, allow_neg_eigval=False, version=None,
-               check_values=True):
+def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
+               version=None, check_values=True):
     """The (gated) delta rule on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
 
-    beta: [B, T, H] float32 in [0, 1] ([0, 2] with allow_neg_eigval). g: None (DeltaNet) or [B, T, H] float32
-    log-decays <= 0 (Gated DeltaNet). Keys should be L2-normalized. version: see `versions('delta')`.
-    check_values: check beta's range and g <= 0 (device-to-host syncs); False skips them, for timing.
+    g: None (DeltaNet) or [B, T, H] float32 log-decays <= 0 (Gated DeltaNet). beta: [B, T, H] float32 in [0, 1]
+    ([0, 2] with allow_neg_eigval). Keys should be L2-normalized: normalize_qk=True divides q and k by
+    sqrt(|x|^2 + 1e-6) first (`activations.l2_normalize`, FLA's use_qk_l2norm_in_kernel), in a CuPy pre-pass
+    (float32, bfloat16 inputs rounded to bfloat16 again: one more read and write of q and k). version: see
+    `versions('delta')`.
+    check_values: check g <= 0, beta's range and beta |k|^2 <= 1 (<= 2 with allow_neg_eigval; `check_key_strength`)
+    with device-to-host syncs; False skips them, for timing.
     """
     shapes = _check_common(q, k, v, initial_state)
-    check_input("beta", beta, "B T H", shapes, float32_only=True)
     if g is not None:
         check_input("g", g, "B T H", shapes, float32_only=True)
+    check_input("beta", beta, "B T H", shapes, float32_only=True)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
+    if check_flag("normalize_qk", normalize_qk):
+        q, k = l2_normalized(q), l2_normalized(k)
     if check_values:
-        check_finite("beta", beta)
-        check_beta(beta, allow_neg_eigval)
         if g is not None:
             check_finite("g", g)
             check_log_gate("g", g)
+        check_finite("beta", beta)
+        check_beta(beta, allow_neg_eigval)
+        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
+            check_key_strength(k, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
     return _launch("delta", q, k, v, g, beta, initial_state, scale, version, shapes)

@@ -17,6 +17,8 @@ CuPy arrays, the state float32.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..mixers.lightning import default_slope
@@ -38,52 +40,92 @@ def simple_gla(q, k, v, g, *, scale=None, initial_state=None, version=None, chec
                         check_values=check_values)
 
 
-def _per_head_gate(name, values, q, H: int, check_values: bool, transform):
-    """A per-head parameter [H] (CuPy float32) turned into the log-gate g [B, T, H] float32 by `transform`."""
+def _per_head_gate(name, values, shape, H: int, check_values: bool, transform):
+    """A per-head parameter [H] (CuPy float32) turned into the log-gate g of `shape` ([B, T, H], or [N, H] for a
+    decode step) float32 by `transform`."""
     cupy = cupy_module()
     check_input(name, values, "H", Shapes(H=H), float32_only=True)
     if check_values:
         check_finite(name, values)
-    return cupy.ascontiguousarray(cupy.broadcast_to(transform(values), q.shape[:3]), dtype=cupy.float32)
+    return cupy.ascontiguousarray(cupy.broadcast_to(transform(values), shape), dtype=cupy.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_per_head(name: str, H: int, device: int):
+    """RetNet's default gammas or Lightning's default slopes [H] as a CuPy float32 array, made once per device (a
+    decode step would otherwise copy them from the host at every call)."""
+    cupy = cupy_module()
+    values = default_gamma(H) if name == "gamma" else default_slope(H)
+    with cupy.cuda.Device(device):
+        return cupy.asarray(values, dtype=cupy.float32)
+
+
+def retnet_log_gate(gamma, shape, H: int, check_values: bool):
+    """RetNet's g = log gamma_h [H] (RetNet's default gammas when gamma is None), broadcast to `shape`."""
+    cupy = cupy_module()
+    if gamma is None:
+        gamma = _default_per_head("gamma", H, cupy.cuda.Device().id)
+    elif check_values and isinstance(gamma, cupy.ndarray) and gamma.dtype == np.float32:
+        check_min("gamma", gamma, 0.0, "decays gamma in (0, 1]", strict=True)
+        check_max("gamma", gamma, 1.0, "decays gamma in (0, 1]")
+    return _per_head_gate("gamma", gamma, shape, H, check_values, cupy.log)
+
+
+def lightning_log_gate(slope, shape, H: int, check_values: bool):
+    """Lightning's g = -s_h [H] (ALiBi / MiniMax-01 slopes when slope is None), broadcast to `shape`."""
+    cupy = cupy_module()
+    if slope is None:
+        slope = _default_per_head("slope", H, cupy.cuda.Device().id)
+    elif check_values and isinstance(slope, cupy.ndarray) and slope.dtype == np.float32:
+        check_min("slope", slope, 0.0, "slopes s >= 0 (the decay is exp(-s))")
+    return _per_head_gate("slope", slope, shape, H, check_values, lambda s: -s)
 
 
 def retnet(q, k, v, *, gamma=None, scale=None, initial_state=None, version=None, check_values=True):
     """RetNet's retention: a fixed decay gamma_h per head (gamma [H] float32 in (0, 1]), g = log gamma."""
-    cupy = cupy_module()
     check_input("q", q, "B T H K", Shapes(), float32_only=False)
-    H = q.shape[2]
-    if gamma is None:
-        gamma = cupy.asarray(default_gamma(H), dtype=cupy.float32)
-    elif check_values and isinstance(gamma, cupy.ndarray) and gamma.dtype == np.float32:
-        check_min("gamma", gamma, 0.0, "decays gamma in (0, 1]", strict=True)
-        check_max("gamma", gamma, 1.0, "decays gamma in (0, 1]")
-    g = _per_head_gate("gamma", gamma, q, H, check_values, cupy.log)
+    g = retnet_log_gate(gamma, q.shape[:3], q.shape[2], check_values)
     return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version, check_values=False)
 
 
 def lightning(q, k, v, *, slope=None, scale=None, initial_state=None, version=None, check_values=True):
     """Lightning Attention: a fixed decay exp(-s_h) per head (slope [H] float32 >= 0), g = -slope."""
-    cupy = cupy_module()
     check_input("q", q, "B T H K", Shapes(), float32_only=False)
-    H = q.shape[2]
-    if slope is None:
-        slope = cupy.asarray(default_slope(H), dtype=cupy.float32)
-    elif check_values and isinstance(slope, cupy.ndarray) and slope.dtype == np.float32:
-        check_min("slope", slope, 0.0, "slopes s >= 0 (the decay is exp(-s))")
-    g = _per_head_gate("slope", slope, q, H, check_values, lambda s: -s)
+    g = lightning_log_gate(slope, q.shape[:3], q.shape[2], check_values)
     return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version, check_values=False)
 
 
-def _as_float32(x):
-    """float32 view of a float32 or bfloat16 (native or bits) array, for the mapping's elementwise work."""
-    return bf16.from_bf16(x) if bf16.is_bf16(x.dtype) else x
+def mamba2_check(x, dt, A, B, C, D, shapes: Shapes, per_token: str, device=None) -> None:
+    """Mamba-2's arrays: x [per_token, P], dt [per_token], A [H], B, C [per_token, N], D [H] or None (per_token is
+    "B T H" for a sequence, "B H" for a decode step)."""
+    check_input("x", x, f"{per_token} P", shapes, float32_only=False, device=device)
+    check_input("dt", dt, per_token, shapes, float32_only=True, device=device)
+    check_input("A", A, "H", shapes, float32_only=True, device=device)
+    check_input("B", B, f"{per_token} N", shapes, float32_only=False, like=x, like_name="x", device=device)
+    check_input("C", C, f"{per_token} N", shapes, float32_only=False, like=x, like_name="x", device=device)
+    if D is not None:
+        check_input("D", D, "H", shapes, float32_only=True, device=device)
 
 
-def _like(x32, template):
-    """float32 values back in `template`'s dtype (float32, native bfloat16 or uint16 bits)."""
-    if template.dtype == np.float32:
-        return x32
-    return bf16.to_bf16(x32, bits=template.dtype == bf16.BITS)
+def mamba2_check_values(dt, A) -> None:
+    """dt >= 0 and A <= 0, finite (device-to-host syncs)."""
+    for name, arr in (("dt", dt), ("A", A)):
+        check_finite(name, arr)
+    check_min("dt", dt, 0.0, "step sizes dt >= 0")
+    check_max("A", A, 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
+
+
+def mamba2_mapping(x, dt, A):
+    """(v = dt x in x's dtype, g = dt A float32, x as float32): the scalar-gate recurrence's inputs. Two elementwise
+    passes on CuPy; bf16 v is rounded to bf16 once more, which the 1e-2 tolerance of bf16 covers."""
+    cupy = cupy_module()
+    x32 = bf16.as_float32(x)
+    return bf16.like(dt[..., None] * x32, x), cupy.ascontiguousarray(dt * A), x32
+
+
+def mamba2_skip(y, x32, D, x):
+    """y + D x (D per head, [H]) in x's dtype; y itself when D is None."""
+    return y if D is None else bf16.like(bf16.as_float32(y) + D[:, None] * x32, x)
 
 
 def mamba2(x, dt, A, B, C, D=None, *, initial_state=None, version=None, check_values=True):
@@ -94,40 +136,30 @@ def mamba2(x, dt, A, B, C, D=None, *, initial_state=None, version=None, check_va
     mapping costs two elementwise passes on CuPy (v = dt x, and y = o + D x); for bf16 inputs v is rounded to
     bf16 once more, which the 1e-2 tolerance of bf16 covers.
     """
-    cupy = cupy_module()
     shapes = Shapes()
-    check_input("x", x, "B T H P", shapes, float32_only=False)
-    check_input("dt", dt, "B T H", shapes, float32_only=True)
-    check_input("A", A, "H", shapes, float32_only=True)
-    check_input("B", B, "B T H N", shapes, float32_only=False, like=x)
-    check_input("C", C, "B T H N", shapes, float32_only=False, like=x)
-    if D is not None:
-        check_input("D", D, "H", shapes, float32_only=True)
+    mamba2_check(x, dt, A, B, C, D, shapes, "B T H")
     if initial_state is not None:
         check_input("initial_state", initial_state, "B H N P", shapes, float32_only=True)
     if check_values:
-        for name, arr in (("dt", dt), ("A", A)):
-            check_finite(name, arr)
-        check_min("dt", dt, 0.0, "step sizes dt >= 0")
-        check_max("A", A, 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
-    x32 = _as_float32(x)
-    v = _like(dt[..., None] * x32, x)
-    g = cupy.ascontiguousarray(dt * A)
+        mamba2_check_values(dt, A)
+    v, g, x32 = mamba2_mapping(x, dt, A)
     y, state = gated_linear(C, B, v, g, scale=1.0, initial_state=initial_state, version=version, check_values=False)
-    if D is not None:
-        y = _like(_as_float32(y) + D[:, None] * x32, x)
-    return y, state
+    return mamba2_skip(y, x32, D, x), state
 
 
-def deltanet(q, k, v, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, version=None,
-             check_values=True):
-    """DeltaNet: the delta rule without decay. beta [B, T, H] float32 in [0, 1] (or [0, 2])."""
-    return delta_rule(q, k, v, beta, None, scale=scale, initial_state=initial_state,
-                      allow_neg_eigval=allow_neg_eigval, version=version, check_values=check_values)
+def deltanet(q, k, v, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
+             version=None, check_values=True):
+    """DeltaNet: the delta rule without decay. beta [B, T, H] float32 in [0, 1] (or [0, 2]).
+    normalize_qk: L2-normalize q and k first (front.delta_rule)."""
+    return delta_rule(q, k, v, None, beta, scale=scale, initial_state=initial_state,
+                      allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk, version=version,
+                      check_values=check_values)
 
 
-def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, version=None,
-                   check_values=True):
-    """Gated DeltaNet: decay exp(g_t) first, then the delta rule. g, beta [B, T, H] float32."""
-    return delta_rule(q, k, v, beta, g, scale=scale, initial_state=initial_state,
-                      allow_neg_eigval=allow_neg_eigval, version=version, check_values=check_values)
+def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
+                   version=None, check_values=True):
+    """Gated DeltaNet: decay exp(g_t) first, then the delta rule. g, beta [B, T, H] float32.
+    normalize_qk: L2-normalize q and k first (front.delta_rule)."""
+    return delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                      allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk, version=version,
+                      check_values=check_values)

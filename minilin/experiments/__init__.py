@@ -36,7 +36,7 @@ EXPERIMENTS: list[Experiment] = [
 ]
 
 from . import (bracket, capacity, cost, exactness, fact_update, fixed_decay, gradients,  # noqa: E402
-               interference, recall, softmax_amplification, state_tracking, write_rules)
+               interference, recall, softmax_amplification, state_tracking, trained_recall, write_rules)
 
 EXPERIMENTS += [
     Experiment("bracket", "The bracket move",
@@ -99,4 +99,9 @@ EXPERIMENTS += [
                "chunk by chunk with the work inside each chunk as matrix products; the two agree to float64 "
                "rounding and with finite differences, and the chunked one is the faster.",
                gradients.run, gradients.table, gradients.plot),
+    Experiment("trained_recall", "Recall after training (MQAR)",
+               "Trained from scratch on multi-query associative recall with minilin's own gradients, softmax "
+               "attention answers the queries, plain linear attention does not, and the delta rule (DeltaNet, "
+               "Gated DeltaNet) and a hybrid with one softmax block recover it.",
+               trained_recall.run, trained_recall.table, trained_recall.plot),
 ]

@@ -43,9 +43,8 @@ import subprocess
 import sys
 import time
 
-THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+from ..threads import MALLOC_TUNABLES, THREAD_VARIABLES, compute_environment  # noqa: F401 - MALLOC_TUNABLES: for tests
+
 MIN_SAMPLE_S = 1e-3    # a sample (one or more calls) lasts at least this long
 MAX_SAMPLES = 5        # samples of one function per round
 CHILD_TIMEOUT_S = 600
@@ -58,8 +57,7 @@ def single_threaded(function, **kwargs):
     Raises RuntimeError with the child's error output when it fails."""
     request = json.dumps({"module": function.__module__, "function": function.__qualname__, "kwargs": kwargs})
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, **{name: "1" for name in THREAD_VARIABLES}}
-    env["GLIBC_TUNABLES"] = ":".join(filter(None, [MALLOC_TUNABLES, os.environ.get("GLIBC_TUNABLES")]))
+    env = compute_environment()
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])
     child = subprocess.run([sys.executable, "-c", "from minilin.experiments._timing import _child; _child()"],
                            input=request, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)

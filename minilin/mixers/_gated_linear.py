@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, from_chunks, gate_terms, gated_gram, gated_gram_backward,
-                        gram_decay, local_cumsum, pass_states, pass_states_backward, reverse_cumsum, state_or_zeros,
-                        to_chunks, to_chunks_transposed, transposed)
+from ..chunking import (causal_mask, channel_gram, chunk_view, decay_matrix, decay_rows, decay_state, from_chunks,
+                        gate_terms, gated_gram, gated_gram_backward, gram_decay, local_cumsum, pass_states,
+                        pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros, to_chunks,
+                        to_chunks_transposed, transposed)
 
 
 def step(q, k, v, g, S):
@@ -45,23 +46,39 @@ def chunked(q, k, v, g, S0, chunk_size):
     """Chunked form: dense work inside chunks of C tokens, the state passed between chunks.
 
     With G the chunk-local cumulative gate and S_n the state entering chunk n, for token i of chunk n:
-        o_i = sum_{j <= i in chunk} (q_i . exp(G_i - G_j) k_j) v_j      intra-chunk, A = gated_gram(q, k, G)
+        o_i = sum_{j <= i in chunk} (q_i . exp(G_i - G_j) k_j) v_j      intra-chunk, A V
             + (q_i * exp(G_i))^T S_n                                      inter-chunk
         S_{n+1} = exp(G_C) S_n + sum_j (k_j * exp(G_C - G_j)) v_j^T        state passing
     For a scalar gate this is Mamba-2's SSD algorithm (diagonal blocks, chunk states, state passing,
     state-to-output); without a gate it is chunked linear attention.
-    """
-    T = q.shape[1]
-    qc, kc, vc = (to_chunks(x, chunk_size) for x in (q, k, v))  # [B, H, N, C, .]
-    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
-    G_last = None if G is None else G[:, :, :, -1]  # log-decay over each whole chunk
 
-    o = gated_gram(qc, kc, G) @ vc                  # intra-chunk: masked, decayed Q K^T, then V
-    k_to_end = decay_rows(kc, None if G is None else G_last[:, :, :, None] - G)
-    dS = k_to_end.swapaxes(-1, -2) @ vc             # what each chunk writes: [B, H, N, K, V]
-    S_in, S_final = pass_states(dS, G_last, S0)
-    o = o + decay_rows(qc, G) @ S_in                # inter-chunk: read the state entering the chunk
-    return from_chunks(o, T), S_final
+    A per gate: none, (Q K^T) causally masked; scalar, (Q K^T) * `decay_matrix(G)` with G summed in float64
+    (long chunks, the parallel form's one chunk of T included, keep float32's precision in every
+    difference G_i - G_j); per channel, `chunking.channel_gram`, which builds A by halving the chunk and
+    returns q * exp(G), k * exp(G_C - G) and exp(G_C) with it; then `chunking.read_and_pass`. q and k are
+    read in place through chunk views, so the large arrays are K^T, A, the chunk writes (summed in place into
+    the states), V and o in the chunked layout, and o.
+    """
+    xp = array_module(q)
+    C = chunk_size
+    qc, kc = chunk_view(q, C), chunk_view(k, C)              # [B, H, N, C, K], views
+    if g is None or g.ndim == 3:
+        k_to_end_T = transposed(kc)                          # [B, H, N, K, C]: K^T for the scores first
+        A = qc @ k_to_end_T
+    if g is None:
+        A *= causal_mask(C, xp)
+        q_from_start, chunk_decay = qc, None
+    elif g.ndim == 3:                                        # scalar gate [B, T, H]
+        G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)                 # [B, H, N, C]
+        A *= decay_matrix(G, dtype=q.dtype)
+        G_last = G[..., -1:]
+        q_from_start = qc * xp.exp(G).astype(q.dtype)[..., None]
+        k_to_end_T *= xp.exp(G_last - G).astype(q.dtype)[..., None, :]            # then decayed to the end
+        chunk_decay = xp.exp(G_last[..., 0]).astype(q.dtype)                        # [B, H, N]
+    else:                                                    # per-channel gate [B, T, H, K]
+        A, q_from_start, k_to_end, chunk_decay = channel_gram(qc, kc, chunk_view(g, C))
+        k_to_end_T = k_to_end.swapaxes(-1, -2)
+    return read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, C)
 
 
 def parallel(q, k, v, g, S0):

@@ -240,9 +240,9 @@ def _recurrent_backward(q, k, v, do):
     """The loop of steps run backwards. Step t appended (k_t, v_t) to the cache and read the P + t + 1
     entries it then held; going back from t = T - 1, each step adds its read's gradient to the adjoint of
     every cache entry, and the entry it appended is complete once its own step is undone (no earlier step
-    saw it): dk_t, dv_t are that entry's adjoint. Stores the cache's adjoint (dk, dv, growing back to
-    front); recomputes each step's weights W_t from q_t and the cache. q, do [B, T, H, .]; k, v [B, P + T,
-    H, .] -> (dq, dk, dv)."""
+    saw it): dk_t, dv_t are that entry's adjoint. Stores the cache's adjoint (dk, dv: [B, H, P + T, .],
+    completed from the last entry to the first); recomputes each step's weights W_t from q_t and the cache.
+    q, do [B, T, H, .]; k, v [B, P + T, H, .] -> (dq, dk, dv)."""
     xp = array_module(q)
     T, total = q.shape[1], k.shape[1]
     keys = xp.ascontiguousarray(k.transpose(0, 2, 1, 3))               # the final cache [B, H, P + T, K]

@@ -30,9 +30,10 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gate_terms, gram_before_decay,
-                        gram_before_decay_backward, local_cumsum, pass_states, pass_states_backward,
-                        reverse_cumsum, state_or_zeros, to_chunks, to_chunks_transposed, transposed)
+from ..chunking import (channel_gram, chunk_view, decay_rows, decay_state, exclusive_cumsum, from_chunks, gate_terms,
+                        gram_before_decay, gram_before_decay_backward, local_cumsum, pass_states,
+                        pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros, to_chunks,
+                        to_chunks_transposed, transposed)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
 from ._gated_linear import states_backwards
@@ -87,19 +88,15 @@ def parallel(r, k, v, w, u, *, scale=None, initial_state=None):
 
 
 def _chunked(q, k, v, w, u, S0, chunk_size):
-    T = q.shape[1]
-    qc, kc, vc = (to_chunks(x, chunk_size) for x in (q, k, v))           # [B, H, N, C, .]
-    G = local_cumsum(to_chunks(w, chunk_size))                          # [B, H, N, C, K]
-    G_last = G[:, :, :, -1]                                             # decay over each whole chunk
-
-    scores = gram_before_decay(qc, kc, G)                               # strictly causal, [B, H, N, C, C]
-    bonus = (qc * u[:, None, None] * kc).sum(-1)                        # q_i . (u * k_i), [B, H, N, C]
-    o = scores @ vc + bonus[..., None] * vc
-
-    dS = decay_rows(kc, G_last[:, :, :, None] - G).swapaxes(-1, -2) @ vc  # what each chunk writes
-    S_in, S_final = pass_states(dS, G_last, S0)
-    o = o + decay_rows(qc, exclusive_cumsum(G)) @ S_in                  # read S_{i-1}'s part from S_n
-    return from_chunks(o, T), S_final
+    """The chunked form on checked inputs: GLA's pieces with the reads taken before each token's decay
+    (`chunking.channel_gram(..., before_decay=True)`: the strictly causal scores and q_i exp(G_{i-1})), the
+    bonus on the scores' diagonal, A_ii = q_i . (u * k_i), then `chunking.read_and_pass`."""
+    C = chunk_size
+    qc, kc = chunk_view(q, C), chunk_view(k, C)                          # [B, H, N, C, K], views
+    A, q_before, k_to_end, chunk_decay = channel_gram(qc, kc, chunk_view(w, C), before_decay=True)
+    diagonal = array_module(q).arange(A.shape[-1])
+    A[..., diagonal, diagonal] = (qc * u[:, None, None] * kc).sum(-1)   # the bonus, [B, H, N, C]
+    return read_and_pass(A, q_before, k_to_end.swapaxes(-1, -2), chunk_decay, v, S0, C)
 
 
 def _backward(form, r, k, v, w, u, scale, initial_state, do, dstate, chunk_size=None):

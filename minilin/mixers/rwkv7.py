@@ -26,14 +26,16 @@ a plain per-channel-gated recurrence with two writes, which unrolls to
     S_t = exp(G_t) * S + sum_{j <= t} exp(G_t - G_j) * (b_j u_j^T + k_j v_j^T)          (rows scaled)
 Reading it with a_t one token earlier gives a unit lower-triangular system for all u of the chunk:
     u_t = (a_t * exp(G_{t-1}))^T S + sum_{j < t} Mab_tj u_j + sum_{j < t} Mak_tj v_j,
-    Mab_tj = sum_c a_tc b_jc exp(G_{t-1,c} - G_{j,c}),   Mak likewise with k_j     (`gram_before_decay`)
+    Mab_tj = sum_c a_tc b_jc exp(G_{t-1,c} - G_{j,c}),   Mak likewise with k_j
+(`chunking.channel_gram(..., before_decay=True)`, which also returns a_t exp(G_{t-1}), b_j exp(G_C - G_j), ...)
 so, with Tinv = (I - Mab)^-1 (`chunking.unit_lower_inverse`, all chunks at once),
     U = W S + U_v,    W = Tinv (A * exp(G_prev)),    U_v = Tinv Mak V.
-Only the state pass runs chunk after chunk:
+Only the state pass runs chunk after chunk, and each chunk's output is read inside it:
     U_n = W_n S_n + U_v,n,   S_{n+1} = exp(G_C) * S_n + (B * exp(G_C - G))^T U_n + (K * exp(G_C - G))^T V_n
-and then every chunk's output at once:
-    O_n = (R * exp(G)) S_n + (R B^T, decayed, causal) U_n + (R K^T, decayed, causal) V_n.
-Every exponent is a non-positive difference of cumulative gates, so nothing overflows for any w.
+    O_n = [R * exp(G) | R B^T]_n [S_n; U_n] + (R K^T, decayed, causal)_n V_n
+(R B^T and R K^T decayed and causal; the last term, which does not depend on S, for all chunks at once).
+Every exponential is of a sum of gates w <= 0 (never of a difference of long cumulative sums), so nothing
+overflows for any w and float32 keeps its precision in long chunks.
 
 Shapes: r, w, k, a, b [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; state [B, H, K, V].
 Forms: recurrent (the definition), chunked, step. Each returns (o, final_state).
@@ -46,9 +48,9 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (decay_rows, decay_state, exclusive_cumsum, from_chunks, gated_gram, gated_gram_backward,
-                        gram_before_decay, gram_before_decay_backward, local_cumsum, reverse_cumsum,
-                        state_or_zeros, to_chunks, transposed, unit_lower_inverse)
+from ..chunking import (channel_gram, chunk_view, chunked_output, decay_state, exclusive_cumsum,
+                        from_chunks, gated_gram, gated_gram_backward, gram_before_decay, gram_before_decay_backward,
+                        local_cumsum, reverse_cumsum, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
 
@@ -95,42 +97,53 @@ def chunked(r, w, k, v, a, b, *, scale=None, initial_state=None, chunk_size=64):
     chunk_size = check_chunk_size(chunk_size, x.shapes["T"])
     w, k, v, a, b, S0 = x.w, x.k, x.v, x.a, x.b, x.state
     xp = array_module(q)
-    T = q.shape[1]
-    qc, kc, vc, ac, bc = (to_chunks(x, chunk_size) for x in (q, k, v, a, b))   # [B, H, N, C, .]
-    wc = to_chunks(w, chunk_size)
-    G = local_cumsum(wc)                                                       # [B, H, N, C, K]
-    G_last = G[:, :, :, -1]
-    to_end = G_last[:, :, :, None] - G                                         # G_C - G_j <= 0
+    B, T, H, K = q.shape
+    V, C = v.shape[-1], chunk_size
+    qc, kc, ac, bc, wc = (chunk_view(u, C) for u in (q, k, a, b, w))   # [B, H, N, C, .], views
+    vc = to_chunks(v, C)                            # a copy: the right operand of three products
+    N = qc.shape[2]
 
-    # Four intra-chunk matrices in two calls. The output's R B^T and R K^T (decay exp(G_t - G_j), j <= t)
-    # are written as reads before token t's decay, like Mab and Mak: for j < t,
-    # exp(G_t - G_j) = exp(w_t) exp(G_{t-1} - G_j), and the diagonal j = t is added apart. So each call
-    # stacks a and r * exp(w_t) (w_t <= 0: no overflow) against one of b, k.
-    x = xp.stack([ac, qc * xp.exp(wc)])
-    M_ab, R_b = gram_before_decay(x, bc, G)                                    # [B, H, N, C, C] each
-    M_ak, R_k = gram_before_decay(x, kc, G)
-    diagonal = xp.arange(chunk_size)
+    # Four intra-chunk matrices in one call (every x against every y, one decay). The output's R B^T and
+    # R K^T (decay exp(G_t - G_j), j <= t) are written as reads before token t's decay, like Mab and Mak: for
+    # j < t, exp(G_t - G_j) = exp(w_t) exp(G_{t-1} - G_j), and the diagonal j = t is added apart. So the
+    # reads are a and r * exp(w_t) (w_t <= 0: no overflow), the writes b and k.
+    grams = channel_gram((ac, qc * xp.exp(wc)), (bc, kc), wc, before_decay=True)
+    (M_ab, M_ak), (R_b, R_k) = grams.A                                         # [B, H, N, C, C] each
+    a_before, q_from_start = grams.x_from_start                                # a e^{G_{t-1}}, r e^{G_t}
+    b_to_end, k_to_end = grams.y_to_end
+    chunk_decay = grams.chunk_decay[..., None]                                 # [B, H, N, K, 1]
+    diagonal = xp.arange(C)
     R_b[..., diagonal, diagonal] = (qc * bc).sum(-1)
     R_k[..., diagonal, diagonal] = (qc * kc).sum(-1)
 
     # The reads u: (I - Mab) U = (A * exp(G_prev)) S + Mak V, solved for all chunks at once.
-    T_inv = unit_lower_inverse(-M_ab)
-    W = T_inv @ decay_rows(ac, exclusive_cumsum(G))                            # [B, H, N, C, K]
+    xp.negative(M_ab, out=M_ab)
+    T_inv = unit_lower_inverse(M_ab)
+    W = T_inv @ a_before                                                       # [B, H, N, C, K]
     U_v = T_inv @ (M_ak @ vc)                                                  # [B, H, N, C, V]
+    # What each chunk writes through k (does not depend on S), and what it reads through R K^T.
+    dS_kv = k_to_end.swapaxes(-1, -2) @ vc                                     # [B, H, N, K, V]
+    o, oc = chunked_output(v, C)
+    xp.matmul(R_k, vc, out=oc)
 
-    # What each chunk writes through b (depends on S) and through k (does not).
-    b_to_end_T = xp.ascontiguousarray(decay_rows(bc, to_end).swapaxes(-1, -2))  # [B, H, N, K, C]
-    dS_kv = decay_rows(kc, to_end).swapaxes(-1, -2) @ vc                        # [B, H, N, K, V]
-
-    S = state_or_zeros(S0, q[:, 0], v[:, 0])
-    S_in, U = xp.empty(dS_kv.shape, S.dtype), xp.empty_like(U_v)
-    for n in range(qc.shape[2]):
-        S_in[:, :, n] = S
-        U[:, :, n] = W[:, :, n] @ S + U_v[:, :, n]
-        S = decay_state(S, G_last[:, :, n]) + b_to_end_T[:, :, n] @ U[:, :, n] + dS_kv[:, :, n]
-
-    o = decay_rows(qc, G) @ S_in + R_b @ U + R_k @ vc
-    return from_chunks(o, T), S
+    # Chunk after chunk: U_n = W_n S_n + U_v,n; O_n += [R e^G | R B^T]_n [S_n; U_n];
+    # S_{n+1} = exp(G_C) S_n + (B e^{G_C - G})_n^T U_n + dS_kv,n.
+    reads = xp.concatenate([q_from_start, R_b], axis=-1)                      # [B, H, N, C, K + C]
+    b_to_end_T = b_to_end.swapaxes(-1, -2)
+    state_and_u = xp.empty((B, H, K + C, V), q.dtype)                          # [S_n; U_n]
+    S, u = state_and_u[:, :, :K], state_and_u[:, :, K:]
+    S[...] = 0 if S0 is None else S0
+    read, write = xp.empty((B, H, C, V), q.dtype), xp.empty((B, H, K, V), q.dtype)
+    for n in range(N):
+        xp.matmul(W[:, :, n], S, out=u)
+        u += U_v[:, :, n]
+        xp.matmul(reads[:, :, n], state_and_u, out=read)
+        oc[:, :, n] += read
+        xp.matmul(b_to_end_T[:, :, n], u, out=write)
+        S *= chunk_decay[:, :, n]
+        S += write
+        S += dS_kv[:, :, n]
+    return xp.ascontiguousarray(o[:, :T]), S.copy()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -325,7 +325,7 @@ def _psi(z):
     series = xp.zeros_like(z) + _PSI_SERIES[-1]
     for coefficient in _PSI_SERIES[-2::-1]:        # Horner: 1/2! + z (1/3! + z (1/4! + ...))
         series = series * zs + coefficient
-    zl = xp.where(small, 1, z)
+    zl = xp.where(small, -1, z)                    # a harmless stand-in where the series is used
     return xp.where(small, series, (_expm1(zl) - zl) / (zl * zl))
 
 

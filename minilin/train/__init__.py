@@ -1,8 +1,8 @@
 """`minilin train mqar`: small models trained from scratch on the CPU, every gradient from minilin's own
 hand-written backward passes, on multi-query associative recall (`mqar`).
 
-    minilin train mqar --quick                       the quick sweep: five models, one size (about a minute)
-    minilin train mqar                               the full sweep: mixers x widths x numbers of pairs
+    minilin train mqar --quick                       the quick sweep: five models at 8 pairs (about a minute)
+    minilin train mqar                               the full sweep: six mixers x three widths, up to 64 pairs
     minilin train mqar --mixers attention deltanet --widths 64 --kv-pairs 8 16 --steps 800
     minilin train mqar --json runs.json --plot plots/ --checkpoint-dir ckpt/
 
@@ -11,25 +11,42 @@ through a, b (`gated_deltanet+attention`: one softmax block in two). Each run pr
 (step, loss, held-out accuracy, tokens/s, time left) and ends with a row of the table; `--json` writes
 {"runs": [{"mixer", "d_model", "num_kv_pairs", "state_bytes", "steps", "seconds", "loss", "accuracy", ...}]}.
 With --checkpoint-dir every run checkpoints as it goes and resumes from its checkpoint when started again.
+
+The runs go through NumPy's BLAS on one thread with fixed malloc thresholds: a command started otherwise re-runs
+itself in a child Python with that environment (`minilin.threads` says why, with what each saved).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
+from ..threads import compute_environment, is_one_thread
 from .loop import Run, state_bytes, train
 from .mqar import MQAR
 
-# The sweeps. Sizes chosen so that the quick one finishes in about a minute and the full one in well under
-# twenty on a 2-core CPU (README: the measured times).
+# The sweeps (README: what they found, and their measured times on a 2-core CPU). Each number of pairs D gets the
+# task of `task_for`; the full sweep trains every width at 8 and 16 pairs and the middle width at 64 (the long
+# examples cost the most, and one width there already shows which mixers still recall).
 QUICK = dict(mixers=["attention", "linear_attention", "deltanet", "gated_deltanet", "gated_deltanet+attention"],
-             widths=[64], kv_pairs=[8], steps=300, seq_len=64, vocab=64)
-FULL = dict(mixers=["attention", "linear_attention", "retnet", "mamba2", "deltanet", "gated_deltanet",
-                    "gated_deltanet+attention"],
-            widths=[32, 64, 128], kv_pairs=[8, 32, 64], steps=600, seq_len=None, vocab=256)
+             groups=[(8, [32])])
+FULL = dict(mixers=["attention", "linear_attention", "mamba2", "deltanet", "gated_deltanet", "gated_deltanet+attention"],
+            groups=[(8, [16, 32, 64]), (16, [16, 32, 64]), (64, [32])])
+TOKENS_PER_STEP = 1536
+LR = 5e-3
+
+
+def task_for(num_kv_pairs: int, seq_len: int | None = None, vocab: int | None = None) -> tuple[MQAR, int, int]:
+    """(task, batch size, steps) for D pairs: examples of 3 D tokens (at least 48) from a vocabulary just large
+    enough for D distinct keys (at least 32), batches of about TOKENS_PER_STEP tokens, and 600 steps (1200 past
+    16 pairs, where softmax attention needs them: measured, it reaches 100% at 64 pairs in 1200)."""
+    D = num_kv_pairs
+    seq_len = seq_len or max(48, 3 * D)
+    vocab = vocab or max(32, 2 * D + 2)
+    return MQAR(vocab=vocab, seq_len=seq_len, num_kv_pairs=D), max(4, TOKENS_PER_STEP // seq_len), 600 if D <= 16 else 1200
 
 
 def register(subparsers) -> None:
@@ -43,10 +60,10 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=int, default=2, help="blocks per model (default 2)")
     p.add_argument("--heads", type=int, default=2, help="heads per mixer (default 2)")
     p.add_argument("--steps", type=int, help="training steps per run")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, cosine schedule)")
-    p.add_argument("--seq-len", type=int, help="tokens per example (default: max(64, 4 x pairs))")
-    p.add_argument("--vocab", type=int, help="vocabulary size")
+    p.add_argument("--batch-size", type=int, help="examples per step (default: the sweep's)")
+    p.add_argument("--lr", type=float, help="peak learning rate (AdamW, cosine schedule; default: the sweep's)")
+    p.add_argument("--seq-len", type=int, help="tokens per example (default: max(48, 3 x pairs))")
+    p.add_argument("--vocab", type=int, help="vocabulary size (default: max(32, 2 x pairs + 2))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the runs as JSON")
     p.add_argument("--plot", metavar="DIR", help="draw accuracy against state size (needs matplotlib)")
@@ -63,18 +80,19 @@ def model_mixers(spec: str, layers: int) -> list[str]:
 def runs_of(args) -> list[Run]:
     sweep = QUICK if args.quick else FULL
     mixers = args.mixers or sweep["mixers"]
-    widths = args.widths or sweep["widths"]
-    kv_pairs = args.kv_pairs or sweep["kv_pairs"]
-    steps = args.steps or sweep["steps"]
-    vocab = args.vocab or sweep["vocab"]
+    if args.kv_pairs or args.widths:
+        groups = [(D, args.widths or sorted({w for _, ws in sweep["groups"] for w in ws}))
+                  for D in (args.kv_pairs or [D for D, _ in sweep["groups"]])]
+    else:
+        groups = sweep["groups"]
     runs = []
-    for D in kv_pairs:
-        seq_len = args.seq_len or sweep["seq_len"] or max(64, 4 * D)
-        task = MQAR(vocab=vocab, seq_len=seq_len, num_kv_pairs=D)
+    for D, widths in groups:
+        task, batch_size, steps = task_for(D, args.seq_len, args.vocab)
         for width in widths:
             for spec in mixers:
                 runs.append(Run(mixers=model_mixers(spec, args.layers), d_model=width, heads=args.heads, task=task,
-                                steps=steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed))
+                                steps=args.steps or steps, batch_size=args.batch_size or batch_size,
+                                lr=args.lr or LR, seed=args.seed))
     return runs
 
 
@@ -88,6 +106,8 @@ def table(records) -> str:
 
 
 def main(args) -> int:
+    if not is_one_thread():
+        return subprocess.run([sys.executable, "-m", "minilin", *args.argv], env=compute_environment()).returncode
     try:
         runs = runs_of(args)
         if args.plot:

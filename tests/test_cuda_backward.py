@@ -1,0 +1,454 @@
+"""The CUDA backward kernels (csrc/linear_bwd/, csrc/delta_bwd/) against the float64 NumPy backward.
+
+The GPU tests compare with the mixers' own `recurrent_backward` in float64. This file also keeps a small float64
+reference of its own, the definition run backwards with every state kept, written from the same derivation as the
+kernels (csrc/delta_bwd/v1_recurrent.cu): it is proved on the CPU against central finite differences of minilin's
+recurrent forms and against the mixers' recurrent_backward, and it drives the CPU test of the front's call into the
+extension (argument order, the linear family's gate gradient formed from dq and dk) through a stand-in extension
+that follows the BackwardProblem contract. GPU tests skip, with the reason, where CuPy, a GPU or the extension is
+missing.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from minilin import cuda as mcuda
+from minilin.cuda import backward as mbackward
+from minilin.cuda import bf16, front
+from minilin.mixers import deltanet, gated_deltanet, linear_attention, simple_gla
+from conftest import rel_err
+
+OK, REASON = mcuda.available()
+gpu = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
+if OK:
+    import cupy
+
+
+# ---- the float64 reference: the definition run backwards, every state kept --------------------------------
+def _decays(g, shape):
+    return np.ones(shape) if g is None else np.exp(g)
+
+
+def linear_backward_reference(q, k, v, g, S0, do, dS, scale):
+    """Gradients (dq, dk, dv, dg, dS0) of L = <do, o> + <dS, S_T> for S_t = a_t S_{t-1} + k_t v_t^T, o_t = S_t^T
+    (scale q_t), a_t = exp(g_t). Shapes as CONVENTIONS.md; g, S0, dS may be None (dg, dS0 None then)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    a = _decays(g, (B, T, H))
+    qs = scale * q
+    S = np.zeros((B, H, K, V)) if S0 is None else S0.copy()
+    states = [S]
+    for t in range(T):
+        S = a[:, t, :, None, None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        states.append(S)
+    D = np.zeros((B, H, K, V)) if dS is None else dS.copy()
+    dq, dk, dv, dg = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape), np.zeros((B, T, H))
+    for t in range(T - 1, -1, -1):
+        D = D + qs[:, t, :, :, None] * do[:, t, :, None, :]           # D_t
+        dq[:, t] = scale * np.einsum("bhkv,bhv->bhk", states[t + 1], do[:, t])
+        dk[:, t] = np.einsum("bhkv,bhv->bhk", D, v[:, t])
+        dv[:, t] = np.einsum("bhkv,bhk->bhv", D, k[:, t])
+        dg[:, t] = a[:, t] * (D * states[t]).sum((-2, -1))            # d/dg of a_t S_{t-1}
+        D = a[:, t, :, None, None] * D
+    return dq, dk, dv, None if g is None else dg, None if S0 is None else D
+
+
+def delta_backward_reference(q, k, v, g, beta, S0, do, dS, scale):
+    """Gradients (dq, dk, dv, dg, dbeta, dS0) of L = <do, o> + <dS, S_T> for the gated delta rule
+    S' = a_t S_{t-1}, S_t = S' + beta_t k_t (v_t - S'^T k_t)^T, o_t = S_t^T (scale q_t)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    a = _decays(g, (B, T, H))
+    qs = scale * q
+    S = np.zeros((B, H, K, V)) if S0 is None else S0.copy()
+    states = [S]
+    for t in range(T):
+        Sp = a[:, t, :, None, None] * S
+        u = beta[:, t, :, None] * (v[:, t] - np.einsum("bhkv,bhk->bhv", Sp, k[:, t]))
+        S = Sp + k[:, t, :, :, None] * u[:, :, None, :]
+        states.append(S)
+    D = np.zeros((B, H, K, V)) if dS is None else dS.copy()
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    dg, dbeta = np.zeros((B, T, H)), np.zeros((B, T, H))
+    for t in range(T - 1, -1, -1):
+        kt, b_t = k[:, t], beta[:, t, :, None]
+        Sp = a[:, t, :, None, None] * states[t]
+        p = np.einsum("bhkv,bhk->bhv", Sp, kt)
+        u = b_t * (v[:, t] - p)
+        D = D + qs[:, t, :, :, None] * do[:, t, :, None, :]
+        du = np.einsum("bhkv,bhk->bhv", D, kt)
+        dq[:, t] = scale * np.einsum("bhkv,bhv->bhk", states[t + 1], do[:, t])
+        dv[:, t] = b_t * du
+        dbeta[:, t] = (du * (v[:, t] - p)).sum(-1)
+        dk[:, t] = np.einsum("bhkv,bhv->bhk", D, u) - b_t * np.einsum("bhkv,bhv->bhk", Sp, du)
+        D = D - b_t[..., None] * kt[..., :, None] * du[..., None, :]    # dL/dS'
+        dg[:, t] = (D * Sp).sum((-2, -1))
+        D = a[:, t, :, None, None] * D
+    return dq, dk, dv, None if g is None else dg, dbeta, None if S0 is None else D
+
+
+# ---- inputs ----------------------------------------------------------------------------------------------
+def inputs(B, T, H, K, V, seed, *, gated=True, delta=False, with_state=True):
+    """Random float64 inputs: keys of norm 0.9 (beta |k|^2 < 1 with room to perturb them), gates in [-1, -0.05],
+    beta in [0.1, 0.9], a random initial state, do and dS."""
+    rng = np.random.default_rng(seed)
+    q, v = rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, V))
+    k = rng.standard_normal((B, T, H, K))
+    k *= 0.9 / np.linalg.norm(k, axis=-1, keepdims=True)
+    g = rng.uniform(-1.0, -0.05, (B, T, H)) if gated else None
+    beta = rng.uniform(0.1, 0.9, (B, T, H)) if delta else None
+    S0 = 0.5 * rng.standard_normal((B, H, K, V)) if with_state else None
+    do = rng.standard_normal((B, T, H, V))
+    dS = rng.standard_normal((B, H, K, V)) if with_state else None
+    return dict(q=q, k=k, v=v, g=g, beta=beta, S0=S0, do=do, dS=dS)
+
+
+def loss(x, delta, scale):
+    """L = <do, o> + <dS, S_T> through minilin's recurrent forms (float64)."""
+    if delta:
+        mod = gated_deltanet if x["g"] is not None else deltanet
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"]) if x["g"] is not None else (x["q"], x["k"], x["v"], x["beta"])
+    else:
+        mod = simple_gla if x["g"] is not None else linear_attention
+        args = (x["q"], x["k"], x["v"], x["g"]) if x["g"] is not None else (x["q"], x["k"], x["v"])
+    o, S = mod.recurrent(*args, scale=scale, initial_state=x["S0"])
+    return (x["do"] * o).sum() + (0.0 if x["dS"] is None else (x["dS"] * S).sum())
+
+
+def reference(x, delta, scale):
+    if delta:
+        return delta_backward_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], x["S0"], x["do"], x["dS"], scale)
+    return linear_backward_reference(x["q"], x["k"], x["v"], x["g"], x["S0"], x["do"], x["dS"], scale)
+
+
+# ---- the reference against finite differences (CPU) ------------------------------------------------------
+@pytest.mark.parametrize("delta, gated", [(False, True), (False, False), (True, True), (True, False)])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_the_reference_matches_central_differences(delta, gated, with_state):
+    x = inputs(2, 5, 2, 4, 3, seed=1, gated=gated, delta=delta, with_state=with_state)
+    scale = 0.7
+    grads = reference(x, delta, scale)
+    names = ["q", "k", "v", "g"] + (["beta"] if delta else []) + ["S0"]
+    grad_of = dict(zip(names, grads))
+    rng = np.random.default_rng(2)
+    present = [n for n in names if x[n] is not None]
+    directions = {n: rng.standard_normal(x[n].shape) for n in present}
+    eps = 1e-6
+
+    def directional(only=None):
+        plus, minus = dict(x), dict(x)
+        for n in present if only is None else [only]:
+            plus[n] = x[n] + eps * directions[n]
+            minus[n] = x[n] - eps * directions[n]
+        return (loss(plus, delta, scale) - loss(minus, delta, scale)) / (2 * eps)
+
+    predicted = sum((grad_of[n] * directions[n]).sum() for n in present)
+    assert abs(directional() - predicted) <= 1e-6 * max(1.0, abs(predicted)), "all inputs at once"
+    for n in present:
+        alone = (grad_of[n] * directions[n]).sum()
+        assert abs(directional(n) - alone) <= 1e-6 * max(1.0, abs(alone)), n
+    if not gated:
+        assert grad_of["g"] is None
+    if not with_state:
+        assert grad_of["S0"] is None
+
+
+def numpy_backward(mixer, x, scale):
+    """The mixer's own recurrent_backward (float64), as (dq, dk, dv, [dg,] [dbeta,] dinitial_state) by name."""
+    args = [x["q"], x["k"], x["v"]]
+    if mixer in ("simple_gla", "gated_deltanet"):
+        args.append(x["g"])
+    if mixer in ("deltanet", "gated_deltanet"):
+        args.append(x["beta"])
+    mod = {"simple_gla": simple_gla, "linear_attention": linear_attention, "gated_deltanet": gated_deltanet,
+           "deltanet": deltanet}[mixer]
+    return mod.recurrent_backward(*args, do=x["do"], dstate=x["dS"], scale=scale, initial_state=x["S0"])._asdict()
+
+
+@pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_the_reference_equals_the_mixers_recurrent_backward(mixer, with_state):
+    delta, gated = mixer in ("gated_deltanet", "deltanet"), mixer in ("simple_gla", "gated_deltanet")
+    x = inputs(2, 9, 2, 6, 5, seed=5, gated=gated, delta=delta, with_state=with_state)
+    ours = dict(zip(["dq", "dk", "dv", "dg"] + (["dbeta"] if delta else []) + ["dinitial_state"],
+                    reference(x, delta, 0.6)))
+    for name, theirs in numpy_backward(mixer, x, 0.6).items():
+        if theirs is None:
+            assert ours[name] is None, name
+        else:
+            assert rel_err(ours[name], theirs) < 1e-10, name
+
+
+# ---- the front's call into the extension, on the CPU -------------------------------------------------------
+# The fake arrays live in host memory, so a stand-in for minilin._cuda.backward writes the reference's gradients
+# through the addresses the front passes, as the BackwardProblem contract says: dq, dk, dv (and dg, dbeta for
+# delta_bwd), dh0 when asked, the final state into ht when asked (linear_bwd). The front must then return the
+# reference's gradients, the linear family's dg formed by the front itself from dq, dk and ht.
+class HostArray(np.ndarray):
+    def __array_finalize__(self, obj):
+        self._device = getattr(obj, "_device", 0)
+
+    @property
+    def device(self):
+        return types.SimpleNamespace(id=self._device)
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+
+HostArray.__module__ = "cupy"
+
+
+def on_host_gpu(x):
+    return None if x is None else np.ascontiguousarray(x, np.float32).view(HostArray)
+
+
+def at(address, shape):
+    return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=tuple(shape))
+
+
+def contract_backward(op, version, q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0, ht, workspace,
+                      workspace_size, B, T, H, K, V, scale, dtype, stream):
+    assert dtype == 0 and workspace_size == 0
+    read = lambda address, shape: None if not address else at(address, shape).astype(np.float64)  # noqa: E731
+    x = dict(q=read(q, (B, T, H, K)), k=read(k, (B, T, H, K)), v=read(v, (B, T, H, V)), g=read(g, (B, T, H)),
+             beta=read(beta, (B, T, H)), S0=read(h0, (B, H, K, V)), do=read(do, (B, T, H, V)),
+             dS=read(dht, (B, H, K, V)))
+    delta = op == "delta_bwd"
+    grads = reference(x, delta, scale)
+    at(dq, (B, T, H, K))[...] = grads[0]
+    at(dk, (B, T, H, K))[...] = grads[1]
+    at(dv, (B, T, H, V))[...] = grads[2]
+    if delta:
+        assert bool(dg) == (x["g"] is not None)
+        if dg:
+            at(dg, (B, T, H))[...] = grads[3]
+        at(dbeta, (B, T, H))[...] = grads[4]
+    else:
+        assert not dg and not dbeta, "the linear family's dg is the front's"
+    if dh0:
+        at(dh0, (B, H, K, V))[...] = grads[-1]
+    if ht:
+        a = _decays(x["g"], (B, T, H))
+        S = np.zeros((B, H, K, V)) if x["S0"] is None else x["S0"]
+        for t in range(T):
+            S = a[:, t, :, None, None] * S + x["k"][:, t, :, :, None] * x["v"][:, t, :, None, :]
+        at(ht, (B, H, K, V))[...] = S
+
+
+@pytest.fixture
+def host_extension(monkeypatch):
+    module = types.ModuleType("cupy")
+    module.ndarray = HostArray
+
+    def on_device(name):
+        function = getattr(np, name)
+        if not callable(function) or isinstance(function, type):
+            return function
+
+        def call(*args, **kwargs):
+            result = function(*args, **kwargs)
+            return result.view(HostArray) if isinstance(result, np.ndarray) and result.ndim else result
+
+        return call
+
+    module.__getattr__ = on_device
+    module.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0),
+                                        get_current_stream=lambda: types.SimpleNamespace(ptr=0), alloc=None)
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    bf16.native_dtype.cache_clear()
+    ladder = tuple({"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+                    "min_compute_capability": 80, "max_compute_capability": 0} for op in ("linear_bwd", "delta_bwd"))
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    monkeypatch.setattr(mbackward, "_compute_capability", lambda device: 90)
+    monkeypatch.setattr(mbackward, "extension", lambda: types.SimpleNamespace(
+        backward=contract_backward, workspace_bytes=lambda *args: 0))
+    yield
+    bf16.native_dtype.cache_clear()
+
+
+@pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_the_front_returns_the_reference_gradients_by_name(host_extension, mixer, with_state):
+    delta, gated = mixer in ("gated_deltanet", "deltanet"), mixer in ("simple_gla", "gated_deltanet")
+    x = inputs(2, 7, 3, 8, 4, seed=3, gated=gated, delta=delta, with_state=with_state)
+    x = {n: None if a is None else a.astype(np.float32).astype(np.float64) for n, a in x.items()}  # float32 values
+    scale = 8 ** -0.5
+    ref = dict(zip(["dq", "dk", "dv", "dg"] + (["dbeta"] if delta else []) + ["dinitial_state"], reference(x, delta,
+                                                                                                            scale)))
+    args = [on_host_gpu(x[n]) for n in ("q", "k", "v")]
+    if gated:
+        args.append(on_host_gpu(x["g"]))
+    if delta:
+        args.append(on_host_gpu(x["beta"]))
+    grads = getattr(mcuda, f"{mixer}_backward")(*args, do=on_host_gpu(x["do"]), dstate=on_host_gpu(x["dS"]),
+                                                initial_state=on_host_gpu(x["S0"]))
+    assert type(grads).__name__.endswith("Gradients")
+    assert grads._fields == tuple(n for n in ref if n != "dg" or gated)
+    for name in grads._fields:
+        got = getattr(grads, name)
+        if ref[name] is None:
+            assert got is None, name
+            continue
+        assert got.dtype == np.float32 and got.shape == ref[name].shape, name
+        assert rel_err(np.asarray(got, np.float64), ref[name]) < 1e-5, name  # dg: the front's reverse sum
+
+
+def test_bad_cotangents_name_do_and_dstate(host_extension):
+    x = inputs(2, 5, 2, 8, 4, seed=4, delta=True)
+    q, k, v, g, beta = (on_host_gpu(x[n]) for n in ("q", "k", "v", "g", "beta"))
+    do, dS = on_host_gpu(x["do"]), on_host_gpu(x["dS"])
+    with pytest.raises(ValueError, match=r"do: expected shape \[B, T, H, V\] = \[2, 5, 2, 4\], got \[2, 5, 2\]"):
+        mcuda.gated_deltanet_backward(q, k, v, g, beta, do=do[..., 0])
+    with pytest.raises(TypeError, match=r"do: expected the dtype of v \(float32\), got uint16"):
+        mcuda.gated_deltanet_backward(q, k, v, g, beta, do=np.zeros(do.shape, np.uint16).view(HostArray))
+    with pytest.raises(ValueError, match=r"dstate: expected shape \[B, H, K, V\] = \[2, 2, 8, 4\], got \[2, 2, 4, 8\]"):
+        mcuda.simple_gla_backward(q, k, v, g, do=do, dstate=on_host_gpu(np.zeros((2, 2, 4, 8))))
+    with pytest.raises(ValueError, match=r"do: expected finite values"):
+        mcuda.simple_gla_backward(q, k, v, g, do=on_host_gpu(np.full(do.shape, np.nan)))
+    with pytest.raises(ValueError, match=r"dstate: expected finite values"):
+        mcuda.gated_deltanet_backward(q, k, v, g, beta, do=do, dstate=on_host_gpu(np.full(dS.shape, np.inf)))
+    with pytest.raises(TypeError, match=r"do: expected a CuPy array on the GPU"):
+        mcuda.gated_deltanet_backward(q, k, v, g, beta, do=x["do"])
+    with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1"):
+        mcuda.gated_deltanet_backward(q, on_host_gpu(3 * x["k"]), v, g, beta, do=do)
+    with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'do'"):
+        mcuda.simple_gla_backward(q, k, v, g)
+
+
+# ---- the kernels (GPU) -------------------------------------------------------------------------------------
+# (B, T, H, K, V): T not a multiple of the 64-token checkpoint chunk, T = 1, K != V both ways, V = 48 (a partial
+# 32-column value block), K = 40 (a partial 32-row lane group), K = 256 (the largest), several chunks.
+SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 130, 2, 32, 96), (2, 70, 2, 40, 48), (1, 64, 1, 256, 64),
+          (1, 300, 2, 128, 128)]
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
+
+
+def device_inputs(x, dtype):
+    """x's arrays on the GPU (q, k, v, do in `dtype`, the rest float32) and the float64 values they hold."""
+    gpu_x, host = {}, {}
+    for name, a in x.items():
+        if a is None:
+            gpu_x[name] = host[name] = None
+            continue
+        d = cupy.asarray(a, dtype=cupy.float32)
+        if dtype == "bfloat16" and name in ("q", "k", "v", "do"):
+            d = mcuda.to_bf16(d)
+            host[name] = cupy.asnumpy(mcuda.from_bf16(d)).astype(np.float64)
+        else:
+            host[name] = cupy.asnumpy(d).astype(np.float64)
+        gpu_x[name] = d
+    return gpu_x, host
+
+
+def run_backward(mixer, gx, **kwargs):
+    args = [gx["q"], gx["k"], gx["v"]]
+    if mixer in ("simple_gla", "gated_deltanet"):
+        args.append(gx["g"])
+    if mixer in ("deltanet", "gated_deltanet"):
+        args.append(gx["beta"])
+    return getattr(mcuda, f"{mixer}_backward")(*args, do=gx["do"], dstate=gx["dS"], initial_state=gx["S0"], **kwargs)
+
+
+@gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
+def test_kernels_match_the_float64_backward(mixer, dtype, shape):
+    delta, gated = mixer in ("gated_deltanet", "deltanet"), mixer in ("simple_gla", "gated_deltanet")
+    x = inputs(*shape, seed=sum(shape), gated=gated, delta=delta, with_state=shape[1] != 64)
+    gx, host = device_inputs(x, dtype)
+    grads = run_backward(mixer, gx)
+    ref = numpy_backward(mixer, host, shape[3] ** -0.5)
+    tol = TOLERANCE[dtype]
+    for name in grads._fields:
+        got = getattr(grads, name)
+        if ref[name] is None:
+            assert got is None, name
+            continue
+        assert got.dtype == cupy.float32 and got.shape == ref[name].shape, name
+        err = rel_err(cupy.asnumpy(got), ref[name])
+        assert err < tol, f"{mixer} {dtype} {shape} {name}: {err:.2e} >= {tol}"
+
+
+@gpu
+@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
+def test_gradients_of_the_final_state_alone(mixer):
+    """do = 0: only <dstate, S_T> is differentiated (the state's adjoint from the last token back)."""
+    delta = mixer == "gated_deltanet"
+    x = inputs(2, 90, 2, 64, 64, seed=30, delta=delta)
+    x["do"] = np.zeros_like(x["do"])
+    gx, host = device_inputs(x, "float32")
+    grads = run_backward(mixer, gx)
+    ref = numpy_backward(mixer, host, 64 ** -0.5)
+    for name in grads._fields:
+        assert rel_err(cupy.asnumpy(getattr(grads, name)), ref[name]) < 1e-4, name
+
+
+@gpu
+def test_strong_gates_over_a_long_sequence_stay_finite():
+    """float32 at T = 4096 with gates down to -20: every gradient finite."""
+    x = inputs(1, 4096, 2, 64, 64, seed=31, delta=True)
+    x["g"] = np.random.default_rng(32).uniform(-20.0, 0.0, x["g"].shape)
+    gx, _ = device_inputs(x, "float32")
+    for mixer in ("gated_deltanet", "simple_gla"):
+        for grad in run_backward(mixer, gx):
+            assert bool(cupy.isfinite(grad).all()), mixer
+
+
+@gpu
+@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
+def test_repeated_backward_runs_are_bit_identical(mixer):
+    """The value blocks' parts are added in a fixed order: the same bits every run (a race would show here)."""
+    x = inputs(2, 200, 4, 128, 128, seed=33, delta=mixer == "gated_deltanet")
+    gx, _ = device_inputs(x, "bfloat16")
+    first = run_backward(mixer, gx)
+    for _ in range(2):
+        again = run_backward(mixer, gx)
+        assert all(bool((a == b).all()) for a, b in zip(first, again))
+
+
+# ---- the extension's own checks (no GPU needed, only the built module) ------------------------------------
+def backward_call(op="delta_bwd", **changes):
+    args = dict(op=op, version=1, q=256, k=256, v=256, g=0, beta=256, h0=0, do=256, dht=0, dq=256, dk=256, dv=256,
+                dg=0, dbeta=256, dh0=0, ht=0, workspace=256, workspace_size=1 << 40, B=1, T=4, H=1, K=8, V=8,
+                scale=1.0, dtype=0, stream=0)
+    args.update(changes)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("op, changes, message", [
+    ("delta_bwd", dict(K=300), r"delta_bwd_v1_recurrent: K must be <= 256"),
+    ("linear_bwd", dict(K=257), r"linear_bwd_v1_recurrent: K must be <= 256"),
+    ("delta_bwd", dict(T=0), r"sizes must be positive, got B=1 T=0"),
+    ("delta_bwd", dict(do=0), r"q, k, v, do, dq, dk and dv must be device pointers"),
+    ("delta_bwd", dict(dbeta=0), r"beta and dbeta must be device pointers"),
+    ("delta_bwd", dict(g=256), r"dg must be a device pointer when g is given"),
+    ("delta_bwd", dict(workspace_size=16), r"workspace must hold \d+ bytes, got 16"),
+    ("linear_bwd", dict(workspace=0), r"workspace must hold \d+ bytes"),
+    ("delta_bwd", dict(dtype=5), r"dtype code must be 0 \(float32\) or 1 \(bfloat16\), got 5"),
+    ("delta_bwd", dict(version=3), r"delta_bwd has versions 1, got 3"),
+    ("linear", {}, r"linear is not a backward op"),
+    ("decode", {}, r"decode is not a backward op"),
+])
+def test_the_extension_checks_a_backward_call_before_any_cuda_call(op, changes, message):
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    with pytest.raises(ValueError, match=message):
+        cuda.backward(*backward_call(op, **changes))
+
+
+def test_the_extension_lists_the_backward_ops_with_their_workspace():
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    ops = {v["op"]: v for v in cuda.versions() if v["op"].endswith("_bwd")}
+    assert set(ops) == {"linear_bwd", "delta_bwd"} and all(v["float32"] and v["bfloat16"] for v in ops.values())
+    # linear: dq's and dk's parts per 32-column value block; delta adds checkpoints, recomputed states, dbeta, dg
+    assert cuda.workspace_bytes("linear_bwd", 1, 2, 100, 3, 64, 64) == 2 * 2 * (2 * 100 * 3 * 64) * 4
+    chunks, blocks, tokens = 2, 2 * 3 * 2, 2 * 100 * 3
+    expected = (2 * 3 * chunks * 64 * 64 + blocks * 64 * 2 * 8 * 128 + 2 * 2 * tokens * 64 + 2 * 2 * tokens) * 4
+    assert cuda.workspace_bytes("delta_bwd", 1, 2, 100, 3, 64, 64) == expected
