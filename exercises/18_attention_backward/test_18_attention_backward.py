@@ -61,7 +61,8 @@ def _check_backward(learner, function, cases, seed0, **options):
             expected = attention.parallel_backward(q, k, v, do=do, scale=scale)
             with np.errstate(all="ignore"):
                 got = getattr(learner, function)(q, k, v, o, lse, do, scale=scale, **options)
-            where = f"[{label(case, **options)}" + (f", q and k times {LOUD:g}: recompute P as exp(S - lse)]" if loud > 1 else "]")
+            where = f"[{label(case, **options)}" + (
+                f", q and k times {LOUD:g}: recompute P as exp(S - lse)]" if loud > 1 else "]")
             check_gradients(f"{function}(scale={scale})", got, (expected.dq, expected.dk, expected.dv), names=NAMES,
                             dims=DIMS, where=where, chunk_size=options.get("block_size"),
                             scales={"scale": s, "K ** -0.5": case["K"] ** -0.5},

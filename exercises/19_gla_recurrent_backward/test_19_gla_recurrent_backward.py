@@ -83,7 +83,8 @@ def test_recurrent_backward(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 420):
         q, k, v, g, do, S0, dS = _inputs(case, seed)
         for scale, initial_state, dstate in ((None, None, None), (0.5, S0, dS), (None, S0, None), (0.5, None, dS)):
-            where = (", initial_state given" if initial_state is not None else "") + (", dstate given" if dstate is not None else "")
+            where = ((", initial_state given" if initial_state is not None else "")
+                     + (", dstate given" if dstate is not None else ""))
             _check(learner, case, q, k, v, g, do, initial_state, dstate, scale, where, seed)
 
 

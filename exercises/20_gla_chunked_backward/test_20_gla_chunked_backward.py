@@ -70,7 +70,8 @@ def test_chunked_backward(learner):
         q, k, v, g, do, S0, dS = _inputs(case, seed)
         for C, scale, initial_state, dstate in ((16, None, None, None), (5, 0.5, S0, dS), (64, None, S0, None),
                                                 (1, 0.5, None, dS)):
-            where = (", initial_state given" if initial_state is not None else "") + (", dstate given" if dstate is not None else "")
+            where = ((", initial_state given" if initial_state is not None else "")
+                     + (", dstate given" if dstate is not None else ""))
             _check(learner, case, q, k, v, g, do, initial_state, dstate, scale, C, where, seed)
 
 

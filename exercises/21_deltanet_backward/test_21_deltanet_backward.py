@@ -64,7 +64,8 @@ def test_deltanet_recurrent_backward(learner):
     for seed, case in enumerate(SEQUENCE_CASES, 610):
         q, k, v, beta, do, S0, dS = _inputs(case, seed)
         for scale, initial_state, dstate in ((None, None, None), (0.6, S0, dS), (None, S0, None), (0.6, None, dS)):
-            where = (", initial_state given" if initial_state is not None else "") + (", dstate given" if dstate is not None else "")
+            where = ((", initial_state given" if initial_state is not None else "")
+                     + (", dstate given" if dstate is not None else ""))
             _check(learner, case, q, k, v, beta, do, initial_state, dstate, scale, where, seed)
 
 
