@@ -78,6 +78,17 @@ def adamw_update(param, grad, m, v, step, *, lr, betas=(0.9, 0.98), eps=1e-8, we
         "TODO: the moments, their bias corrections 1 - b^t, the decoupled weight decay, then the Adam step (about 7 lines)")
 
 
+def clip_by_global_norm(grads, max_norm=1.0):
+    """Scale every gradient by min(1, max_norm / ||g||), ||g|| the norm of all of them together:
+    ||g|| = sqrt(sum over every array of the sum of its squares), computed in float64.
+
+    grads: a list of arrays. Returns (the scaled gradients, a list of new arrays; ||g||, a float).
+    Unchanged (a factor of 1) when ||g|| <= max_norm.
+    """
+    raise NotImplementedError(
+        "TODO: the global norm over all arrays, then one factor for all of them (about 3 lines)")
+
+
 def loss_and_grads(model, tokens, targets):
     """Forward and backward through `model` (a minilin.nn.LanguageModel) by hand (module docstring): the
     embedding, each block (block.forward / block.backward), the final RMSNorm, the head and the cross-entropy.
@@ -101,13 +112,13 @@ def train(*, steps=150, batch_size=32, lr=1e-2, seed=0, verbose=False):
 
     model = LanguageModel(["attention", "attention"], vocab=TASK.vocab, d_model=32, heads=2, seed=seed);
     step i (i = 0 .. steps - 1) trains on batch(TASK, i, batch_size, seed): zero the gradients, your
-    loss_and_grads, clip the global gradient norm to 1, your adamw_update on every parameter (weight decay
+    loss_and_grads, your clip_by_global_norm (to 1), your adamw_update on every parameter (weight decay
     only where param.ndim >= 2 and the name does not end with "conv.weight"), constant learning rate lr.
     verbose: print the step and the loss every 25 steps. Returns (model, accuracy): the trained model and
     its accuracy on held_out(TASK, 256, seed), from your evaluate.
     """
     raise NotImplementedError(
-        "TODO: the model and AdamW's moments; per step: batch, zero_grad, loss_and_grads, clip, adamw_update (about 15 lines)")
+        "TODO: the model and AdamW's moments; per step: batch, zero_grad, loss_and_grads, the clip, adamw_update (about 15 lines)")
 
 
 if __name__ == "__main__":

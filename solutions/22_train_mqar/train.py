@@ -102,6 +102,20 @@ def adamw_update(param, grad, m, v, step, *, lr, betas=(0.9, 0.98), eps=1e-8, we
     # END TODO
 
 
+def clip_by_global_norm(grads, max_norm=1.0):
+    """Scale every gradient by min(1, max_norm / ||g||), ||g|| the norm of all of them together:
+    ||g|| = sqrt(sum over every array of the sum of its squares), computed in float64.
+
+    grads: a list of arrays. Returns (the scaled gradients, a list of new arrays; ||g||, a float).
+    Unchanged (a factor of 1) when ||g|| <= max_norm.
+    """
+    # TODO: the global norm over all arrays, then one factor for all of them
+    norm = float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads)))
+    factor = max_norm / norm if norm > max_norm else 1.0
+    return [g * factor for g in grads], norm
+    # END TODO
+
+
 def loss_and_grads(model, tokens, targets):
     """Forward and backward through `model` (a minilin.nn.LanguageModel) by hand (module docstring): the
     embedding, each block (block.forward / block.backward), the final RMSNorm, the head and the cross-entropy.
@@ -146,24 +160,24 @@ def train(*, steps=150, batch_size=32, lr=1e-2, seed=0, verbose=False):
 
     model = LanguageModel(["attention", "attention"], vocab=TASK.vocab, d_model=32, heads=2, seed=seed);
     step i (i = 0 .. steps - 1) trains on batch(TASK, i, batch_size, seed): zero the gradients, your
-    loss_and_grads, clip the global gradient norm to 1, your adamw_update on every parameter (weight decay
+    loss_and_grads, your clip_by_global_norm (to 1), your adamw_update on every parameter (weight decay
     only where param.ndim >= 2 and the name does not end with "conv.weight"), constant learning rate lr.
     verbose: print the step and the loss every 25 steps. Returns (model, accuracy): the trained model and
     its accuracy on held_out(TASK, 256, seed), from your evaluate.
     """
-    # TODO: the model and AdamW's moments; per step: batch, zero_grad, loss_and_grads, clip, adamw_update
+    # TODO: the model and AdamW's moments; per step: batch, zero_grad, loss_and_grads, the clip, adamw_update
     model = LanguageModel(["attention", "attention"], vocab=TASK.vocab, d_model=32, heads=2, seed=seed)
     moments = {name: (np.zeros_like(p), np.zeros_like(p)) for name, p, _ in model.named_params()}
     for step in range(steps):
         tokens, targets = batch(TASK, step, batch_size, seed)
         model.zero_grad()
         loss = loss_and_grads(model, tokens, targets)
-        norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for _, _, g in model.named_params()))
-        clip = min(1.0, 1.0 / norm)
-        for name, p, g in model.named_params():
+        named = list(model.named_params())
+        clipped, _ = clip_by_global_norm([g for _, _, g in named])
+        for (name, p, _), g in zip(named, clipped):
             m, v = moments[name]
             decay = p.ndim >= 2 and not name.endswith("conv.weight")
-            new_p, m, v = adamw_update(p, clip * g, m, v, step + 1, lr=lr, decay=decay)
+            new_p, m, v = adamw_update(p, g, m, v, step + 1, lr=lr, decay=decay)
             p[...] = new_p
             moments[name] = (m, v)
         if verbose and (step + 1) % 25 == 0:
