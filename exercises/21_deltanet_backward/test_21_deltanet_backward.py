@@ -1,10 +1,13 @@
 """Check for exercise 21 (you do not need to edit this file): one token's backward and the whole recurrent
 backward pass of DeltaNet against minilin.mixers.deltanet's recurrent_backward, and against central finite
 differences of L = <do, o> + <dstate, S_T>, in float64: with and without an initial state and a dstate,
-the default scale and another one, and the final state's gradient alone (do = 0)."""
+the default scale and another one, and the final state's gradient alone (do = 0); and the WY form's
+backward against the exact derivative of <dW, W> + <dU, U> (the complex-step derivative through
+minilin.chunking.unit_lower_inverse) and central finite differences."""
 import numpy as np
 
 from minilin import examples
+from minilin.chunking import unit_lower_inverse
 from minilin.course.checks import SEQUENCE_CASES, check_gradients, label
 from minilin.mixers import _delta_rule, deltanet
 
@@ -85,3 +88,46 @@ def test_deltanet_recurrent_backward_strong_writes(learner):
     k = examples.unit_vectors(rng, (1, 3, 2, 4))[:, rng.integers(0, 3, 30)]      # three keys, each used often
     beta = examples.uniform(rng, 0.9, 1.0, beta.shape)
     _check(learner, case, q, k, v, beta, do, S0, dS, None, ", three keys repeated, beta in [0.9, 1]", 630)
+
+
+def _wy(k, v, beta):
+    """Exercise 12's (W, U) through minilin's triangular inverse; works on complex arrays too."""
+    k_beta = beta[..., None] * k
+    T = unit_lower_inverse(k_beta @ np.swapaxes(k, -1, -2))     # (I + tril(., -1))^-1
+    return T @ k_beta, T @ (beta[..., None] * v)
+
+
+def _exact_wy_gradients(k, v, beta, dW, dU):
+    """d/d(k, v, beta) of <dW, W> + <dU, U>, entry by entry, by the complex-step derivative: with x -> x + i h
+    for a tiny h, Im L / h is the derivative to rounding (no difference of two nearby numbers is taken).
+    One entry position at a time, in every chunk of the batch at once (the chunks are independent)."""
+    h = 1e-30
+    grads = []
+    for which, x in enumerate((k, v, beta)):
+        grad = np.empty(x.shape)
+        for index in np.ndindex(*x.shape[len(beta.shape) - 1:]):          # positions inside one chunk
+            inputs = [k.astype(complex), v.astype(complex), beta.astype(complex)]
+            inputs[which][(...,) + index] += 1j * h
+            W, U = _wy(*inputs)
+            per_chunk = np.sum(dW * W, axis=(-2, -1)) + np.sum(dU * U, axis=(-2, -1))
+            grad[(...,) + index] = per_chunk.imag / h
+        grads.append(grad)
+    return tuple(grads)
+
+
+def test_wy_backward(learner):
+    for seed, (lead, C, K, V) in enumerate([((), 1, 3, 2), ((2,), 5, 4, 3), ((2, 3), 16, 8, 5), ((1,), 24, 6, 6)], 640):
+        rng = examples.generator(seed)
+        k = examples.unit_vectors(rng, (*lead, C, K))
+        v = examples.normal(rng, (*lead, C, V))
+        beta = examples.uniform(rng, 0, 1, (*lead, C))
+        dW, dU = examples.normal(rng, (*lead, C, K)), examples.normal(rng, (*lead, C, V))
+
+        def loss(k, v, beta):
+            W, U = _wy(k, v, beta)
+            return float(np.sum(dW * W) + np.sum(dU * U))
+
+        got = learner.wy_backward(k, v, beta, dW, dU)
+        check_gradients("wy_backward(k, v, beta, dW, dU)", got, _exact_wy_gradients(k, v, beta, dW, dU),
+                        names=("dk", "dv", "dbeta"), dims=("", "", ""), where=f"[chunks {list(lead)}, C={C}, K={K}, V={V}]",
+                        factors={"beta": beta}, loss=loss, inputs=(k, v, beta), seed=seed)

@@ -26,10 +26,32 @@ K x V; minilin's recurrent_backward keeps one every 64 tokens and recomputes the
 backward for t = T-1 down to 0, starting from dstate (zeros when None). dinitial_state is dS_{-1}, and
 dq = scale dq'.
 
+The chunked form (exercise 12) runs through the WY representation of a chunk instead:
+
+    A = tril(diag(beta) K K^T, -1),   T = (I + A)^-1,   R = [diag(beta) K, diag(beta) V],   [W, U] = T R
+
+and its backward (minilin's chunked_backward) needs the adjoint of that too (`wy_backward`): given dW and
+dU, with X = [W, U] and dX = [dW, dU],
+
+    X = T R                ->  dR = T^T dX           (the adjoint of a triangular solve is the transposed
+                                                      solve: (I + A)^T dR = dX, upper triangular)
+                               dT = dX R^T
+    T = (I + A)^-1         ->  dA = -T^T dT T^T = -(T^T dX)(T R)^T = -dR X^T,   kept strictly lower (only
+                                                      those entries of A are functions of the inputs)
+    A_tj = beta_t k_t . k_j ->  dbeta_t += sum_j dA_tj (k_t . k_j),   dK += diag(beta) dA K + dA^T diag(beta) K
+    R = [beta K, beta V]    ->  dK += diag(beta) dR_K,   dV = diag(beta) dR_V,
+                               dbeta_t += k_t . dR_K,t + v_t . dR_V,t
+
+where dR_K, dR_V are the first K and the last V columns of dR. (T^T dX: differentiate T (I + A) = I to get
+dT = -T dA T, so <dT_bar, dT> = <-T^T dT_bar T^T, dA>.)
+
 Shapes: q, k [B, T, H, K] (k unit-norm); v, do [B, T, H, V]; beta [B, T, H]; states [B, H, K, V]; in the
-step, one token: q_t, k_t [B, H, K], v_t, do_t [B, H, V], beta_t [B, H]. scale defaults to K ** -0.5.
+step, one token: q_t, k_t [B, H, K], v_t, do_t [B, H, V], beta_t [B, H]; in the WY functions one chunk:
+k [..., C, K], v [..., C, V], beta [..., C], W and dW [..., C, K], U and dU [..., C, V] (leading axes are
+independent chunks). scale defaults to K ** -0.5.
 Check: `minilin check 21` (compares with minilin.mixers.deltanet's recurrent_backward and with central
-finite differences of <do, o> + <dstate, S_T>).
+finite differences of <do, o> + <dstate, S_T>; the WY backward with the exact derivative of
+<dW, W> + <dU, U> through minilin.chunking's triangular inverse).
 """
 import numpy as np
 
@@ -79,4 +101,26 @@ def deltanet_recurrent_backward(q, k, v, beta, *, do, dstate=None, scale=None, i
             before[:, t], scale * q[:, t], k[:, t], v[:, t], beta[:, t], do[:, t], dS)
         dq[:, t] = scale * dq_t
     return dq, dk, dv, dbeta, (None if initial_state is None else dS)
+    # END TODO
+
+
+def wy_backward(k, v, beta, dW, dU):
+    """The gradients of L = <dW, W> + <dU, U> through exercise 12's WY representation (module docstring).
+
+    k: [..., C, K]; v: [..., C, V]; beta: [..., C]; dW: [..., C, K]; dU: [..., C, V].
+    Returns (dk [..., C, K], dv [..., C, V], dbeta [..., C]).
+    """
+    # TODO: recompute A and X = [W, U]; dR by the transposed solve; dA = tril(-dR X^T, -1); then A's and R's backward
+    C, K = k.shape[-2:]
+    k_beta = beta[..., None] * k
+    I_A = np.eye(C) + np.tril(k_beta @ np.swapaxes(k, -1, -2), -1)               # I + A
+    X = np.linalg.solve(I_A, np.concatenate([k_beta, beta[..., None] * v], axis=-1))   # [W, U]
+    dR = np.linalg.solve(np.swapaxes(I_A, -1, -2), np.concatenate([dW, dU], axis=-1))  # T^T dX
+    dA = np.tril(-dR @ np.swapaxes(X, -1, -2), -1)
+    dR_K, dR_V = dR[..., :K], dR[..., K:]
+    dbeta = (np.sum(dA * (k @ np.swapaxes(k, -1, -2)), axis=-1) + np.sum(k * dR_K, axis=-1)
+             + np.sum(v * dR_V, axis=-1))
+    dk = beta[..., None] * (dA @ k + dR_K) + np.swapaxes(dA, -1, -2) @ k_beta
+    dv = beta[..., None] * dR_V
+    return dk, dv, dbeta
     # END TODO
