@@ -2,7 +2,8 @@
 
 Exercise 19's backward, on the GPU. As in exercise 16, one thread block per (b, h) (blockIdx.x = b * H + h)
 and one thread per value column j (threadIdx.x, blockDim.x = V), which keeps column j of a [K, V] matrix
-in its own registers (float s[MAX_K]). The kernel runs two passes over the sequence:
+in a local array of its own, float s[MAX_K] (registers, or per-thread local memory where the compiler cannot
+unroll the loops over it). The kernel runs two passes over the sequence:
 
     1. forwards, t = 0 .. T-1:   S_t = exp(g_t) S_{t-1} + k_t v_t^T        (column j: s_i = e s_i + k_i v_j)
                                  dq_t = scale S_t do_t                     (row i: sum_j S_t[i, j] do_t[j])
