@@ -10,7 +10,7 @@ minilin/course/. What this file adds to plain pytest:
 - a function still raising NotImplementedError counts as TODO: one short line, never a traceback;
 - GPU exercises skip, with the reason, where CuPy sees no GPU (and are never counted as solved);
 - tests run in the order of exercises/exercises.toml, and a summary closes the run:
-  `5/17 solved, 40/150 points; next: 06 RetNet, exercises/06_retnet/retnet.py`.
+  `5/23 solved, 30/297 points; next: 06 RetNet, exercises/06_retnet/retnet.py`.
 """
 from __future__ import annotations
 

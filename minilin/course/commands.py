@@ -108,7 +108,7 @@ def next_exercise(results):
 
 
 def summary_line(results, exercises, *, whole_course: bool = True) -> str:
-    """'5/17 solved, 40/150 points; next: 06 RetNet, exercises/06_retnet/retnet.py'.
+    """'5/23 solved, 30/297 points; next: 06 RetNet, exercises/06_retnet/retnet.py'.
     whole_course=False: `exercises` is only the part that was run (no "all done")."""
     solved = [r for r in results if r.status == SOLVED]
     points = sum(r.exercise.points for r in solved)
