@@ -204,3 +204,19 @@ def test_checkpoint_state_dict_round_trip():
     assert np.array_equal(a.forward(tokens)[0], b.forward(tokens)[0])
     with pytest.raises(ValueError, match="checkpoint: expected the parameters of this model"):
         nn.LanguageModel(["attention"], vocab=9, d_model=8, heads=2).load_state_dict(a.state_dict())
+
+
+def test_signed_parameters_keep_their_sign_whatever_the_step():
+    """Mamba's A <= 0 and S4's dt > 0 are trained through their logs: even huge AdamW steps stay valid."""
+    for mixers in (["mamba2"], ["mamba"], ["s4"]):
+        model = nn.LanguageModel(mixers, vocab=9, d_model=8, heads=2, seed=1)
+        optimizer = nn.AdamW(model, lr=5.0)
+        tokens = np.arange(12).reshape(2, 6) % 9
+        for _ in range(3):
+            model.zero_grad()
+            model.loss_and_grads(tokens, tokens)
+            optimizer.step()
+        layer = model.blocks[0].children["mixer"]
+        assert (layer._parameter("A") < 0).all()
+        if mixers == ["s4"]:
+            assert (layer._parameter("dt") > 0).all()

@@ -1,6 +1,7 @@
 """`minilin bench --device cpu --backward`: each mixer's forward and forward + backward, per form, in NumPy.
 
-Problem: the CPU bench's (B=1, H=4, T=4096, K=V=64, float32). Before anything is timed, every backward form
+Problem: the CPU bench's (B=1, H=4, T=4096, K=V=64, float32), each chunked form at the CPU bench's chunk size
+for it (`cpu.CHUNK_SIZES`, the fastest forward here). Before anything is timed, every backward form
 of the mixer is checked at a small float64 size against central finite differences along a random direction
 (all inputs at once); a form that fails is reported and not timed. Then, in alternating rounds
 (`timing.interleaved_median_ms`), for the recurrent and the chunked form:
@@ -22,7 +23,7 @@ import numpy as np
 
 from .. import catalog
 from . import write_json
-from .cpu import PROBLEM, QUICK_PROBLEM, machine
+from .cpu import CHUNK_SIZES, PROBLEM, QUICK_PROBLEM, machine
 from .timing import interleaved_median_ms, median_ms
 
 FORMS = ("recurrent", "chunked")
@@ -85,15 +86,17 @@ def bench_mixer(name: str, repeats: int | None, problem: dict) -> dict:
     args, kwargs = mod.example_inputs(**problem, dtype=np.float32)
     do, dstate = _cotangents(mod, name, args, kwargs, np.float32)
     fns, runs = {}, {}
+    row["chunk_size"] = CHUNK_SIZES.get(name, 64)
     for form in FORMS:
         error = finite_difference_error(name, form)
         row[f"{form}_fd_error"] = error
         if not error < 1e-5:
             continue
         forward, backward = getattr(mod, form), getattr(mod, f"{form}_backward")
-        fns[f"{form}_forward"] = lambda f=forward: f(*args, **kwargs)
-        fns[f"{form}_forward_backward"] = lambda f=forward, b=backward: (
-            f(*args, **kwargs), b(*args, **kwargs, do=do, dstate=dstate))
+        options = dict(kwargs, chunk_size=row["chunk_size"]) if form == "chunked" else kwargs
+        fns[f"{form}_forward"] = lambda f=forward, o=options: f(*args, **o)
+        fns[f"{form}_forward_backward"] = lambda f=forward, b=backward, o=options: (
+            f(*args, **o), b(*args, **o, do=do, dstate=dstate))
         runs[f"{form}_forward"] = runs[f"{form}_forward_backward"] = 1 if form == "recurrent" else 3
     row.update({f"{k}_ms": v for k, v in interleaved_median_ms(fns, runs, rounds=repeats or 3).items()})
     if "chunked_forward_ms" in row:
@@ -110,13 +113,13 @@ def format_table(rows) -> str:
     def ms(x):
         return "-" if x is None else f"{x:.1f}"
 
-    lines = ["| mixer | recurrent fwd ms | recurrent fwd+bwd ms | chunked fwd ms | chunked fwd+bwd ms | "
+    lines = ["| mixer | C | recurrent fwd ms | recurrent fwd+bwd ms | chunked fwd ms | chunked fwd+bwd ms | "
              "chunked fwd+bwd / fwd | recurrent bwd / chunked bwd | training tokens/s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         ratio = r.get("train_over_forward")
         speed = r.get("recurrent_over_chunked_backward")
-        lines.append(f"| {r['mixer']} | {ms(r.get('recurrent_forward_ms'))} | {ms(r.get('recurrent_forward_backward_ms'))} | "
+        lines.append(f"| {r['mixer']} | {r['chunk_size']} | {ms(r.get('recurrent_forward_ms'))} | {ms(r.get('recurrent_forward_backward_ms'))} | "
                      f"{ms(r.get('chunked_forward_ms'))} | {ms(r.get('chunked_forward_backward_ms'))} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'} | {'-' if speed is None else f'{speed:.1f}x'} | "
                      f"{r['train_tokens_per_s']:,.0f} |")

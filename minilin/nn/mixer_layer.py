@@ -7,7 +7,9 @@
     y   = o W_o                                           [B, T, d]
 
 Which inputs a mixer takes, their dims, and which are per-layer parameters (Mamba's A, RWKV-6's u, S4's
-dt, A, B, C) come from its SIGNATURE through `minilin.hybrid.layer_inputs`, so every causal mixer fits. The
+dt, A, B, C) come from its SIGNATURE through `minilin.hybrid.layer_inputs`, so every causal mixer fits. A
+parameter that must keep its sign is trained through its log, as Mamba trains A = -exp(A_log) (`SIGNED`):
+an optimizer step can then never leave the valid range. The
 backward runs the same chain in reverse: the mixer's own `chunked_backward` gives d a_n for every input
 (its named tuple, CONVENTIONS.md), then each activation's backward, each projection's, the convolution's
 and the norm's, summed into dx.
@@ -29,6 +31,16 @@ from .module import Module
 # have no bias.
 GATE_BIAS = {activations.log_sigmoid: 4.0, activations.rwkv7_decay: -4.0, activations.sigmoid: 0.0,
              activations.step_size: 0.0}
+
+# Parameters that must keep a sign are trained through an unconstrained value, as Mamba trains A = -exp(A_log):
+# the layer stores the log, and LOG_MAPS holds (value -> log, log -> value); d value / d log is the value itself.
+SIGNED = {
+    ("mamba2", "A"): "negative", ("mamba", "A"): "negative", ("s4", "A"): "negative", ("s4", "dt"): "positive",
+}
+LOG_MAPS = {
+    "negative": (lambda value: np.log(-value), lambda raw: -np.exp(raw)),   # A = -exp(raw) < 0, dA/draw = A
+    "positive": (lambda value: np.log(value), lambda raw: np.exp(raw)),     # dt = exp(raw) > 0, d dt/draw = dt
+}
 
 # RWKV-7 derives a = -kappa and b = kappa * alpha from two hidden projections (minilin.hybrid.DERIVED); their
 # backward: d kappa = -da + db * alpha, d alpha = db * kappa.
@@ -54,7 +66,11 @@ class MixerLayer(Module):
             if kind == "projected":
                 self.children[f"W_{name}"] = Linear(d_model, int(np.prod(shape)), rng, dtype, bias=GATE_BIAS.get(source))
             elif kind == "parameter":
-                self.add_param(name, np.asarray(source(rng, shape), dtype=dtype))
+                value = np.asarray(source(rng, shape), dtype=dtype)
+                if (mixer, name) in SIGNED:  # stored as its log: name + "_log"
+                    value = LOG_MAPS[SIGNED[mixer, name]][0](value).astype(dtype)
+                    name = f"{name}_log"
+                self.add_param(name, value)
         # The output projection starts small, so that each residual layer begins close to the identity.
         self.children["W_o"] = Linear(heads * head_dim, d_model, rng, dtype, scale=0.5)
 
@@ -63,6 +79,12 @@ class MixerLayer(Module):
         """The mixer's module (minilin.mixers.<name>), looked up by name rather than kept, so that a layer, and
         a model, can be copied with copy.deepcopy (a module object cannot be)."""
         return catalog.module(self.mixer)
+
+    def _parameter(self, name: str):
+        """A parameter's value, mapped from its stored log where it must keep a sign (SIGNED)."""
+        if (self.mixer, name) in SIGNED:
+            return LOG_MAPS[SIGNED[self.mixer, name]][1](self.params[f"{name}_log"])
+        return self.params[name]
 
     def options(self) -> dict:
         return hybrid.OPTIONS.get(self.mixer, lambda layer: {})(self)
@@ -75,7 +97,7 @@ class MixerLayer(Module):
         values, pre, ctx_proj = {}, {}, {}
         for name, kind, dims, source in self.sources:
             if kind == "parameter":
-                values[name] = self.params[name]
+                values[name] = self._parameter(name)
             elif kind == "derived":
                 values[name] = source(values)
             else:
@@ -100,7 +122,9 @@ class MixerLayer(Module):
             d_values.update(DERIVED_BACKWARD[self.mixer](values, d_values))
         dh = 0
         for name, kind, dims, source in self.sources:
-            if kind == "parameter":
+            if kind == "parameter" and (self.mixer, name) in SIGNED:
+                self.grads[f"{name}_log"] += d_values[name] * values[name]   # d value / d log = value itself
+            elif kind == "parameter":
                 self.grads[name] += d_values[name]
             elif kind == "projected":
                 dz = source.backward(pre[name], d_values[name])

@@ -17,22 +17,28 @@ def accuracy_against_state(records, directory: str) -> str:
     import matplotlib.pyplot as plt
 
     pairs = sorted({r["num_kv_pairs"] for r in records})
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5.0 * len(pairs), 4.2), squeeze=False)
+    mixers = list(dict.fromkeys(r["mixer"] for r in records))
+    markers = "osD^vP*Xh"
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.0 * len(pairs), 4.4), squeeze=False)
     for ax, D in zip(axes[0], pairs):
-        for mixer in dict.fromkeys(r["mixer"] for r in records):
+        for i, mixer in enumerate(mixers):
             rows = sorted((r for r in records if r["mixer"] == mixer and r["num_kv_pairs"] == D),
                           key=lambda r: r["state_bytes"])
             if rows:
-                ax.plot([r["state_bytes"] for r in rows], [r["accuracy"] for r in rows], marker="o", label=mixer)
+                # Markers of decreasing size, so that mixers at the same point stay visible one inside another.
+                ax.plot([r["state_bytes"] for r in rows], [r["accuracy"] for r in rows], marker=markers[i % 9],
+                        markersize=11 - i, fillstyle="none" if i % 2 else "full", label=mixer)
+        widths = sorted({r["d_model"] for r in records if r["num_kv_pairs"] == D})
         ax.set_xscale("log")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-0.02, 1.05)
         ax.set_xlabel("state per sequence (bytes, float32, log scale)")
         ax.set_ylabel("held-out accuracy at the queries")
-        ax.set_title(f"{D} key-value pairs")
+        ax.set_title(f"{D} key-value pairs (d_model {', '.join(map(str, widths))})", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(mixers), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.9))
     fig.suptitle("\n".join(textwrap.wrap(SENTENCE, 110)), fontsize=9.5)
-    fig.tight_layout()
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "mqar.png")
     fig.savefig(path, dpi=110)
