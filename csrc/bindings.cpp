@@ -27,8 +27,8 @@ const minilin::Version& find_version(const std::string& op, int number) {
   for (const auto& v : minilin::versions())
     if (op == v.op) known += (known.empty() ? "" : ", ") + std::to_string(v.number);
   if (known.empty())
-    throw minilin::ArgumentError("minilin._cuda: op must be 'linear', 'delta', 'decode', 'linear_bwd' or "
-                                 "'delta_bwd', got '" + op + "'");
+    throw minilin::ArgumentError("minilin._cuda: op must be 'linear', 'delta', 'gla', 'kda', 'decode', "
+                                 "'linear_bwd' or 'delta_bwd', got '" + op + "'");
   throw minilin::ArgumentError("minilin._cuda: " + op + " has versions " + known + ", got " + std::to_string(number));
 }
 

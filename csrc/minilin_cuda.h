@@ -26,6 +26,7 @@ struct KernelError : std::runtime_error {
 //   q, k [B, T, H, K] and v, o [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null:
 //   no decay; beta is read by the delta family only); h0, ht [B, H, K, V] float32 (h0 may be null:
 //   zeros). All arrays C-contiguous on the current device. `scale` multiplies q.
+//   The ops with a decay per key channel ("gla", "kda") read g as [B, T, H, K] float32 instead, never null.
 struct Problem {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -118,6 +119,7 @@ struct BackwardProblem {
 // One kernel version of one op: what the bindings list and dispatch to.
 struct Version {
   const char* op;                 // "linear" (scalar-gated linear family), "delta" (delta rule family),
+                                  // "gla", "kda" (their per-channel-gated members: GLA, Kimi Delta Attention),
                                   // "decode" (one token per sequence, both families), "linear_bwd", "delta_bwd"
   int number;                     // 1, 2, 3, ... : the ladder, each step kept callable
   const char* name;               // e.g. "recurrent", "chunked", "chunked_mma"

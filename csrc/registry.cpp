@@ -1,7 +1,12 @@
 // The ladder: every kernel version, in op then version order. Each version lives in its own file
 // (csrc/<op>/v<N>_*.cu) and says there, in one sentence, what it changed and why. The ops: "linear" and "delta"
-// (a whole sequence, forward), "decode" (one token for each of N sequences, both families), "linear_bwd" and
-// "delta_bwd" (a whole sequence, backward):
+// (a whole sequence, forward, one decay per head), "gla" and "kda" (a whole sequence, forward, one decay per key
+// channel: GLA, and the delta rule with it, Kimi Delta Attention), "decode" (one token for each of N sequences, both
+// families), "linear_bwd" and "delta_bwd" (a whole sequence, backward):
+//   gla v1         recurrent: linear v1 with a decay per key channel, g [B, T, H, K] staged a row per token.
+//   gla v2         chunked: 64-token chunks on CUDA cores, the decays through references inside the chunk so that
+//                  only non-positive numbers are exponentiated.
+//   kda v1         recurrent: delta v1 with a decay per key channel.
 //   decode v1      register_tiles: one block per (sequence, head, 32 value columns), its state slice in registers,
 //                  read and written once with 16-byte accesses.
 //   linear_bwd v1  recurrent: a forward token loop for dq and a backward one for the state's adjoint, dk and dv;
@@ -15,6 +20,8 @@ namespace minilin {
 extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
+extern const Version gla_v1, gla_v2;
+extern const Version kda_v1;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, delta_bwd_v1;
 
@@ -28,6 +35,8 @@ const std::vector<Version>& versions() {
 #ifdef MINILIN_SM90A
                                                 delta_v10,
 #endif
+                                                gla_v1,    gla_v2,
+                                                kda_v1,
                                                 decode_v1,
                                                 linear_bwd_v1,
                                                 delta_bwd_v1,

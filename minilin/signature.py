@@ -63,7 +63,7 @@ class Checked:
 class Signature:
     """A mixer's arrays: positional `inputs` in order, array `keywords` (gamma, slope, ...), the dims of its
     output and of its fixed-size `state` (None when its memory is a cache of tokens, not one array), and the
-    minilin.cuda engine that serves it ("linear", "delta") or None."""
+    minilin.cuda op that serves its forward ("linear", "delta", "gla", "kda") or None."""
 
     inputs: tuple
     output: str

@@ -3,7 +3,8 @@ when it is importable, flash-linear-attention (FLA).
 
 Problem: B=4, H=16, K=V=128, T in 2048, 8192, 32768, inputs in bfloat16 and float32 (CONVENTIONS.md layouts).
 Default mixers: simple_gla (the scalar-gated linear kernels) and gated_deltanet (the delta-rule kernels);
---mixers also takes linear_attention, retnet, lightning, deltanet.
+--mixers also takes linear_attention, retnet, lightning, deltanet, and gla and kda (the kernels with a decay per
+key channel, ops "gla" and "kda").
 
 Rows, per mixer, length and dtype:
 - reference (CuPy): minilin's NumPy chunked form running unchanged on CuPy arrays, in float32;
@@ -86,10 +87,12 @@ def make_inputs(mixer: str, T: int, seed: int) -> dict:
     out = {"q": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
            "k": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
            "v": rng.standard_normal((B, T, H, V), dtype=cupy.float32)}
-    if mixer in ("deltanet", "gated_deltanet"):  # the delta rule wants unit keys, short enough to round (bf16)
+    if "beta" in TENSORS[mixer]:  # the delta rule wants unit keys, short enough to round (bf16)
         out["k"] *= UNIT_KEY_SCALE / cupy.linalg.norm(out["k"], axis=-1, keepdims=True)
-    if "g" in TENSORS[mixer]:
-        out["g"] = rng.uniform(-1.0, -0.01, (B, T, H), dtype=cupy.float32)
+    if "g" in TENSORS[mixer]:  # [B, T, H], or [B, T, H, K] for a decay per key channel
+        sizes = dict(B=B, T=T, H=H, K=K)
+        shape = tuple(sizes[d] for d in catalog.signature(mixer).tensor("g").dims.split())
+        out["g"] = rng.uniform(-1.0, -0.01, shape, dtype=cupy.float32)
     if "beta" in TENSORS[mixer]:
         out["beta"] = rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32)
     return {name: on_grid(x) if name in SEQUENCE else x for name, x in out.items()}

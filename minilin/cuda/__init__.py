@@ -16,7 +16,8 @@ only; delta v9: v8 with the WY solve's block products on tensor cores in 3xTF32;
 warpgroup tensor cores, wgmma, in sm_90a builds only); the default is the highest that the build holds, that
 takes the input dtype and that runs on the GPU's compute capability (float32: 2; bfloat16 on Hopper: linear 7,
 delta 10, or 9 in a build without sm_90a code; below 9.0, in a build for it: linear 6, delta 7; above 9.0, from
-the compute_90 PTX: linear 7, delta 9). `versions()` lists them with what each one changed; csrc/NOTES.md has
+the compute_90 PTX: linear 7, delta 9). GLA and Kimi Delta Attention, whose decay is one per key channel, run the
+ops "gla" (1 = recurrent, 2 = chunked on CUDA cores, the default for both dtypes) and "kda" (1 = recurrent). `versions()` lists them with what each one changed; csrc/NOTES.md has
 their measured times. The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op
 "decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
 indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)
@@ -35,20 +36,21 @@ from .backward import (delta_rule_backward, deltanet_backward, gated_deltanet_ba
                        linear_attention_backward, simple_gla_backward)
 from .bf16 import from_bf16, native_dtype, to_bf16
 from .decode import delta_rule_step, gated_linear_step
-from .front import default_version, delta_rule, extension, gated_linear, versions
-from .mixers import deltanet, gated_deltanet, lightning, linear_attention, mamba2, retnet, simple_gla
+from .front import channel_delta_rule, channel_gated_linear, default_version, delta_rule, extension, gated_linear, versions
+from .mixers import deltanet, gated_deltanet, gla, kda, lightning, linear_attention, mamba2, retnet, simple_gla
 from .steps import (deltanet_step, gated_deltanet_step, gla_step, kda_step, lightning_step, linear_attention_step,
                     mamba2_step, retnet_step, simple_gla_step)
 
-__all__ = ["available", "default_version", "delta_rule", "delta_rule_backward", "delta_rule_step", "deltanet",
+__all__ = ["available", "channel_delta_rule", "channel_gated_linear", "default_version", "delta_rule", "delta_rule_backward", "delta_rule_step", "deltanet",
            "deltanet_backward", "deltanet_step", "extension", "from_bf16", "gated_deltanet", "gated_deltanet_backward",
-           "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla_step", "kda_step",
+           "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla", "gla_step", "kda",
+           "kda_step",
            "lightning", "lightning_step", "linear_attention", "linear_attention_backward", "linear_attention_step",
            "mamba2", "mamba2_step", "native_dtype", "retnet", "retnet_step", "simple_gla", "simple_gla_backward",
            "simple_gla_step", "to_bf16", "versions"]
 
-# Which engine each GPU mixer's forward runs on, "linear" (scalar-gated linear family) or "delta": each mixer's
-# SIGNATURE says it (`gpu`); the mixers without one have no forward kernel.
+# Which op each GPU mixer's forward runs on, "linear" (scalar-gated linear family), "delta", or their per-channel-gated
+# members "gla" and "kda": each mixer's SIGNATURE says it (`gpu`); the mixers without one have no forward kernel.
 OPS = {name: catalog.signature(name).gpu for name in catalog.names() if catalog.signature(name).gpu}
 # The one-token steps of these mixers, and of gla and kda, all run on the "decode" op: STEPS maps each mixer to its
 # `<mixer>_step`.

@@ -1,11 +1,14 @@
-"""The two engines of minilin.cuda: check CuPy arrays, launch one kernel version, return (o, final_state).
+"""The engines of minilin.cuda: check CuPy arrays, launch one kernel version, return (o, final_state).
 
     gated_linear(q, k, v, g=None, ...)         S_t = exp(g_t) S_{t-1} + k_t v_t^T,          o_t = scale S_t^T q_t
     delta_rule(q, k, v, g, beta, ...)          S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,   S' = exp(g_t) S_{t-1}
                                                (g None: DeltaNet, no decay; g before beta, as everywhere)
+    channel_gated_linear(q, k, v, g, ...)      gated_linear with a decay per key channel,  S' = diag(exp(g_t)) S_{t-1}
+                                               (GLA; the op "gla")
+    channel_delta_rule(q, k, v, g, beta, ...)  delta_rule with that decay (Kimi Delta Attention; the op "kda")
 
-Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; initial_state and the
-returned state [B, H, K, V]; o [B, T, H, V].
+Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H] (the channel engines' g
+[B, T, H, K]); initial_state and the returned state [B, H, K, V]; o [B, T, H, V].
 Dtypes: q, k, v all float32 or all bfloat16 (native or uint16 bits, see `bf16`); g, beta and the state
 float32 (accumulation is float32 throughout); o comes back in the dtype of v.
 
@@ -25,7 +28,7 @@ from ..activations import l2_normalize
 from ..validation import KEY_NORM_SLACK, Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
 
-OPS = ("linear", "delta")
+OPS = ("linear", "delta", "gla", "kda")
 
 
 def _describe(x) -> str:
@@ -71,7 +74,7 @@ def versions(op: str | None = None) -> list[dict]:
 
 
 def default_version(op: str, dtype_is_bf16: bool = True) -> int:
-    """The version that version=None runs for `op` ('linear' or 'delta') and dtype on the current GPU."""
+    """The version that version=None runs for `op` (one of `OPS`) and dtype on the current GPU."""
     capability = _compute_capability(cupy_module().cuda.Device().id)
     return _version_info(op, None, dtype_is_bf16, capability)["version"]
 
@@ -279,3 +282,47 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_ei
             check_key_strength(k, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
     return _launch("delta", q, k, v, g, beta, initial_state, scale, version, shapes)
+
+
+def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
+    """Linear attention with a decay per key channel (GLA) on the GPU: S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,
+    o_t = scale S_t^T q_t. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
+
+    g: [B, T, H, K] float32 log-decays <= 0, one per key channel. scale: default K ** -0.5.
+    version: None (`default_version`) or 1, 2, ... (`versions('gla')`).
+    check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
+    """
+    shapes = _check_common(q, k, v, initial_state)
+    check_input("g", g, "B T H K", shapes, float32_only=True)
+    if check_values:
+        check_finite("g", g)
+        check_log_gate("g", g)
+    scale = check_scale(scale, shapes["K"])
+    return _launch("gla", q, k, v, g, None, initial_state, scale, version, shapes)
+
+
+def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False, version=None,
+                       check_values=True):
+    """The delta rule with a decay per key channel (Kimi Delta Attention) on the GPU: S' = diag(exp(g_t)) S_{t-1},
+    S_t = S' + beta_t k_t (v_t - S'^T k_t)^T, o_t = scale S_t^T q_t. Returns (o [B, T, H, V], final state
+    [B, H, K, V] float32).
+
+    g: [B, T, H, K] float32 log-decays <= 0; beta: [B, T, H] float32 in [0, 1]. normalize_qk: as `delta_rule`
+    (a CuPy pre-pass dividing q and k by sqrt(|x|^2 + 1e-6)). version: see `versions('kda')`.
+    check_values: check g <= 0, beta in [0, 1] and beta |k|^2 <= 1 (`check_key_strength`) with device-to-host
+    syncs; False skips them, for timing.
+    """
+    shapes = _check_common(q, k, v, initial_state)
+    check_input("g", g, "B T H K", shapes, float32_only=True)
+    check_input("beta", beta, "B T H", shapes, float32_only=True)
+    if check_flag("normalize_qk", normalize_qk):
+        q, k = l2_normalized(q), l2_normalized(k)
+    if check_values:
+        check_finite("g", g)
+        check_log_gate("g", g)
+        check_finite("beta", beta)
+        check_beta(beta, False)
+        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
+            check_key_strength(k, beta, False)
+    scale = check_scale(scale, shapes["K"])
+    return _launch("kda", q, k, v, g, beta, initial_state, scale, version, shapes)

@@ -14,6 +14,9 @@ CuPy arrays, the state float32.
     delta family -> front.delta_rule:
         deltanet           g = none
         gated_deltanet     g as given
+    a decay per key channel -> front.channel_gated_linear, front.channel_delta_rule:
+        gla                g [B, T, H, K] as given
+        kda                g [B, T, H, K] as given, with the delta rule
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from ..mixers.lightning import default_slope
 from ..mixers.retnet import default_gamma
 from ..validation import Shapes, check_max, check_min
 from . import bf16
-from .front import check_finite, check_input, cupy_module, delta_rule, gated_linear
+from .front import (channel_delta_rule, channel_gated_linear, check_finite, check_input, cupy_module, delta_rule,
+                    gated_linear)
 
 
 def linear_attention(q, k, v, *, scale=None, initial_state=None, version=None, check_values=True):
@@ -38,6 +42,12 @@ def simple_gla(q, k, v, g, *, scale=None, initial_state=None, version=None, chec
     """Scalar-gated linear attention: g [B, T, H] float32, log-space decays <= 0."""
     return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version,
                         check_values=check_values)
+
+
+def gla(q, k, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
+    """Gated Linear Attention: g [B, T, H, K] float32, log-space decays <= 0, one per key channel."""
+    return channel_gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version,
+                                check_values=check_values)
 
 
 def _per_head_gate(name, values, shape, H: int, check_values: bool, transform):
@@ -163,3 +173,10 @@ def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, allow_ne
     return delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                       allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk, version=version,
                       check_values=check_values)
+
+
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False, version=None, check_values=True):
+    """Kimi Delta Attention: decay diag(exp(g_t)) first, then the delta rule. g [B, T, H, K], beta [B, T, H]
+    float32, beta in [0, 1] (as minilin.mixers.kda). normalize_qk: L2-normalize q and k first (front.delta_rule)."""
+    return channel_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state, normalize_qk=normalize_qk,
+                              version=version, check_values=check_values)

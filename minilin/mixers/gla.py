@@ -27,7 +27,7 @@ from . import _gated_linear
 SIGNATURE = Signature(
     inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"),
             Tensor("g", "B T H K", gate=True)),
-    output="B T H V", state="B H K V")
+    output="B T H V", state="B H K V", gpu="gla")
 
 
 def _checked(q, k, v, g, scale, state, step=False):

@@ -31,7 +31,7 @@ from . import _delta_rule
 SIGNATURE = Signature(
     inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"),
             Tensor("g", "B T H K", gate=True), Tensor("beta", "B T H")),
-    output="B T H V", state="B H K V")
+    output="B T H V", state="B H K V", gpu="kda")
 
 
 def _checked(q, k, v, g, beta, scale, state, normalize_qk, step=False):

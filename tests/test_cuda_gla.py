@@ -1,0 +1,352 @@
+"""The CUDA kernels with a decay per key channel (ops "gla" and "kda": minilin.cuda.gla, minilin.cuda.kda) against
+the float64 NumPy reference, every version, on the GPU; their registration and argument checks wherever the
+extension is built; the front's checks anywhere (a stand-in for CuPy, tests/test_cuda_front.py).
+
+The GPU tests are skipped, with the reason, where CuPy, a GPU or the built extension is missing. Inside them every
+CuPy allocation is filled with NaN bytes first (0xFF..: NaN in float32 and bfloat16), so an output element a kernel
+forgets to write fails the comparison (NaN never passes).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minilin import cuda as mcuda
+from minilin.cuda import front
+from minilin.mixers import gla, kda
+from conftest import rel_err
+from test_cuda_front import FakeArray, fake_cupy  # noqa: F401 - fake_cupy is a fixture used below
+
+OK, REASON = mcuda.available()
+gpu = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
+if OK:
+    import cupy
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
+MIXERS = {"gla": gla, "kda": kda}
+# (B, T, H, K, V): T % 64 != 0 and % 32 != 0, T = 1 with B * H = 1, K != V both ways, V not a multiple of the
+# 32-column value blocks, several chunks and token tiles, K = 32 (one key row per lane).
+SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130, 2, 64, 128), (1, 300, 2, 32, 48),
+          (1, 1000, 1, 128, 128)]
+WIDE = (1, 70, 2, 256, 32)  # K = 256: the recurrent kernels' largest (8 key rows per lane); chunked refuses it
+
+
+def version_cases(op):
+    """(version, dtype) for every kernel version of `op` that this GPU runs, in every dtype it takes."""
+    if not OK:
+        return []
+    capability = int(cupy.cuda.Device().compute_capability)
+    return [(v["version"], dtype) for v in mcuda.versions(op)
+            if front._runs_on(v, capability) for dtype in ("float32", "bfloat16") if v[dtype]]
+
+
+CASES = [(op, v, d) for op in MIXERS for v, d in version_cases(op)]
+
+
+@pytest.fixture
+def poisoned():
+    """Every new CuPy allocation starts as NaN bytes, so unwritten outputs show."""
+    pool = cupy.cuda.MemoryPool()
+
+    def malloc(size):
+        memory = pool.malloc(size)
+        if size:
+            cupy.cuda.runtime.memsetAsync(memory.ptr, 0xFF, size, cupy.cuda.get_current_stream().ptr)
+        return memory
+
+    cupy.cuda.set_allocator(malloc)
+    yield
+    cupy.cuda.get_current_stream().synchronize()
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    pool.free_all_blocks()
+
+
+def inputs(op, shape, seed, *, strong=False, unit_keys=True):
+    """Host float64 (q, k, v, g[, beta]) for `op`. strong: gates down to -20 on half of the key channels (drawn per
+    channel and head), the rest in [-0.1, 0], so that strong and weak decays meet in one chunk; else the examples'
+    [-1, -0.01]. unit_keys: keys of norm UNIT_KEY_SCALE for kda (within beta |k|^2 <= 1 once rounded to bf16)."""
+    B, T, H, K, V = shape
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, K))
+    v = rng.standard_normal((B, T, H, V))
+    if strong:
+        strong_channel = rng.random((1, 1, H, K)) < 0.5
+        g = np.where(strong_channel, rng.uniform(-20.0, 0.0, (B, T, H, K)), rng.uniform(-0.1, 0.0, (B, T, H, K)))
+    else:
+        g = rng.uniform(-1.0, -0.01, (B, T, H, K))
+    if op == "gla":
+        return [q, k, v, g]
+    if unit_keys:
+        k *= mcuda.bf16.UNIT_KEY_SCALE / np.linalg.norm(k, axis=-1, keepdims=True)
+    return [q, k, v, g, rng.uniform(0.0, 1.0, (B, T, H))]
+
+
+def to_device(args, dtype):
+    """Host float64 args -> (GPU args: q, k, v in `dtype`, the rest float32; the float64 values the reference must
+    see, i.e. after rounding to float32 and, for q, k, v, to bfloat16 where that applies)."""
+    on_gpu, host = [], []
+    for i, a in enumerate(args):
+        x = cupy.asarray(a, dtype=cupy.float32)
+        if dtype == "bfloat16" and i < 3:
+            x = mcuda.to_bf16(x)
+            host.append(cupy.asnumpy(mcuda.from_bf16(x)).astype(np.float64))
+        else:
+            host.append(cupy.asnumpy(x).astype(np.float64))
+        on_gpu.append(x)
+    return on_gpu, host
+
+
+def as_float32(o):
+    return mcuda.from_bf16(o) if mcuda.bf16.is_bf16(o.dtype) else o
+
+
+def run_case(op, shape, version, dtype, *, with_state, seed=0, strong=False, scale=None, **kwargs):
+    """(error of o, error of the final state) of one kernel call against the float64 recurrent form."""
+    B, T, H, K, V = shape
+    on_gpu, host = to_device(inputs(op, shape, seed, strong=strong, unit_keys=not kwargs.get("normalize_qk")), dtype)
+    state0 = np.random.default_rng(seed + 1).standard_normal((B, H, K, V)).astype(np.float32) * 0.5 if with_state else None
+    ref_o, ref_state = MIXERS[op].recurrent(*host, scale=scale, **kwargs,
+                                            initial_state=None if state0 is None else state0.astype(np.float64))
+    o, state = getattr(mcuda, op)(*on_gpu, scale=scale, **kwargs, version=version,
+                                  initial_state=None if state0 is None else cupy.asarray(state0))
+    assert isinstance(o, cupy.ndarray) and isinstance(state, cupy.ndarray)
+    assert o.shape == ref_o.shape and state.shape == ref_state.shape
+    assert o.dtype == on_gpu[0].dtype and state.dtype == cupy.float32
+    return rel_err(cupy.asnumpy(as_float32(o)), ref_o), rel_err(cupy.asnumpy(state), ref_state)
+
+
+def assert_within(op, version, dtype, shape, errors, what=""):
+    err_o, err_state = errors
+    tol = TOLERANCE[dtype]
+    assert err_o < tol, f"{op} v{version} {dtype} {shape}{what}: output error {err_o:.2e} >= {tol}"
+    assert err_state < tol, f"{op} v{version} {dtype} {shape}{what}: final state error {err_state:.2e} >= {tol}"
+
+
+# ---- on the GPU: every version against the float64 reference ---------------------------------------------------
+@gpu
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("op,version,dtype", CASES)
+def test_matches_reference(op, version, dtype, shape):
+    with_state = shape[1] != 64  # initial state in for all but one shape; final state out always
+    assert_within(op, version, dtype, shape, run_case(op, shape, version, dtype, with_state=with_state))
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("shape", [(2, 200, 2, 64, 64), (1, 1, 1, 64, 32)], ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("op,version,dtype", CASES)
+def test_gates_down_to_minus_20(op, version, dtype, shape):
+    """Strong and weak per-channel decays side by side: every exponent the kernels take must stay <= 0 (an
+    exp(-G) of a cumulative gate overflows to inf here, and inf * 0 is NaN)."""
+    errors = run_case(op, shape, version, dtype, with_state=True, seed=5, strong=True)
+    assert_within(op, version, dtype, shape, errors, " (gates down to -20)")
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("op,version,dtype", [c for c in CASES if not (c[0] == "gla" and c[1] == 2)])
+def test_wide_keys(op, version, dtype):
+    assert_within(op, version, dtype, WIDE, run_case(op, WIDE, version, dtype, with_state=True, seed=2))
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("op,version,dtype", CASES)
+def test_scale_is_applied(op, version, dtype):
+    shape = (1, 90, 2, 64, 64)
+    errors = run_case(op, shape, version, dtype, with_state=True, seed=6, scale=0.3)
+    assert_within(op, version, dtype, shape, errors, " (scale 0.3)")
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("version,dtype", version_cases("kda"))
+def test_kda_normalize_qk(version, dtype):
+    """Keys of any length, normalized by the front's pre-pass, against the reference's normalize_qk=True."""
+    shape = (2, 100, 2, 64, 64)
+    errors = run_case("kda", shape, version, dtype, with_state=True, seed=7, normalize_qk=True)
+    assert_within("kda", version, dtype, shape, errors, " (normalize_qk)")
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("op,version,dtype", CASES)
+def test_repeated_runs_are_identical(op, version, dtype):
+    """A race shows as outputs that differ between runs on the same inputs."""
+    on_gpu, _ = to_device(inputs(op, (2, 300, 4, 128, 128), seed=9), dtype)
+    first = getattr(mcuda, op)(*on_gpu, version=version)
+    for _ in range(3):
+        again = getattr(mcuda, op)(*on_gpu, version=version)
+        assert bool((again[0] == first[0]).all()) and bool((again[1] == first[1]).all())
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned")
+def test_gla_versions_agree():
+    """v1 (the definition) and v2 (chunked) on one long float32 input: the same function to float32 rounding."""
+    on_gpu, _ = to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "float32")
+    o1, s1 = mcuda.gla(*on_gpu, version=1)
+    o2, s2 = mcuda.gla(*on_gpu, version=2)
+    assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < 1e-5
+    assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < 1e-5
+
+
+@gpu
+def test_default_versions():
+    """The chunked version for GLA in both dtypes, the recurrent one for KDA (the highest of each ladder)."""
+    assert front.default_version("gla", True) == front.default_version("gla", False) == 2
+    assert front.default_version("kda", True) == front.default_version("kda", False) == 1
+
+
+@gpu
+def test_runs_on_the_current_stream():
+    on_gpu, host = to_device(inputs("gla", (1, 70, 2, 64, 64), seed=4), "float32")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        o, _ = mcuda.gla(*on_gpu, version=2)
+    stream.synchronize()
+    ref, _ = gla.recurrent(*host)
+    assert rel_err(cupy.asnumpy(o), ref) < 1e-4
+
+
+# ---- on the GPU: bad inputs raise before any launch, naming the argument ----------------------------------------
+def good(op, dtype="float32", shape=(2, 100, 3, 64, 64)):
+    on_gpu, _ = to_device(inputs(op, shape, seed=0), dtype)
+    return on_gpu
+
+
+@gpu
+@pytest.mark.parametrize("op", ["gla", "kda"])
+def test_bad_inputs_raise(op):
+    args = good(op)
+    call = getattr(mcuda, op)
+
+    def replaced(i, x):
+        return [x if j == i else a for j, a in enumerate(args)]
+
+    q, k, v, g = args[:4]
+    with pytest.raises(ValueError, match=r"g: expected shape \[B, T, H, K\] = \[2, 100, 3, 64\], got \[2, 100, 3\]"):
+        call(*replaced(3, cupy.ascontiguousarray(g[..., 0])))
+    with pytest.raises(TypeError, match="g: expected float32"):
+        call(*replaced(3, g.astype(cupy.float16)))
+    with pytest.raises(ValueError, match="g: expected log-space decay"):
+        call(*replaced(3, -g))
+    with pytest.raises(ValueError, match="g: expected finite values"):
+        call(*replaced(3, cupy.where(g < -0.5, cupy.float32(np.nan), g)))
+    with pytest.raises(TypeError, match="k: expected the dtype of q"):
+        call(*replaced(1, mcuda.to_bf16(k)))
+    with pytest.raises(ValueError, match=r"v: expected shape \[B, T, H, V\] = \[2, 100, 3, V\]"):
+        call(*replaced(2, v[:, :50]))
+    with pytest.raises(ValueError, match="initial_state: expected shape"):
+        call(*args, initial_state=cupy.zeros((2, 3, 64, 32), cupy.float32))
+    with pytest.raises(ValueError, match="version: expected one of"):
+        call(*args, version=42)
+    with pytest.raises(TypeError, match="version: expected an integer"):
+        call(*args, version="1")
+    q12, k12, g12 = (cupy.ascontiguousarray(x[..., :12]) for x in (q, k, g))
+    with pytest.raises(ValueError, match="K and V must be multiples of 8"):
+        call(*[q12, k12, v, g12, *args[4:]], check_values=False)
+    if op == "gla":
+        wide = good("gla", shape=(1, 10, 1, 256, 32))
+        with pytest.raises(ValueError, match=r"gla_v2_chunked: K must be <= 128"):
+            mcuda.gla(*wide, version=2)
+    else:
+        beta = args[4]
+        with pytest.raises(ValueError, match="beta: expected values in"):
+            call(*replaced(4, beta + 1.5))
+        with pytest.raises(ValueError, match=r"beta: expected shape \[B, T, H\]"):
+            call(*replaced(4, cupy.ascontiguousarray(beta[:, :, :2])))
+        with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1"):
+            call(*replaced(1, 3 * k))
+        with pytest.raises(TypeError, match="normalize_qk: expected True or False"):
+            call(*args, normalize_qk="yes")
+
+
+# ---- wherever the extension is built (no GPU needed): the ladder and the kernels' own checks --------------------
+def test_the_extension_lists_the_channel_ops():
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
+    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("kda", 1)]
+    assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "recurrent"]
+    assert all(v["float32"] and v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
+    assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder)
+    # the other ops' ladders are where they were: decode still one version, listed after the channel ops
+    ops = [v["op"] for v in cuda.versions()]
+    assert ops.index("kda") < ops.index("decode") and [v["version"] for v in cuda.versions() if v["op"] == "decode"] == [1]
+
+
+def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
+    """cuda.forward's arguments with fake non-null pointers: every call here must fail its checks before any CUDA
+    call (a launch would read these addresses)."""
+    return (op, version, 1, 1, 1, g, beta, 0, 1, 1, 0, 0, 2, 100, 3, K, V, 1.0, dtype, 0)
+
+
+@pytest.mark.parametrize("op, version, changes, message", [
+    ("gla", 1, dict(g=0), r"gla_v1_recurrent: g must be a device pointer"),
+    ("gla", 2, dict(g=0), r"gla_v2_chunked: g must be a device pointer"),
+    ("kda", 1, dict(g=0), r"kda_v1_recurrent: g must be a device pointer"),
+    ("kda", 1, dict(beta=0), r"kda_v1_recurrent: beta must be a device pointer"),
+    ("gla", 1, dict(K=12), r"gla_v1_recurrent: K and V must be multiples of 8"),
+    ("kda", 1, dict(V=20), r"kda_v1_recurrent: K and V must be multiples of 8"),
+    ("gla", 1, dict(K=264), r"gla_v1_recurrent: K must be <= 256"),
+    ("kda", 1, dict(K=264), r"kda_v1_recurrent: K must be <= 256"),
+    ("gla", 2, dict(K=136), r"gla_v2_chunked: K must be <= 128"),
+    ("gla", 2, dict(dtype=7), r"gla_v2_chunked: dtype code must be 0"),
+    ("gla", 3, {}, r"gla has versions 1, 2, got 3"),
+])
+def test_the_extension_checks_a_channel_call_before_any_cuda_call(op, version, changes, message):
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    with pytest.raises(ValueError, match=message):
+        cuda.forward(*forward_call(op, version, **changes))
+
+
+# ---- anywhere: the front's checks, with a stand-in for CuPy --------------------------------------------------------
+def fake_arrays(B=2, T=10, H=3, K=16, V=8):
+    rng = np.random.default_rng(0)
+    q, k = (FakeArray(rng.standard_normal((B, T, H, K)).astype(np.float32)) for _ in range(2))
+    v = FakeArray(rng.standard_normal((B, T, H, V)).astype(np.float32))
+    g = FakeArray(-rng.uniform(0.01, 1, (B, T, H, K)).astype(np.float32))
+    beta = FakeArray(rng.uniform(0, 1, (B, T, H)).astype(np.float32))
+    return q, k, v, g, beta
+
+
+def test_the_channel_ops_reach_their_launch(fake_cupy):  # noqa: F811 - the fixture
+    q, k, v, g, beta = fake_arrays()
+    assert mcuda.gla(q, k, v, g, check_values=False) == "launched"
+    assert mcuda.kda(q, k, v, g, beta, check_values=False) == "launched"
+    sizes = {"B": 2, "T": 10, "H": 3, "K": 16, "V": 8}
+    assert fake_cupy == [("gla", sizes), ("kda", sizes)]
+
+
+@pytest.mark.parametrize("op, case, error, message", [
+    ("gla", "g per head", ValueError, r"g: expected shape \[B, T, H, K\] = \[2, 10, 3, 16\], got \[2, 10, 3\]"),
+    ("kda", "g per head", ValueError, r"g: expected shape \[B, T, H, K\] = \[2, 10, 3, 16\], got \[2, 10, 3\]"),
+    ("gla", "g bf16 bits", TypeError, r"g: expected float32 \(gates, beta and states are kept in float32\)"),
+    ("kda", "beta per channel", ValueError, r"beta: expected shape \[B, T, H\] = \[2, 10, 3\], got \[2, 10, 3, 16\]"),
+    ("gla", "empty sequence", ValueError, r"q: expected at least one token"),
+    ("kda", "state shape", ValueError, r"initial_state: expected shape \[B, H, K, V\] = \[2, 3, 16, 8\]"),
+])
+def test_the_channel_ops_name_the_bad_argument(fake_cupy, op, case, error, message):  # noqa: F811 - the fixture
+    q, k, v, g, beta = fake_arrays(T=0 if case == "empty sequence" else 10)
+    kwargs = {}
+    if case == "g per head":
+        g = FakeArray(g._data[..., 0].copy())
+    elif case == "g bf16 bits":
+        g = FakeArray(np.zeros(g.shape, np.uint16))
+    elif case == "beta per channel":
+        beta = FakeArray(np.broadcast_to(beta._data[..., None], g.shape).copy())
+    elif case == "state shape":
+        kwargs["initial_state"] = FakeArray(np.zeros((2, 3, 8, 16), np.float32))
+    args = (q, k, v, g) if op == "gla" else (q, k, v, g, beta)
+    with pytest.raises(error, match=message):
+        getattr(mcuda, op)(*args, check_values=False, **kwargs)
+    assert fake_cupy == []
+
+
+def test_the_catalog_serves_gla_and_kda_on_their_ops():
+    assert mcuda.OPS["gla"] == "gla" and mcuda.OPS["kda"] == "kda"
+    assert mcuda.STEPS["gla"] is mcuda.gla_step and mcuda.STEPS["kda"] is mcuda.kda_step  # decode unchanged
+    from minilin.bench import gpu as bench_gpu
+
+    assert bench_gpu.TENSORS["gla"] == ("q", "k", "v", "g") and bench_gpu.TENSORS["kda"] == ("q", "k", "v", "g", "beta")
