@@ -6,6 +6,7 @@
 //   gla v1         recurrent: linear v1 with a decay per key channel, g [B, T, H, K] staged a row per token.
 //   gla v2         chunked: 64-token chunks on CUDA cores, the decays through references inside the chunk so that
 //                  only non-positive numbers are exponentiated.
+//   gla v3         chunked_mma: v2's products below the diagonal, state read and update on bf16 tensor cores.
 //   kda v1         recurrent: delta v1 with a decay per key channel.
 //   decode v1      register_tiles: one block per (sequence, head, 32 value columns), its state slice in registers,
 //                  read and written once with 16-byte accesses.
@@ -20,7 +21,7 @@ namespace minilin {
 extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
-extern const Version gla_v1, gla_v2;
+extern const Version gla_v1, gla_v2, gla_v3;
 extern const Version kda_v1;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, delta_bwd_v1;
@@ -35,7 +36,7 @@ const std::vector<Version>& versions() {
 #ifdef MINILIN_SM90A
                                                 delta_v10,
 #endif
-                                                gla_v1,    gla_v2,
+                                                gla_v1,    gla_v2,    gla_v3,
                                                 kda_v1,
                                                 decode_v1,
                                                 linear_bwd_v1,

@@ -43,6 +43,26 @@ def version_cases(op):
 CASES = [(op, v, d) for op in MIXERS for v, d in version_cases(op)]
 
 
+def takes(op, version, shape) -> bool:
+    """Whether a version runs at this shape: the tensor-core versions (bfloat16 only) are built for K = 64 or 128
+    and whole 64-column value blocks; the chunked CUDA-core one (gla v2) for K <= 128; the recurrent ones K <= 256."""
+    K, V = shape[3], shape[4]
+    info = next(v for v in mcuda.versions(op) if v["version"] == version)
+    if not info["float32"]:
+        return K in (64, 128) and V % 64 == 0
+    return K <= (128 if info["name"] == "chunked" else 256)
+
+
+def check_case(op, version, dtype, shape, what="", **kwargs):
+    """run_case within the dtype's tolerance; at a shape the version does not take, the refusal (ValueError naming
+    the size) instead, so that no case passes by being skipped."""
+    if not takes(op, version, shape):
+        with pytest.raises(ValueError, match=r"K must be|V must be a multiple"):
+            run_case(op, shape, version, dtype, **kwargs)
+        return
+    assert_within(op, version, dtype, shape, run_case(op, shape, version, dtype, **kwargs), what)
+
+
 @pytest.fixture
 def poisoned():
     """Every new CuPy allocation starts as NaN bytes, so unwritten outputs show."""
@@ -129,7 +149,7 @@ def assert_within(op, version, dtype, shape, errors, what=""):
 @pytest.mark.parametrize("op,version,dtype", CASES)
 def test_matches_reference(op, version, dtype, shape):
     with_state = shape[1] != 64  # initial state in for all but one shape; final state out always
-    assert_within(op, version, dtype, shape, run_case(op, shape, version, dtype, with_state=with_state))
+    check_case(op, version, dtype, shape, with_state=with_state)
 
 
 @gpu
@@ -139,24 +159,21 @@ def test_matches_reference(op, version, dtype, shape):
 def test_gates_down_to_minus_20(op, version, dtype, shape):
     """Strong and weak per-channel decays side by side: every exponent the kernels take must stay <= 0 (an
     exp(-G) of a cumulative gate overflows to inf here, and inf * 0 is NaN)."""
-    errors = run_case(op, shape, version, dtype, with_state=True, seed=5, strong=True)
-    assert_within(op, version, dtype, shape, errors, " (gates down to -20)")
+    check_case(op, version, dtype, shape, " (gates down to -20)", with_state=True, seed=5, strong=True)
 
 
 @gpu
 @pytest.mark.usefixtures("poisoned")
-@pytest.mark.parametrize("op,version,dtype", [c for c in CASES if not (c[0] == "gla" and c[1] == 2)])
+@pytest.mark.parametrize("op,version,dtype", CASES)
 def test_wide_keys(op, version, dtype):
-    assert_within(op, version, dtype, WIDE, run_case(op, WIDE, version, dtype, with_state=True, seed=2))
+    check_case(op, version, dtype, WIDE, with_state=True, seed=2)
 
 
 @gpu
 @pytest.mark.usefixtures("poisoned")
 @pytest.mark.parametrize("op,version,dtype", CASES)
 def test_scale_is_applied(op, version, dtype):
-    shape = (1, 90, 2, 64, 64)
-    errors = run_case(op, shape, version, dtype, with_state=True, seed=6, scale=0.3)
-    assert_within(op, version, dtype, shape, errors, " (scale 0.3)")
+    check_case(op, version, dtype, (1, 90, 2, 64, 64), " (scale 0.3)", with_state=True, seed=6, scale=0.3)
 
 
 @gpu
@@ -164,9 +181,8 @@ def test_scale_is_applied(op, version, dtype):
 @pytest.mark.parametrize("version,dtype", version_cases("kda"))
 def test_kda_normalize_qk(version, dtype):
     """Keys of any length, normalized by the front's pre-pass, against the reference's normalize_qk=True."""
-    shape = (2, 100, 2, 64, 64)
-    errors = run_case("kda", shape, version, dtype, with_state=True, seed=7, normalize_qk=True)
-    assert_within("kda", version, dtype, shape, errors, " (normalize_qk)")
+    check_case("kda", version, dtype, (2, 100, 2, 64, 64), " (normalize_qk)", with_state=True, seed=7,
+               normalize_qk=True)
 
 
 @gpu
@@ -184,18 +200,27 @@ def test_repeated_runs_are_identical(op, version, dtype):
 @gpu
 @pytest.mark.usefixtures("poisoned")
 def test_gla_versions_agree():
-    """v1 (the definition) and v2 (chunked) on one long float32 input: the same function to float32 rounding."""
+    """v1 (the definition) and v2 (chunked) on one long float32 input: the same function to float32 rounding; and
+    every bfloat16 version against v1 on the same bfloat16 input."""
     on_gpu, _ = to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "float32")
     o1, s1 = mcuda.gla(*on_gpu, version=1)
     o2, s2 = mcuda.gla(*on_gpu, version=2)
     assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < 1e-5
     assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < 1e-5
+    on_gpu, _ = to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "bfloat16")
+    o1, s1 = mcuda.gla(*on_gpu, version=1)
+    for version, dtype in version_cases("gla"):
+        if dtype == "bfloat16" and version > 1:
+            o, s = mcuda.gla(*on_gpu, version=version)
+            assert rel_err(cupy.asnumpy(as_float32(o)), cupy.asnumpy(as_float32(o1))) < 1e-2, version
+            assert rel_err(cupy.asnumpy(s), cupy.asnumpy(s1)) < 1e-2, version
 
 
 @gpu
 def test_default_versions():
-    """The chunked version for GLA in both dtypes, the recurrent one for KDA (the highest of each ladder)."""
-    assert front.default_version("gla", True) == front.default_version("gla", False) == 2
+    """The highest of each ladder that takes the dtype: for GLA the tensor-core version in bfloat16 and the chunked
+    CUDA-core one in float32; for KDA the recurrent one."""
+    assert front.default_version("gla", True) == 3 and front.default_version("gla", False) == 2
     assert front.default_version("kda", True) == front.default_version("kda", False) == 1
 
 
@@ -251,6 +276,11 @@ def test_bad_inputs_raise(op):
         wide = good("gla", shape=(1, 10, 1, 256, 32))
         with pytest.raises(ValueError, match=r"gla_v2_chunked: K must be <= 128"):
             mcuda.gla(*wide, version=2)
+        with pytest.raises(TypeError, match=r"version: gla version 3 \(chunked_mma\) takes bfloat16 inputs only"):
+            call(*args, version=3)
+        narrow = good("gla", "bfloat16", shape=(1, 10, 1, 64, 32))
+        with pytest.raises(ValueError, match=r"gla_v3_chunked_mma: V must be a multiple of 64, got V=32"):
+            mcuda.gla(*narrow, version=3)
     else:
         beta = args[4]
         with pytest.raises(ValueError, match="beta: expected values in"):
@@ -267,9 +297,10 @@ def test_bad_inputs_raise(op):
 def test_the_extension_lists_the_channel_ops():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
-    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("kda", 1)]
-    assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "recurrent"]
-    assert all(v["float32"] and v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
+    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("kda", 1)]
+    assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "recurrent"]
+    assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
+    assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == [("gla", 3)]  # tensor cores: bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder)
     # the other ops' ladders are where they were: decode still one version, listed after the channel ops
     ops = [v["op"] for v in cuda.versions()]
@@ -293,7 +324,12 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("kda", 1, dict(K=264), r"kda_v1_recurrent: K must be <= 256"),
     ("gla", 2, dict(K=136), r"gla_v2_chunked: K must be <= 128"),
     ("gla", 2, dict(dtype=7), r"gla_v2_chunked: dtype code must be 0"),
-    ("gla", 3, {}, r"gla has versions 1, 2, got 3"),
+    ("gla", 3, dict(dtype=0), r"gla_v3_chunked_mma: bfloat16 inputs only"),
+    ("gla", 3, dict(dtype=1, K=96), r"gla_v3_chunked_mma: K must be 64 or 128, got K=96"),
+    ("gla", 3, dict(dtype=1, V=96), r"gla_v3_chunked_mma: V must be a multiple of 64, got V=96"),
+    ("gla", 3, dict(dtype=1, g=0), r"gla_v3_chunked_mma: g must be a device pointer"),
+    ("gla", 4, {}, r"gla has versions 1, 2, 3, got 4"),
+    ("kda", 2, {}, r"kda has versions 1, got 2"),
 ])
 def test_the_extension_checks_a_channel_call_before_any_cuda_call(op, version, changes, message):
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
