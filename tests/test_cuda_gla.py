@@ -200,13 +200,13 @@ def test_repeated_runs_are_identical(op, version, dtype):
 @gpu
 @pytest.mark.usefixtures("poisoned")
 def test_gla_versions_agree():
-    """v1 (the definition) and v2 (chunked) on one long float32 input: the same function to float32 rounding; and
-    every bfloat16 version against v1 on the same bfloat16 input."""
+    """v1 (the definition) and v2 (chunked) on one long float32 input: the same function within float32's tolerance;
+    and every bfloat16 version against v1 on the same bfloat16 input."""
     on_gpu, _ = to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "float32")
     o1, s1 = mcuda.gla(*on_gpu, version=1)
     o2, s2 = mcuda.gla(*on_gpu, version=2)
-    assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < 1e-5
-    assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < 1e-5
+    assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < TOLERANCE["float32"]
+    assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < TOLERANCE["float32"]
     on_gpu, _ = to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "bfloat16")
     o1, s1 = mcuda.gla(*on_gpu, version=1)
     for version, dtype in version_cases("gla"):
@@ -217,11 +217,22 @@ def test_gla_versions_agree():
 
 
 @gpu
+@pytest.mark.usefixtures("poisoned")
+def test_kda_versions_agree():
+    """v1 (the definition) and v2 (chunked WY) on one long float32 input, strong gates included."""
+    on_gpu, _ = to_device(inputs("kda", (1, 2000, 2, 128, 128), seed=12, strong=True), "float32")
+    o1, s1 = mcuda.kda(*on_gpu, version=1)
+    o2, s2 = mcuda.kda(*on_gpu, version=2)
+    assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < TOLERANCE["float32"]
+    assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < TOLERANCE["float32"]
+
+
+@gpu
 def test_default_versions():
     """The highest of each ladder that takes the dtype: for GLA the tensor-core version in bfloat16 and the chunked
-    CUDA-core one in float32; for KDA the recurrent one."""
+    CUDA-core one in float32; for KDA the chunked one."""
     assert front.default_version("gla", True) == 3 and front.default_version("gla", False) == 2
-    assert front.default_version("kda", True) == front.default_version("kda", False) == 1
+    assert front.default_version("kda", True) == front.default_version("kda", False) == 2
 
 
 @gpu
@@ -297,8 +308,9 @@ def test_bad_inputs_raise(op):
 def test_the_extension_lists_the_channel_ops():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
-    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("kda", 1)]
-    assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "recurrent"]
+    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("kda", 1), ("kda", 2)]
+    assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "recurrent",
+                                                               "chunked"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == [("gla", 3)]  # tensor cores: bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder)
@@ -329,7 +341,10 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("gla", 3, dict(dtype=1, V=96), r"gla_v3_chunked_mma: V must be a multiple of 64, got V=96"),
     ("gla", 3, dict(dtype=1, g=0), r"gla_v3_chunked_mma: g must be a device pointer"),
     ("gla", 4, {}, r"gla has versions 1, 2, 3, got 4"),
-    ("kda", 2, {}, r"kda has versions 1, got 2"),
+    ("kda", 2, dict(g=0), r"kda_v2_chunked: g must be a device pointer"),
+    ("kda", 2, dict(beta=0), r"kda_v2_chunked: beta must be a device pointer"),
+    ("kda", 2, dict(K=136), r"kda_v2_chunked: K must be <= 128"),
+    ("kda", 3, {}, r"kda has versions 1, 2, got 3"),
 ])
 def test_the_extension_checks_a_channel_call_before_any_cuda_call(op, version, changes, message):
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
