@@ -121,7 +121,8 @@ def as_float32(o):
 
 
 def run_case(op, shape, version, dtype, *, with_state, seed=0, strong=False, scale=None, **kwargs):
-    """(error of o, error of the final state) of one kernel call against the float64 recurrent form."""
+    """(o, the reference's o, the final state, the reference's) of one kernel call against the float64 recurrent
+    form, as float64 NumPy arrays."""
     B, T, H, K, V = shape
     on_gpu, host = to_device(inputs(op, shape, seed, strong=strong, unit_keys=not kwargs.get("normalize_qk")), dtype)
     state0 = np.random.default_rng(seed + 1).standard_normal((B, H, K, V)).astype(np.float32) * 0.5 if with_state else None
@@ -132,14 +133,70 @@ def run_case(op, shape, version, dtype, *, with_state, seed=0, strong=False, sca
     assert isinstance(o, cupy.ndarray) and isinstance(state, cupy.ndarray)
     assert o.shape == ref_o.shape and state.shape == ref_state.shape
     assert o.dtype == on_gpu[0].dtype and state.dtype == cupy.float32
-    return rel_err(cupy.asnumpy(as_float32(o)), ref_o), rel_err(cupy.asnumpy(state), ref_state)
+    return (cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o, cupy.asnumpy(state).astype(np.float64), ref_state)
 
 
-def assert_within(op, version, dtype, shape, errors, what=""):
-    err_o, err_state = errors
+def where_wrong(out, ref, tol, axes: str) -> str:
+    """Where `out` departs from `ref` (arrays of dims `axes`, e.g. "B T H V"), in words, for a failure message: the
+    NaN / inf count and the first one's index; the first token over `tol` with its 64-token chunk and 16-token
+    sub-chunk (o only); the error of each head and of each block of 32 value columns (the kernels' blocks); for the
+    state, of each block of 32 key rows."""
+    dims = axes.split()
+    notes = []
+    bad = ~np.isfinite(out)
+    if bad.any():
+        first = dict(zip(dims, (int(i) for i in np.argwhere(bad)[0])))
+        notes.append(f"{int(bad.sum())} of {out.size} not finite, the first at {first}")
+    diff = np.where(bad, np.inf, out - ref)
+
+    def error_along(axis: int, size: int = 1) -> list:
+        """The relative error of each slice of `size` along `axis`."""
+        errors = []
+        for start in range(0, out.shape[axis], size):
+            part = range(start, min(start + size, out.shape[axis]))
+            errors.append(float(np.linalg.norm(np.take(diff, part, axis))
+                                / max(np.linalg.norm(np.take(ref, part, axis)), 1e-300)))
+        return errors
+
+    if "T" in dims:
+        per_token = error_along(dims.index("T"))
+        over = [t for t, e in enumerate(per_token) if not e < tol]
+        if over:
+            t = over[0]
+            notes.append(f"{len(over)} of {len(per_token)} tokens over {tol:g}, the first t = {t} (chunk {t // 64}, "
+                         f"sub-chunk {t % 64 // 16}, {t % 64} in its chunk; its error {per_token[t]:.2e})")
+    notes.append("per head " + ", ".join(f"{e:.1e}" for e in error_along(dims.index("H"))))
+    notes.append("per 32 value columns " + ", ".join(f"{e:.1e}" for e in error_along(dims.index("V"), 32)))
+    if "K" in dims:
+        notes.append("per 32 key rows " + ", ".join(f"{e:.1e}" for e in error_along(dims.index("K"), 32)))
+    return "; ".join(notes)
+
+
+def assert_within(op, version, dtype, shape, arrays, what=""):
+    o, ref_o, state, ref_state = arrays
     tol = TOLERANCE[dtype]
-    assert err_o < tol, f"{op} v{version} {dtype} {shape}{what}: output error {err_o:.2e} >= {tol}"
-    assert err_state < tol, f"{op} v{version} {dtype} {shape}{what}: final state error {err_state:.2e} >= {tol}"
+    err_o, err_state = rel_err(o, ref_o), rel_err(state, ref_state)
+    case = f"{op} v{version} {dtype} (B, T, H, K, V) = {shape}{what}"
+    assert err_o < tol, f"{case}: output error {err_o:.2e} >= {tol}: {where_wrong(o, ref_o, tol, 'B T H V')}"
+    assert err_state < tol, (f"{case}: final state error {err_state:.2e} >= {tol}: "
+                             f"{where_wrong(state, ref_state, tol, 'B H K V')}")
+
+
+def test_where_wrong_names_the_place():
+    """The failure messages' locator, on a made-up error: a NaN, and tokens 70.. of one head and 20 columns wrong."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 130, 2, 96))
+    out = ref.copy()
+    out[1, 70:, 1, 40:60] += 0.5
+    out[0, 100, 0, 3] = np.nan
+    text = where_wrong(out, ref, 1e-2, "B T H V")
+    assert "1 of 49920 not finite, the first at {'B': 0, 'T': 100, 'H': 0, 'V': 3}" in text
+    assert "60 of 130 tokens over 0.01, the first t = 70 (chunk 1, sub-chunk 0, 6 in its chunk" in text
+    assert "per head inf, 1.1e-01" in text and "per 32 value columns inf, 1.3e-01, 0.0e+00" in text
+    state = rng.standard_normal((2, 2, 64, 96))
+    wrong = state.copy()
+    wrong[:, :, 32:, :32] *= 1.1
+    assert where_wrong(wrong, state, 1e-2, "B H K V").endswith("per 32 key rows 0.0e+00, 5.7e-02")
 
 
 # ---- on the GPU: every version against the float64 reference ---------------------------------------------------
