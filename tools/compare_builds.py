@@ -25,7 +25,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-MIXER_OF_OP = {"linear": "simple_gla", "delta": "gated_deltanet"}  # the mixer that exercises each op's kernels
+# The mixer that exercises each op's kernels.
+MIXER_OF_OP = {"linear": "simple_gla", "delta": "gated_deltanet", "gla": "gla", "kda": "kda"}
 
 
 def parse_case(text: str) -> tuple[str, int]:
