@@ -25,9 +25,10 @@ if OK:
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 MIXERS = {"gla": gla, "kda": kda}
 # (B, T, H, K, V): T % 64 != 0 and % 32 != 0, T = 1 with B * H = 1, K != V both ways, V not a multiple of the
-# 32-column value blocks, several chunks and token tiles, K = 32 (one key row per lane).
+# 32-column value blocks, several chunks and token tiles, K = 32 (one key row per lane) and K = 40 (a second row
+# on 8 lanes only).
 SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130, 2, 64, 128), (1, 300, 2, 32, 48),
-          (1, 1000, 1, 128, 128)]
+          (1, 70, 1, 40, 56), (1, 1000, 1, 128, 128)]
 WIDE = (1, 70, 2, 256, 32)  # K = 256: the recurrent kernels' largest (8 key rows per lane); chunked refuses it
 
 
@@ -45,7 +46,8 @@ CASES = [(op, v, d) for op in MIXERS for v, d in version_cases(op)]
 
 def takes(op, version, shape) -> bool:
     """Whether a version runs at this shape: the tensor-core versions (bfloat16 only) are built for K = 64 or 128
-    and whole 64-column value blocks; the chunked CUDA-core one (gla v2) for K <= 128; the recurrent ones K <= 256."""
+    and whole 64-column value blocks; the chunked CUDA-core ones (gla v2, kda v2) for K <= 128; the recurrent ones for
+    K <= 256."""
     K, V = shape[3], shape[4]
     info = next(v for v in mcuda.versions(op) if v["version"] == version)
     if not info["float32"]:
