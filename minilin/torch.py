@@ -64,7 +64,7 @@ def _to_cupy(x: torch.Tensor):
     """A CuPy view of a CUDA tensor (no copy): bfloat16 as its bit patterns (uint16), which minilin.cuda reads."""
     import cupy
 
-    x = x.contiguous()
+    x = x.detach().contiguous()  # DLPack exports no autograd history; the gradients come from the backward here
     if x.dtype == torch.bfloat16:
         return cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
     return cupy.from_dlpack(x)
@@ -77,6 +77,17 @@ def _to_torch(x, dtype: torch.dtype) -> torch.Tensor:
     if x.dtype == np.uint16:
         return torch.from_dlpack(x.view(cupy.int16)).view(torch.bfloat16)
     return torch.from_dlpack(x).to(dtype)
+
+
+def _torch_stream(device):
+    """torch's current stream on `device` as CuPy's current stream, for the launches inside the block."""
+    import cupy
+
+    stream = torch.cuda.current_stream(device)
+    try:  # CuPy 14: streams that speak the CUDA stream protocol (torch's do)
+        return cupy.cuda.Stream.from_external(stream)
+    except (AttributeError, TypeError):
+        return cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
 
 
 def _gpu_forward(mixer: str, arrays: dict, scale, allow_neg_eigval: bool):
@@ -149,8 +160,7 @@ class _Mixer(torch.autograd.Function):
         if q.is_cuda:
             import cupy
 
-            with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), \
-                    cupy.cuda.ExternalStream(torch.cuda.current_stream(q.device).cuda_stream):
+            with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), _torch_stream(q.device):
                 o, state = _gpu_forward(mixer, _cupy_arrays(inputs), scale, allow_neg_eigval)
                 return _to_torch(o, q.dtype), _to_torch(state, torch.float32)
         dtype = _numpy_dtype(q)
@@ -167,8 +177,7 @@ class _Mixer(torch.autograd.Function):
         if q.is_cuda:
             import cupy
 
-            with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), \
-                    cupy.cuda.ExternalStream(torch.cuda.current_stream(q.device).cuda_stream):
+            with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), _torch_stream(q.device):
                 arrays = _cupy_arrays(saved)
                 grads = _gpu_backward(ctx.mixer, arrays, _to_cupy(do.to(q.dtype)),
                                       None if dstate is None else _to_cupy(dstate.float()), ctx.scale,
