@@ -241,3 +241,28 @@ def test_decode_bench_refuses_with_a_reason_where_it_cannot_run(argv, capsys):
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert "decode" in (captured.out + captured.err)
+
+
+def test_backward_table_gives_the_ratio_and_says_why_fla_did_not_run():
+    from minilin.bench import gpu_backward
+
+    rows = [{"mixer": "gated_deltanet", "T": 8192, "forward_ms": 0.5, "forward_backward_ms": 60.0, "ratio": 120.0,
+             "forward_version": 10, "backward_version": 1, "fla_note": "FLA refused: Triton"},
+            {"mixer": "deltanet", "T": 8192, "forward_ms": 0.45, "forward_backward_ms": 50.0, "ratio": 111.1,
+             "forward_version": 10, "backward_version": 1, "fla_forward_ms": 1.0, "fla_forward_backward_ms": 2.9,
+             "against_fla": 17.24}]
+    table = gpu_backward.format_table(rows, {"deltanet": {"dq": 3e-3}})
+    assert "| gated_deltanet | 8192 | 0.500 (v10) | 60.000 (v1) | 120.0x | - | FLA refused: Triton | - |" in table
+    assert "| 1.000 | 2.900 | 17.24 |" in table and "deltanet: dq 3.0e-03" in table
+
+
+def test_backward_bench_checks_every_gradient_of_each_mixer_on_the_gpu():
+    ok, reason = mcuda.available()
+    if not ok:
+        pytest.skip(f"needs a GPU: {reason}")
+    from minilin.bench import gpu_backward
+
+    for mixer in gpu_backward.MIXERS:
+        errors = gpu_backward.check(mixer)
+        assert {"dq", "dk", "dv", "dinitial_state"} <= set(errors), mixer
+        assert all(e <= gpu_backward.TOLERANCE[n] for n, e in errors.items()), (mixer, errors)

@@ -10,6 +10,8 @@
     minilin bench --device gpu      the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
     minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
+    minilin bench --backward [--against fla]
+                                    the CUDA forward and forward + backward, FLA's beside them (bench/gpu_backward.py)
 
 Tables go to stdout; progress (what is being timed, with a count) and the choice of device go to stderr.
 """
@@ -104,11 +106,8 @@ def _run(args) -> int:
 
         return cpu_backward.main(args)
     if args.backward:
-        try:
-            from . import gpu_backward
-        except ImportError:
-            return _refuse("--backward on the GPU needs the CUDA backward kernels' bench (bench/gpu_backward.py), "
-                           "which this build does not have; --device cpu --backward times the NumPy backward")
+        from . import gpu_backward
+
         return gpu_backward.main(args)
     if args.device == "cpu":
         from . import cpu

@@ -1,0 +1,217 @@
+"""`minilin bench --backward` on a GPU: the forward and forward + backward of the CUDA kernels, and FLA's.
+
+Mixers: linear_attention, simple_gla, deltanet, gated_deltanet (the ones with a backward kernel,
+`minilin.cuda.<mixer>_backward`); default simple_gla, deltanet and gated_deltanet. Problem as the forward bench
+(bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in 2048 and 8192 by default.
+
+Each mixer is checked before it is timed, at a small problem (B=2, T=100, H=2, K=V=32, initial state given): every
+gradient of L = <do, o> + <dstate, S_T> from the bf16 kernels against minilin's NumPy chunked_backward in float64
+on the same (bf16-rounded) inputs, relative RMS error at most 0.008 (dq, dk, dv, dinitial_state) and 0.02 (dg,
+dbeta), FLA's own test tolerances. A mixer that fails is reported and not timed.
+
+Timed (CUDA events, bench/gpu_timing.py, 3 alternating rounds, the median): the forward at its default version,
+and the forward followed by the backward at its default version (the training step's two calls; the backward
+recomputes the states, so the forward saves nothing). With --against fla, also FLA's chunk kernel forward and
+its forward + backward through torch autograd on the same values; where FLA refuses to run (its gated chunk
+backward refuses Triton 3.4-3.7.0 on Hopper), the row says why.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .. import catalog
+from . import write_json
+from .gpu_timing import alternating_medians
+
+MIXERS = ("linear_attention", "simple_gla", "deltanet", "gated_deltanet")
+DEFAULT_MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
+LENGTHS = (2048, 8192)
+CHECK_PROBLEM = dict(B=2, T=100, H=2, K=32, V=32)
+TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02, "dbeta": 0.02}
+ROUNDS = 3
+TARGET = 3.0  # forward + backward over forward
+
+
+def _inputs(mixer: str, B: int, T: int, H: int, K: int, V: int, seed: int, state: bool) -> dict:
+    """Float32 CuPy arrays on the bf16 grid where the kernels read bf16, in the mixer's valid range, plus do
+    [B, T, H, V] and dstate [B, H, K, V] (never zeros)."""
+    import cupy
+
+    from ..cuda import from_bf16, to_bf16
+    from ..cuda.bf16 import UNIT_KEY_SCALE
+
+    rng = cupy.random.default_rng(seed)
+    on_grid = lambda x: from_bf16(to_bf16(x))  # noqa: E731
+    k = rng.standard_normal((B, T, H, K), dtype=cupy.float32)
+    if mixer in ("deltanet", "gated_deltanet"):
+        k *= UNIT_KEY_SCALE / cupy.linalg.norm(k, axis=-1, keepdims=True)
+    out = {"q": on_grid(rng.standard_normal((B, T, H, K), dtype=cupy.float32)), "k": on_grid(k),
+           "v": on_grid(rng.standard_normal((B, T, H, V), dtype=cupy.float32)),
+           "g": rng.uniform(-1.0, -0.01, (B, T, H), dtype=cupy.float32),
+           "beta": rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32),
+           "do": on_grid(rng.standard_normal((B, T, H, V), dtype=cupy.float32)),
+           "dstate": rng.standard_normal((B, H, K, V), dtype=cupy.float32)}
+    if state:
+        out["initial_state"] = 0.1 * rng.standard_normal((B, H, K, V), dtype=cupy.float32)
+    return out
+
+
+def _names(mixer: str):
+    return catalog.signature(mixer).names
+
+
+def _cuda_args(mixer: str, x: dict):
+    from .. import cuda
+
+    return [cuda.to_bf16(x[n]) if n in ("q", "k", "v") else x[n] for n in _names(mixer)]
+
+
+def check(mixer: str) -> dict:
+    """Relative RMS error of each gradient of the bf16 kernels against the float64 NumPy backward."""
+    import cupy
+
+    from .. import cuda
+
+    x = _inputs(mixer, **CHECK_PROBLEM, seed=0, state=True)
+    args = _cuda_args(mixer, x)
+    got = getattr(cuda, f"{mixer}_backward")(*args, do=cuda.to_bf16(x["do"]), dstate=x["dstate"],
+                                             initial_state=x["initial_state"])
+    as64 = lambda a: cupy.asnumpy(a).astype(np.float64)  # noqa: E731
+    ref = catalog.module(mixer).chunked_backward(*(as64(x[n]) for n in _names(mixer)), do=as64(x["do"]),
+                                                 dstate=as64(x["dstate"]), initial_state=as64(x["initial_state"]))
+    errors = {}
+    for field in got._fields:
+        a, b = getattr(got, field), getattr(ref, field)
+        if b is not None:
+            errors[field] = float(np.linalg.norm(as64(a) - b) / np.linalg.norm(b))
+    return errors
+
+
+def _fla(mixer: str, x: dict):
+    """(forward closure, forward + backward closure) of FLA's chunk kernel on the same values, or a string: why not."""
+    try:
+        import torch
+        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.simple_gla import chunk_simple_gla
+    except Exception as error:  # noqa: BLE001 - FLA is optional
+        return f"FLA not importable ({type(error).__name__})"
+    from ..cuda import to_bf16
+
+    t = {n: (torch.as_tensor(to_bf16(x[n], bits=True), device="cuda").view(torch.bfloat16) if n in "qkv"
+             else torch.as_tensor(x[n], device="cuda")) for n in _names(mixer)}
+    do = torch.as_tensor(to_bf16(x["do"], bits=True), device="cuda").view(torch.bfloat16)
+    dstate = torch.as_tensor(x["dstate"], device="cuda")
+    leaves = {n: a.detach().clone().requires_grad_(True) for n, a in t.items()}
+    common = dict(scale=x["q"].shape[-1] ** -0.5, output_final_state=True)
+    call = {"simple_gla": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], g=a["g"], **common),
+            "linear_attention": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], **common),
+            "deltanet": lambda a: chunk_delta_rule(a["q"], a["k"], a["v"], beta=a["beta"], **common),
+            "gated_deltanet": lambda a: chunk_gated_delta_rule(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"],
+                                                               **common)}[mixer]
+
+    def forward():
+        with torch.no_grad():
+            return call(t)
+
+    def forward_backward():
+        o, S = call(leaves)
+        torch.autograd.backward([o, S], [do, dstate])
+
+    try:
+        forward_backward()
+    except Exception as error:  # noqa: BLE001 - FLA's refusal, reported in the table
+        return f"FLA refused: {str(error).splitlines()[0][:120]}"
+    return forward, forward_backward
+
+
+def bench(mixer: str, T: int, repeats: int, against: bool) -> dict:
+    from .. import cuda
+    from .gpu import PROBLEM
+
+    x = _inputs(mixer, PROBLEM["B"], T, PROBLEM["H"], PROBLEM["K"], PROBLEM["V"], seed=1, state=False)
+    args = _cuda_args(mixer, x)
+    forward = getattr(cuda, mixer)
+    backward = getattr(cuda, f"{mixer}_backward")
+    do = cuda.to_bf16(x["do"])
+
+    def forward_backward():
+        forward(*args, check_values=False)
+        backward(*args, do=do, dstate=x["dstate"], check_values=False)
+
+    runs = [(lambda: forward(*args, check_values=False), "cupy"), (forward_backward, "cupy")]
+    fla = _fla(mixer, x) if against else None
+    if isinstance(fla, tuple):
+        runs += [(fla[0], "torch"), (fla[1], "torch")]
+    timed = alternating_medians(runs, repeats=repeats, rounds=ROUNDS, budget_ms=3000.0)
+    family = "delta" if mixer in ("deltanet", "gated_deltanet") else "linear"
+    row = {"mixer": mixer, "T": T, "forward_ms": timed[0][0], "forward_backward_ms": timed[1][0],
+           "forward_version": cuda.default_version(family), "backward_version": cuda.default_version(f"{family}_bwd")}
+    row["ratio"] = row["forward_backward_ms"] / row["forward_ms"]
+    if isinstance(fla, tuple):
+        row["fla_forward_ms"], row["fla_forward_backward_ms"] = timed[2][0], timed[3][0]
+        row["against_fla"] = row["forward_backward_ms"] / row["fla_forward_backward_ms"]
+    elif fla is not None:
+        row["fla_note"] = fla
+    return row
+
+
+def format_table(rows: list[dict], checks: dict) -> str:
+    lines = ["| mixer | T | forward ms (version) | forward + backward ms (backward version) | ratio (target <= 3x) | "
+             "FLA forward ms | "
+             "FLA forward + backward ms | minilin / FLA (forward + backward) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        fla = (f"{r['fla_forward_ms']:.3f} | {r['fla_forward_backward_ms']:.3f} | {r['against_fla']:.2f}"
+               if "against_fla" in r else f"- | {r.get('fla_note', '-')} | -")
+        lines.append(f"| {r['mixer']} | {r['T']} | {r['forward_ms']:.3f} (v{r['forward_version']}) | "
+                     f"{r['forward_backward_ms']:.3f} (v{r['backward_version']}) | "
+                     f"{r['ratio']:.1f}x | {fla} |")
+    lines.append("")
+    lines.append("Checked first (relative RMS error against the float64 NumPy backward, B=2, T=100, H=2, K=V=32):")
+    for mixer, errors in checks.items():
+        lines.append(f"- {mixer}: " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from ..cuda import available
+    from .gpu import PROBLEM, machine
+
+    ok, reason = available()
+    if not ok:
+        print(f"minilin bench --backward: {reason}; `minilin bench --device cpu --backward` times the NumPy "
+              f"backward.", file=sys.stderr)
+        return 2
+    mixers = args.mixers or list(DEFAULT_MIXERS)
+    unknown = [m for m in mixers if m not in MIXERS]
+    if unknown:
+        print(f"--mixers: the GPU backward exists for {list(MIXERS)}, got {unknown}", file=sys.stderr)
+        return 2
+    lengths = args.lengths or ([2048] if args.quick else LENGTHS)
+    repeats = args.repeats or (5 if args.quick else 20)
+    info = machine()
+    print(f"minilin bench --backward: {info['gpu']}, {info['date']}; bf16, "
+          + ", ".join(f"{k}={v}" for k, v in PROBLEM.items()) + f"; device time, median of {ROUNDS} alternating rounds",
+          flush=True)
+    checks, rows, failed = {}, [], []
+    for mixer in mixers:
+        errors = check(mixer)
+        checks[mixer] = errors
+        bad = {n: e for n, e in errors.items() if not e <= TOLERANCE[n]}
+        if bad:
+            failed.append(mixer)
+            print(f"  {mixer}: gradients outside tolerance {bad}; not timed", file=sys.stderr, flush=True)
+            continue
+        for T in lengths:
+            row = bench(mixer, T, repeats, args.against == "fla")
+            print(f"  {mixer} T={T}: forward {row['forward_ms']:.3f} ms, forward + backward "
+                  f"{row['forward_backward_ms']:.3f} ms", file=sys.stderr, flush=True)
+            rows.append(row)
+    print(format_table(rows, checks))
+    if args.json:
+        write_json(args.json, {"backward": True, "machine": info, "problem": PROBLEM, "tolerance": TOLERANCE,
+                               "checks": checks, "rows": rows})
+    return 1 if failed else 0

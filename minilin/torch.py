@@ -1,0 +1,263 @@
+"""minilin's mixers as PyTorch autograd functions, with flash-linear-attention's signatures.
+
+    from minilin.torch import chunk_gated_delta_rule     # instead of: from fla.ops import chunk_gated_delta_rule
+    o, final_state = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+
+Importable only where PyTorch is installed; minilin never depends on it. Three functions, FLA 0.6.0's names
+and arguments (the ones FLA has and minilin does not raise a ValueError naming the argument):
+
+    chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False)
+    chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                     use_qk_l2norm_in_kernel=False)
+    chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, allow_neg_eigval=False)
+
+Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, H, V], g and beta [B, T, H] (g the log decay,
+<= 0), g_gamma [H] (one log decay per head, RetNet's), initial_state [B, H, K, V]. Returns (o [B, T, H, V] in
+q's dtype, final state [B, H, K, V] float32, or None without output_final_state).
+
+Where the work runs, by the tensors' device:
+- CUDA tensors: minilin.cuda's kernels, the forward's default version and the backward `<mixer>_backward`,
+  zero-copy through DLPack and on torch's current stream. q, k, v float32 or bfloat16; g, beta and the state
+  are handed to the kernels in float32 (as FLA computes its gates). The forward saves only its inputs: the
+  backward recomputes what it needs (the backward kernel recomputes the states), so training holds no
+  [B, T/C, H, K, V] chunk states in memory.
+- CPU tensors: the NumPy reference, `minilin.mixers.<mixer>.chunked` and `chunked_backward` (float32 or
+  float64; other dtypes are computed in float32). Slow, exact: what the GPU path is checked against.
+Every gradient comes back in its input's dtype. `use_qk_l2norm_in_kernel` normalizes q and k in torch, before
+the mixer (q / sqrt(|q|^2 + 1e-6), as FLA's l2norm), so its gradient is torch's; `g_gamma` is broadcast to
+[B, T, H] the same way. Inputs are checked as minilin checks them (shapes, dtypes, g <= 0, beta's range,
+beta |k|^2 within its bound), with one device-to-host sync for the value checks.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import catalog
+from .activations import L2_EPS
+
+__all__ = ["chunk_simple_gla", "chunk_delta_rule", "chunk_gated_delta_rule"]
+
+CPU_CHUNK_SIZE = 64
+
+# mixer -> the arrays its forward takes after q, k, v (minilin's order: g before beta)
+GATES = {"linear_attention": (), "simple_gla": ("g",), "deltanet": ("beta",), "gated_deltanet": ("g", "beta")}
+DELTA = ("deltanet", "gated_deltanet")
+
+
+def _refuse(name: str, value, default=None):
+    """FLA's arguments that minilin does not implement: an error naming them unless left at their default
+    (None or False)."""
+    if value is not None and value is not False:
+        raise ValueError(f"{name}: not supported by minilin.torch (expected {default!r}, got {value!r})")
+
+
+def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(|x|^2 + eps) over the last axis, eps = minilin.activations.L2_EPS (FLA's l2norm)."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bfloat16's squares summed in float32
+    return (wide * torch.rsqrt((wide * wide).sum(-1, keepdim=True) + L2_EPS)).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------------ GPU: minilin.cuda
+def _to_cupy(x: torch.Tensor):
+    """A CuPy view of a CUDA tensor (no copy): bfloat16 as its bit patterns (uint16), which minilin.cuda reads."""
+    import cupy
+
+    x = x.detach().contiguous()  # DLPack exports no autograd history; the gradients come from the backward here
+    if x.dtype == torch.bfloat16:
+        return cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
+    return cupy.from_dlpack(x)
+
+
+def _to_torch(x, dtype: torch.dtype) -> torch.Tensor:
+    """A torch view of a CuPy array, in `dtype` (bit patterns back to bfloat16; float32 gradients cast)."""
+    import cupy
+
+    if x.dtype == np.uint16:
+        return torch.from_dlpack(x.view(cupy.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(x).to(dtype)
+
+
+def _torch_stream(device):
+    """torch's current stream on `device` as CuPy's current stream, for the launches inside the block."""
+    import cupy
+
+    stream = torch.cuda.current_stream(device)
+    try:  # CuPy 14: streams that speak the CUDA stream protocol (torch's do)
+        return cupy.cuda.Stream.from_external(stream)
+    except (AttributeError, TypeError):
+        return cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
+
+
+def _gpu_forward(mixer: str, arrays: dict, scale, allow_neg_eigval: bool):
+    from . import cuda
+
+    options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
+    return getattr(cuda, mixer)(**arrays, scale=scale, **options)
+
+
+def _gpu_backward(mixer: str, arrays: dict, do, dstate, scale, allow_neg_eigval: bool):
+    from . import cuda
+
+    options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
+    return getattr(cuda, f"{mixer}_backward")(**arrays, do=do, dstate=dstate, scale=scale, **options)
+
+
+def _cupy_arrays(inputs: dict) -> dict:
+    """q, k, v as given (float32 or bfloat16); gates, betas and the state in float32, as the kernels take them."""
+    arrays = {}
+    for name, x in inputs.items():
+        if x is None:
+            continue
+        if name not in ("q", "k", "v"):
+            x = x.float()
+        elif x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"{name}: expected float32 or bfloat16 on the GPU, got {x.dtype}")
+        arrays[name] = _to_cupy(x)
+    return arrays
+
+
+# ------------------------------------------------------------------------------------------------ CPU: NumPy
+def _numpy_dtype(x: torch.Tensor):
+    return np.float64 if x.dtype == torch.float64 else np.float32
+
+
+def _to_numpy(x: torch.Tensor, dtype) -> np.ndarray:
+    return x.detach().to(torch.float64 if dtype == np.float64 else torch.float32).contiguous().numpy()
+
+
+def _cpu_forward(mixer: str, arrays: dict, scale, allow_neg_eigval: bool):
+    module = catalog.module(mixer)
+    options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
+    positional = [arrays[n] for n in ("q", "k", "v", *GATES[mixer])]
+    return module.chunked(*positional, scale=scale, initial_state=arrays.get("initial_state"),
+                          chunk_size=CPU_CHUNK_SIZE, **options)
+
+
+def _cpu_backward(mixer: str, arrays: dict, do, dstate, scale, allow_neg_eigval: bool):
+    module = catalog.module(mixer)
+    options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
+    positional = [arrays[n] for n in ("q", "k", "v", *GATES[mixer])]
+    return module.chunked_backward(*positional, do=do, dstate=dstate, scale=scale,
+                                   initial_state=arrays.get("initial_state"), chunk_size=CPU_CHUNK_SIZE, **options)
+
+
+# ------------------------------------------------------------------------------------------------ autograd
+class _Mixer(torch.autograd.Function):
+    """One minilin mixer as an autograd function: forward (o, final state), backward the mixer's hand-written
+    gradients of L = <do, o> + <dstate, final state> (a final state no one used has dstate = None)."""
+
+    @staticmethod
+    def forward(ctx, mixer, scale, allow_neg_eigval, q, k, v, g, beta, initial_state):
+        inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state}
+        inputs = {n: inputs[n] for n in ("q", "k", "v", *GATES[mixer], "initial_state")}
+        ctx.mixer, ctx.scale, ctx.allow_neg_eigval = mixer, scale, allow_neg_eigval
+        ctx.set_materialize_grads(False)  # an output no loss used has no cotangent: None, not zeros
+        ctx.names = tuple(n for n, x in inputs.items() if x is not None)
+        ctx.dtypes = {n: x.dtype for n, x in inputs.items() if x is not None}
+        ctx.save_for_backward(*(inputs[n] for n in ctx.names))
+        if q.is_cuda:
+            import cupy
+
+            with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), _torch_stream(q.device):
+                o, state = _gpu_forward(mixer, _cupy_arrays(inputs), scale, allow_neg_eigval)
+                return _to_torch(o, q.dtype), _to_torch(state, torch.float32)
+        dtype = _numpy_dtype(q)
+        arrays = {n: _to_numpy(x, dtype) for n, x in inputs.items() if x is not None}
+        o, state = _cpu_forward(mixer, arrays, scale, allow_neg_eigval)
+        return torch.from_numpy(o).to(q.dtype), torch.from_numpy(state).to(torch.float32)
+
+    @staticmethod
+    def backward(ctx, do, dstate):
+        saved = dict(zip(ctx.names, ctx.saved_tensors))
+        q = saved["q"]
+        if do is None:  # only the final state was used
+            do = torch.zeros(*q.shape[:3], saved["v"].shape[-1], dtype=saved["v"].dtype, device=q.device)
+        if q.is_cuda:
+            import cupy
+
+            with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), _torch_stream(q.device):
+                arrays = _cupy_arrays(saved)
+                grads = _gpu_backward(ctx.mixer, arrays, _to_cupy(do.to(q.dtype)),
+                                      None if dstate is None else _to_cupy(dstate.float()), ctx.scale,
+                                      ctx.allow_neg_eigval)
+                grads = {n: _to_torch(getattr(grads, f"d{n}"), ctx.dtypes[n]) for n in ctx.names}
+        else:
+            dtype = _numpy_dtype(q)
+            arrays = {n: _to_numpy(x, dtype) for n, x in saved.items()}
+            grads = _cpu_backward(ctx.mixer, arrays, _to_numpy(do, dtype),
+                                  None if dstate is None else _to_numpy(dstate, dtype), ctx.scale,
+                                  ctx.allow_neg_eigval)
+            grads = {n: torch.from_numpy(np.ascontiguousarray(getattr(grads, f"d{n}"))).to(ctx.dtypes[n])
+                     for n in ctx.names}
+        return (None, None, None, *(grads.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")))
+
+
+def _check_tensors(**tensors):
+    for name, x in tensors.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    device = tensors["q"].device
+    for name, x in tensors.items():
+        if x is not None and x.device != device:
+            raise ValueError(f"{name}: expected a tensor on q's device {device}, got one on {x.device}")
+
+
+def _run(mixer, q, k, v, g=None, beta=None, *, scale, initial_state, output_final_state, normalize_qk=False,
+         allow_neg_eigval=False):
+    _check_tensors(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    if normalize_qk:
+        q, k = _l2_normalize(q), _l2_normalize(k)
+    o, state = _Mixer.apply(mixer, scale, bool(allow_neg_eigval), q, k, v, g, beta, initial_state)
+    return o, (state if output_final_state else None)
+
+
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                     state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+    """Simple GLA, S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (minilin.mixers.simple_gla); no gate
+    at all (g and g_gamma None) is linear attention. g [B, T, H] or g_gamma [H], log decays <= 0."""
+    _refuse("state_v_first", state_v_first, False)
+    _refuse("cu_seqlens", cu_seqlens)
+    _refuse("cu_seqlens_cpu", cu_seqlens_cpu)
+    for name in kwargs:
+        _refuse(name, kwargs[name])
+    if g is not None and g_gamma is not None:
+        raise ValueError("g, g_gamma: expected at most one of them, got both")
+    if g_gamma is not None:
+        if not isinstance(g_gamma, torch.Tensor) or g_gamma.shape != (q.shape[2],):
+            raise ValueError(f"g_gamma: expected shape [H] = [{q.shape[2]}], got "
+                             f"{list(getattr(g_gamma, 'shape', [type(g_gamma).__name__]))}")
+        g = g_gamma.to(torch.float32).expand(*q.shape[:3])
+    if g is None:
+        return _run("linear_attention", q, k, v, scale=scale, initial_state=initial_state,
+                    output_final_state=output_final_state)
+    return _run("simple_gla", q, k, v, g, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state)
+
+
+def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+    """DeltaNet, S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T (minilin.mixers.deltanet); beta [B, T, H]."""
+    _refuse("cu_seqlens", cu_seqlens)
+    _refuse("cu_seqlens_cpu", cu_seqlens_cpu)
+    for name in kwargs:
+        _refuse(name, kwargs[name])
+    return _run("deltanet", q, k, v, None, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, normalize_qk=use_qk_l2norm_in_kernel)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                           state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
+                           cp_context=None, **kwargs):
+    """Gated DeltaNet, S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
+    (minilin.mixers.gated_deltanet); g, beta [B, T, H]; allow_neg_eigval: beta in [0, 2]."""
+    for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
+                        ("state_v_first", state_v_first), ("cu_seqlens", cu_seqlens),
+                        ("cu_seqlens_cpu", cu_seqlens_cpu), ("chunk_indices", chunk_indices),
+                        ("cp_context", cp_context), *kwargs.items()):
+        _refuse(name, value, False if name in ("use_beta_sigmoid_in_kernel", "state_v_first") else None)
+    return _run("gated_deltanet", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, normalize_qk=use_qk_l2norm_in_kernel,
+                allow_neg_eigval=allow_neg_eigval)
