@@ -163,10 +163,11 @@ def _tiny_model(seed, device, dtype, mixer):
     reaches every input of the mixer."""
     gen = torch.Generator().manual_seed(seed)
     D, H, K = 32, 2, 16
-    params = {n: torch.randn(*shape, generator=gen, dtype=torch.float64) * s for n, shape, s in
-              (("emb", (50, D), 1.0), ("wq", (D, H * K), D ** -0.5), ("wk", (D, H * K), D ** -0.5),
-               ("wv", (D, H * K), D ** -0.5), ("wg", (D, H), D ** -0.5), ("wb", (D, H), D ** -0.5),
-               ("wo", (H * K, D), (H * K) ** -0.5))}
+    shapes = [("emb", (50, D), 1.0), ("wq", (D, H * K), D ** -0.5), ("wk", (D, H * K), D ** -0.5),
+              ("wv", (D, H * K), D ** -0.5), ("wg", (D, H), D ** -0.5), ("wo", (H * K, D), (H * K) ** -0.5)]
+    if mixer == "gated_deltanet":
+        shapes.append(("wb", (D, H), D ** -0.5))
+    params = {n: torch.randn(*shape, generator=gen, dtype=torch.float64) * s for n, shape, s in shapes}
     params = {n: p.to(device=device, dtype=dtype).requires_grad_(True) for n, p in params.items()}
     tokens = torch.randint(0, 50, (2, 100), generator=gen).to(device)
     targets = torch.randn(2, 100, D, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
