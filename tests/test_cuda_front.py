@@ -141,6 +141,15 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
     assert front.default_version("linear") == 1 and front.default_version("linear", False) == 1
 
 
+def test_a_measured_faster_default_replaces_the_last_rung(monkeypatch):
+    ladder = tuple({"op": "kda", "version": n, "name": name, "float32": True, "bfloat16": True,
+                    "min_compute_capability": 80} for n, name in ((1, "recurrent"), (2, "chunked")))
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    assert front.FASTER_DEFAULT[("kda", True)] == 1
+    assert front._version_info("kda", None, True, 90)["version"] == 1
+    assert front._version_info("kda", 2, True, 90)["version"] == 2  # still callable by number
+
+
 # A delta ladder of a recurrent version that runs from 8.0 up and an sm_90a-only one (as v10).
 WGMMA_LADDER = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
                  "min_compute_capability": 80, "max_compute_capability": 0},

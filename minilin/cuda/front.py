@@ -99,14 +99,21 @@ def _capability_range(info: dict) -> str:
     return f"{_dotted(low)} to {_dotted(high)}"
 
 
+# Where the last rung that takes a dtype is not the fastest, the version version=None runs instead, as measured
+# (csrc/NOTES.md, 2026-12-01, H200, B=4, T=8192, H=16, K=V=128, bf16): kda v2, the WY form on CUDA cores, took
+# 42.6 ms against v1's 6.3; gla v2 (CUDA cores, the float32 default otherwise) 29.6 ms against v1's 5.5.
+FASTER_DEFAULT = {("kda", True): 1, ("kda", False): 1, ("gla", False): 1}
+
+
 def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
-    if version is None:  # the last rung of the ladder that takes this dtype and runs on this GPU
+    if version is None:  # the last rung of the ladder that takes this dtype and runs on this GPU, or FASTER_DEFAULT's
         usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"]) and _runs_on(v, capability)]
         if not usable:
             raise RuntimeError(f"version: no {op} version runs on compute capability "
                                f"{capability // 10}.{capability % 10} (see versions('{op}'))")
-        return usable[-1]
+        faster = [v for v in usable if v["version"] == FASTER_DEFAULT.get((op, dtype_is_bf16))]
+        return faster[0] if faster else usable[-1]
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
         raise TypeError(f"version: expected an integer or None, got {_describe(version)} {version!r}")
     for v in available:
