@@ -344,28 +344,66 @@ def states_after_chunks(dS, decay, S0):
     return dS
 
 
-def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: int):
+def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: int, out=None):
     """The chunked form of a gated linear recurrence, given its chunk pieces: (o [B, T, H, V], final state).
 
     A [B, H, N, C, C]: the chunk's masked, decayed scores; q_from_start [B, H, N, C, K]: the queries decayed
     from the chunk's start; k_to_end_T [B, H, N, K, C]: the keys decayed to its end, transposed (a swapped
     view will do); chunk_decay: None, [B, H, N] or [B, H, N, K], the decay over each whole chunk (factors,
     not logs); v [B, T, H, V]; S0 or None. Then
-        O_n = A_n V_n + (q_from_start)_n S_n,    S_{n+1} = chunk_decay_n S_n + (k_to_end)_n^T V_n.
-    The states after each chunk are the writes summed in place (`states_after_chunks`), and chunk n reads
-    the one after chunk n - 1. V is copied into the chunked layout first: as the right operand of two
-    products it is worth one contiguous copy (NumPy's batched products read a strided right operand at
-    about 2/3 of the speed of a contiguous one).
+        S_0 = S0,    S_{n+1} = chunk_decay_n S_n + (k_to_end)_n^T V_n,    O_n = (q_from_start)_n S_n + A_n V_n.
+    The writes (k_to_end)_n^T V_n of chunks 0 .. N-2 are one batched product straight into the slots
+    1 .. N-1 of the array of entering states S_n, which the pass then turns into the states in place
+    (S_n += chunk_decay_{n-1} S_{n-1}): no array of writes besides the states. V is read where it lies
+    (a chunk view): NumPy's products read its strided rows a little slower than a contiguous copy, but
+    less slowly than the copy costs.
+    out: None, or where to write O, [B, H, N, C, V] (a chunk view of the output, `chunk_view`); then the
+    result is (out, final state), with no layout copy of O.
     """
     xp = array_module(v)
     T = v.shape[1]
-    vc = to_chunks(v, chunk_size)                            # [B, H, N, C, V]
-    o = A @ vc                                               # intra-chunk
-    S = states_after_chunks(k_to_end_T @ vc, chunk_decay, S0)   # [B, H, N, K, V]
-    o[:, :, 1:] += q_from_start[:, :, 1:] @ S[:, :, :-1]     # inter-chunk: the state entering chunk n
-    if S0 is not None:
-        o[:, :, 0] += q_from_start[:, :, 0] @ S0
-    return from_chunks(o, T), S[:, :, -1].copy()
+    vc = chunk_view(v, chunk_size)                           # [B, H, N, C, V], a view
+    B, H, N = A.shape[:3]
+    K, V = k_to_end_T.shape[-2], v.shape[-1]
+    if chunk_decay is not None:  # [B, H, N, 1, 1] (scalar) or [B, H, N, K, 1]: scales the rows of each state
+        chunk_decay = chunk_decay[..., None, None] if chunk_decay.ndim == 3 else chunk_decay[..., None]
+    S_in = xp.empty((B, H, N, K, V), v.dtype)                # S_n, the state entering chunk n
+    S_in[:, :, 0] = 0 if S0 is None else S0
+    xp.matmul(k_to_end_T[:, :, :-1], vc[:, :, :-1], out=S_in[:, :, 1:])   # the writes of chunks 0 .. N-2
+    carried = None if chunk_decay is None else xp.empty((B, H, K, V), v.dtype)
+    for n in range(1, N):                                    # the pass, in place: the only sequential part
+        if chunk_decay is None:
+            S_in[:, :, n] += S_in[:, :, n - 1]
+        else:
+            S_in[:, :, n] += xp.multiply(S_in[:, :, n - 1], chunk_decay[:, :, n - 1], out=carried)
+    S_final = k_to_end_T[:, :, -1] @ vc[:, :, -1]
+    S_final += S_in[:, :, -1] if chunk_decay is None else chunk_decay[:, :, -1] * S_in[:, :, -1]
+    o = xp.matmul(q_from_start, S_in, out=out)               # inter-chunk: the state entering chunk n
+    o += A @ vc                                              # intra-chunk
+    return (o if out is not None else from_chunks(o, T)), S_final
+
+
+# Tokens per segment of the forward chunked forms (`segments`): about the most whose temporaries still fit
+# in a core's cache on the CPU (chosen by measurement, see `bench/cpu.py`).
+SEGMENT_TOKENS = 512
+
+
+def segments(T: int, chunk_size: int, xp=np, tokens: int | None = None):
+    """Slices of [0, T) of a whole number of chunks each, about `tokens` long (at least one chunk): the
+    stretches of the sequence that a chunked forward processes one after another, all chunks of a stretch
+    at once, carrying the state from one to the next (tokens: default SEGMENT_TOKENS).
+
+    Why: chunk-parallel work over the whole sequence makes every temporary (scores, states, decayed keys)
+    as large as the inputs, tens of MB at T = 4096, so each batched product streams it from main memory
+    and each fresh array costs first-touch page faults. Segment by segment they are a few hundred kB,
+    stay in the cache and reuse the memory the previous segment freed; the arithmetic is the same, and
+    the extra cost is one round of NumPy calls per segment. With CuPy (xp not NumPy) the whole sequence is
+    one segment: there each call is a kernel launch, and a few hundred tokens would leave the GPU idle.
+    """
+    if xp is not np:
+        return [slice(0, T)]
+    span = chunk_size * max(1, (tokens or SEGMENT_TOKENS) // chunk_size)
+    return [slice(t0, min(T, t0 + span)) for t0 in range(0, T, span)]
 
 
 def pass_states(dS, G_total, S0):

@@ -16,6 +16,7 @@ from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, chunk_view, chunked_output, decay_matrix, decay_state,
                         from_chunks, gated_gram, gated_gram_backward, local_cumsum, num_chunks, reverse_cumsum,
                         state_or_zeros, to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
+from ..chunking import segments  # the forward's segments
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
@@ -56,15 +57,22 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
     corrections delta_t = beta_t (v_t - S_{t-1}'^T k_t) solve the unit lower-triangular system
         (I + A) Delta = diag(beta) (V - (K * exp(G)) S),
         A_tj = beta_t k_t . exp(G_t - G_j) k_j   for j < t.
-    With T = (I + A)^-1 for all chunks at once (`chunking.unit_lower_inverse`), Delta = T diag(beta) (V - K_e S)
-    with K_e = K * exp(G). Then chunk after chunk (the only sequential part):
-        Delta_n = (T diag(beta))_n (V_n - K_e,n S_n)                      the chunk's corrections
+    With T = (I + A)^-1 (`chunking.unit_lower_inverse`), K_e = K * exp(G) and, for every chunk at once,
+        W = T diag(beta) K_e,    U = T diag(beta) V                        (FLA's w and u)
+    the corrections are Delta = U - W S. Then chunk after chunk (the only sequential part):
+        Delta_n = U_n - W_n S_n                                           the chunk's corrections
         O_n     = [Q * exp(G) | P]_n [S_n; Delta_n]                       its output, P = (Q K^T) decayed, causal
         S_{n+1} = exp(G_C) S_n + (K * exp(G_C - G))_n^T Delta_n           the state it leaves
-    T multiplies each chunk's residual inside the pass, rather than making W = T diag(beta) K_e and
-    U = T diag(beta) V for all chunks first as FLA's kernels do: one C x C x K product fewer per chunk. The
-    output's two terms are one product against [S_n; Delta_n], the state and the corrections side by side in
-    one buffer, so neither the states nor the corrections of all chunks are ever stored.
+    The loop makes only Delta_n and S_{n+1}, two products and two or three elementwise steps per chunk;
+    the outputs come after it, one product [Q * exp(G) | P]_n [S_n; Delta_n] for all chunks at once, the
+    loop having written each chunk's state and corrections side by side into one buffer [S_n; Delta_n].
+
+    The chunks are taken a segment of about 512 tokens at a time (`chunking.segments`): the grams, T, W and
+    U of all chunks of a segment at once, then its chunks in order, then its outputs, the state carried on
+    into the next segment. The same arithmetic as all chunks at once, with temporaries that stay in the
+    CPU's cache (the states and corrections are stored for one segment, never for the whole sequence).
+    One chunk holding the whole sequence (the parallel form) solves (I + A) Delta = diag(beta) (V - K_e S)
+    by blocks instead (`chunking.unit_lower_solve`): C^2 V work where the inverse would cost C^3.
 
     Gates: scalar ones are summed in float64 per chunk and rounded once after each difference
     (`decay_matrix`); per-channel ones go through `chunking.channel_gram`, which builds A and P by halving
@@ -73,9 +81,25 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
     xp = array_module(q)
     B, T, H, K = q.shape
     V, C = v.shape[-1], chunk_size
+    o, o_chunks = chunked_output(v, C)                               # [B, N * C, H, V], [B, H, N, C, V]
+    state_and_delta = xp.empty((B, H, K + C, V), q.dtype)            # [S_n; Delta_n]
+    state_and_delta[:, :, :K] = 0 if S0 is None else S0
+    for seg in segments(T, C, xp):
+        first = seg.start // C
+        out = o_chunks[:, :, first:first + num_chunks(seg.stop - seg.start, C)]
+        _chunked_segment(q[:, seg], k[:, seg], v[:, seg], None if g is None else g[:, seg], beta[:, seg],
+                         state_and_delta, C, out, solve=num_chunks(T, C) == 1)
+    return (o if o.shape[1] == T else xp.ascontiguousarray(o[:, :T])), state_and_delta[:, :, :K].copy()
+
+
+def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
+    """`chunked` on one stretch of whole chunks: O into out [B, H, N, C, V]; state_and_delta [B, H, K + C, V]
+    holds the state entering the stretch in its first K rows and leaves there the state after it.
+    solve: one chunk, solved by blocks rather than inverted (the parallel form)."""
+    xp = array_module(q)
+    B, _, H, K = q.shape
     qc, kc, vc = (chunk_view(x, C) for x in (q, k, v))             # [B, H, N, C, .], views
     beta_c = chunk_view(beta, C)                                     # [B, H, N, C]
-    o, oc = chunked_output(v, C)
     N = qc.shape[2]
     reads = xp.empty((B, H, N, C, K + C), q.dtype)                   # [Q * exp(G) | P] of every chunk
     q_from_start, P = reads[..., :K], reads[..., K:]
@@ -103,27 +127,31 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
         k_to_end_T = k_to_end.swapaxes(-1, -2)
         chunk_decay = chunk_decay[..., None]                         # [B, H, N, K, 1]
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
-    if N > 1:
-        T_beta = unit_lower_inverse(A)
-        T_beta *= beta_c[..., None, :]                               # T diag(beta)
-
-    state_and_delta = xp.empty((B, H, K + C, V), q.dtype)            # [S_n; Delta_n]
     S, delta = state_and_delta[:, :, :K], state_and_delta[:, :, K:]
-    S[...] = 0 if S0 is None else S0
-    residual, write = xp.empty((B, H, C, V), q.dtype), xp.empty((B, H, K, V), q.dtype)
-    for n in range(N):
-        xp.matmul(k_from_start[:, :, n], S, out=residual)            # K_e S_n: what the memory predicts
-        xp.subtract(vc[:, :, n], residual, out=residual)
-        if N > 1:
-            xp.matmul(T_beta[:, :, n], residual, out=delta)          # Delta_n
-        else:  # one chunk (the parallel form): solve rather than invert, C^2 V work instead of C^3
-            delta[...] = unit_lower_solve(A[:, :, 0], residual * beta_c[:, :, 0, :, None])
-        xp.matmul(reads[:, :, n], state_and_delta, out=oc[:, :, n])  # O_n
-        xp.matmul(k_to_end_T[:, :, n], delta, out=write)
+    if solve:  # C^2 V work instead of the inverse's C^3
+        delta[...] = unit_lower_solve(A[:, :, 0], (vc[:, :, 0] - k_from_start[:, :, 0] @ S) * beta_c[:, :, 0, :, None])
+        xp.matmul(reads[:, :, 0], state_and_delta, out=out[:, :, 0])
         if chunk_decay is not None:
-            S *= chunk_decay[:, :, n]
-        S += write
-    return xp.ascontiguousarray(o[:, :T]), S.copy()
+            S *= chunk_decay[:, :, 0]
+        S += k_to_end_T[:, :, 0] @ delta
+        return
+    T_beta = unit_lower_inverse(A)
+    T_beta *= beta_c[..., None, :]                                   # T diag(beta)
+    W, U = T_beta @ k_from_start, T_beta @ vc                        # [B, H, N, C, K], [B, H, N, C, V]
+    states = xp.empty((B, H, N, K + C, S.shape[-1]), q.dtype)        # [S_n; Delta_n] of the segment's chunks
+    states[:, :, 0, :K] = S
+    carried = xp.empty(S.shape, q.dtype)
+    for n in range(N):
+        S_n, delta = states[:, :, n, :K], states[:, :, n, K:]
+        xp.matmul(W[:, :, n], S_n, out=delta)                        # W_n S_n
+        xp.subtract(U[:, :, n], delta, out=delta)                    # Delta_n = U_n - W_n S_n
+        S_next = states[:, :, n + 1, :K] if n + 1 < N else S
+        xp.matmul(k_to_end_T[:, :, n], delta, out=S_next)
+        if chunk_decay is None:
+            S_next += S_n
+        else:
+            S_next += xp.multiply(S_n, chunk_decay[:, :, n], out=carried)
+    xp.matmul(reads, states, out=out)                                # O_n = [Q * exp(G) | P]_n [S_n; Delta_n]
 
 
 def parallel(q, k, v, g, beta, S0):
