@@ -454,6 +454,9 @@ def unit_lower_inverse(A):
     T.fill(0)
     _diagonal_view(T)[...] = 1  # the inverses of the P diagonal blocks of size 1
     s = 1
+    if P >= 4:
+        _small_levels(T, A, xp)
+        s = 4
     while s < P:
         T21, A21 = _lower_blocks(T, s), _lower_blocks(A, s)
         diagonal = _diagonal_blocks(T, s)            # [..., P / s, s, s], already inverted
@@ -462,6 +465,27 @@ def unit_lower_inverse(A):
         xp.negative(T21, out=T21)
         s *= 2
     return T[..., :C, :C]
+
+
+def _small_levels(T, A, xp):
+    """The first two levels of `unit_lower_inverse` (s = 1, 2) written out, in place in T [..., P, P].
+
+    As batched products they would be P / 2 products of 1 x 1 and P / 4 of 2 x 2 matrices per chunk: tens
+    of thousands of BLAS calls for a few multiplications each, the slowest rounds of the inverse. By hand:
+    s = 1: T1 = T2 = 1, so T21 = -A21, the single entry t_{2m+1, 2m} = -a_{2m+1, 2m}.
+    s = 2: T1 = [[1, 0], [x, 1]], T2 = [[1, 0], [y, 1]] (from s = 1), A21 = [[a, b], [c, d]]:
+        T2 A21 T1 = [[a + b x, b], [(y a + c) + (y b + d) x, y b + d]],   T21 = -(T2 A21 T1).
+    """
+    T1_entries = _lower_blocks(T, 1)[..., 0, 0]               # [..., P / 2]: t_{2m+1, 2m}
+    xp.negative(_lower_blocks(A, 1)[..., 0, 0], out=T1_entries)
+    A21, T21 = _lower_blocks(A, 2), _lower_blocks(T, 2)       # [..., P / 4, 2, 2]
+    x, y = T1_entries[..., 0::2], T1_entries[..., 1::2]       # the 2 x 2 diagonal blocks' lower entries
+    a, b, c, d = A21[..., 0, 0], A21[..., 0, 1], A21[..., 1, 0], A21[..., 1, 1]
+    lower_right = y * b + d
+    T21[..., 0, 0] = -(a + b * x)
+    T21[..., 0, 1] = -b
+    T21[..., 1, 0] = -(y * a + c + lower_right * x)
+    T21[..., 1, 1] = -lower_right
 
 
 def unit_lower_solve(A, X):

@@ -118,7 +118,7 @@ def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
             P *= L
             from_start = xp.exp(G).astype(q.dtype)[..., None]
             xp.multiply(qc, from_start, out=q_from_start)
-            k_from_start = kc * from_start
+            k_from_start = None                                      # K * exp(G): folded into T below
             k_to_end_T *= xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None, :]   # K^T now decayed to the end
             chunk_decay = xp.exp(G[..., -1]).astype(q.dtype)[..., None, None]   # [B, H, N, 1, 1]
     else:
@@ -129,7 +129,8 @@ def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
     S, delta = state_and_delta[:, :, :K], state_and_delta[:, :, K:]
     if solve:  # C^2 V work instead of the inverse's C^3
-        delta[...] = unit_lower_solve(A[:, :, 0], (vc[:, :, 0] - k_from_start[:, :, 0] @ S) * beta_c[:, :, 0, :, None])
+        k_e = kc[:, :, 0] * from_start[:, :, 0] if k_from_start is None else k_from_start[:, :, 0]
+        delta[...] = unit_lower_solve(A[:, :, 0], (vc[:, :, 0] - k_e @ S) * beta_c[:, :, 0, :, None])
         xp.matmul(reads[:, :, 0], state_and_delta, out=out[:, :, 0])
         if chunk_decay is not None:
             S *= chunk_decay[:, :, 0]
@@ -137,7 +138,11 @@ def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
         return
     T_beta = unit_lower_inverse(A)
     T_beta *= beta_c[..., None, :]                                   # T diag(beta)
-    W, U = T_beta @ k_from_start, T_beta @ vc                        # [B, H, N, C, K], [B, H, N, C, V]
+    U = T_beta @ vc                                                  # [B, H, N, C, V]
+    if k_from_start is None:  # scalar gate: T diag(beta) (K * exp(G)) = (T diag(beta) diag(exp(G))) K
+        W = (T_beta * from_start.swapaxes(-1, -2)) @ kc              # [B, H, N, C, K]
+    else:
+        W = T_beta @ k_from_start
     states = xp.empty((B, H, N, K + C, S.shape[-1]), q.dtype)        # [S_n; Delta_n] of the segment's chunks
     states[:, :, 0, :K] = S
     carried = xp.empty(S.shape, q.dtype)
