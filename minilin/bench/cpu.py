@@ -29,9 +29,9 @@ ROUNDS = 3          # alternating timing rounds (--repeats overrides)
 RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: one)
 
 # The chunk size each chunked form runs at here, chosen by measurement on the 2-core development machine
-# (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 up to
-# 20% slower), the WY forms of the delta rule at 16 (64 costs them 13-30%: their C x C x V products and
-# their triangular inverses grow with C). Mixers not listed run at their chunked form's default (64).
+# (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 8-15%
+# slower), the WY forms of the delta rule at 16 (32 within 2%, 64 20-25% slower: their C x C x V products
+# and their triangular inverses grow with C). Mixers not listed run at their chunked form's default (64).
 CHUNK_SIZES = {name: 32 for name in ("linear_attention", "retnet", "lightning", "mamba2", "simple_gla", "gla",
                                      "hgrn2", "rwkv6")}
 CHUNK_SIZES.update({name: 16 for name in ("deltanet", "gated_deltanet", "kda", "rwkv7")})
@@ -44,6 +44,24 @@ TARGETS = {"linear_attention": 8.0, "gated_deltanet": 6.0, "gla": 2.0, "kda": 2.
 ELEMENTWISE = ("one elementwise update per token (no matrix state, no matrix product to batch): the loop is already "
                "the cheapest form, and no chunking beats it on a CPU")
 NOTES = {"mamba": ELEMENTWISE, "hgrn": ELEMENTWISE}
+
+# Where the targets are missed, where the time goes: one chunked call split into its steps, on the 2-core
+# development machine, 2026-12-01, load average 3-4 (the loop: 53 ms for linear attention, 92 ms for Gated
+# DeltaNet; the steps timed one after another in the forms' own order, segment by segment).
+NOTES["linear_attention"] = (
+    "8x asks for 6.6 ms; the four products alone (Q K^T, A V, K^T V, Q S_n at C = 32: 200 M multiply-adds, "
+    "the floor column) take 4.7-5.1 ms at about 80-90 GFLOP/s, one core's FMA peak (OpenBLAS runs products "
+    "this small on one thread), and the input checks 0.9 ms (finiteness of q, k, v). Of a 9.2 ms call the rest is "
+    "K^T copied for Q K^T (1.0 ms: a transposed right operand runs 2-4x slower), the sum of the two output "
+    "terms (0.6), the state pass (0.6: 127 additions of [4, 64, 64]), one round of calls per segment (0.6), "
+    "q * scale (0.3) and the causal mask (0.2)")
+NOTES["gated_deltanet"] = (
+    "6x asks for 15.5 ms; of a 19.5 ms call at C = 16 the state pass takes 6.4 ms (256 chunks, each two "
+    "products, 3.0 ms in all, and three elementwise steps on operands of [4, 16, 64] or [4, 64, 64], where "
+    "NumPy's cost per call is most of the time), the outputs 2.1, the inverses (I + A)^-1 1.8, U and W 1.8, "
+    "the grams 1.5, the gates' decays 3.0 (exp(G_i - G_j) summed in float64, Q * exp(G), K^T * exp(G_C - G)), "
+    "K^T's copy 1.0 and the input checks 1.5 (finiteness, beta |k|^2 <= 1, q * scale). At C = 32 the pass "
+    "halves its calls (4.5 ms) but the C x C work grows by as much")
 
 
 def machine() -> str:
