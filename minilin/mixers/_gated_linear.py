@@ -77,8 +77,8 @@ def _chunked_segment(q, k, v, g, S0, C, out):
     (long chunks, the parallel form's one chunk of T included, keep float32's precision in every
     difference G_i - G_j); per channel, `chunking.channel_gram`, which builds A by halving the chunk and
     returns q * exp(G), k * exp(G_C - G) and exp(G_C) with it; then `chunking.read_and_pass`. q and k are
-    read in place through chunk views, so the arrays made here are K^T, A, the chunk writes (summed in
-    place into the states) and V in the chunked layout.
+    read in place through chunk views, so the arrays made here are K^T, A and the states entering the
+    chunks (the chunks' writes land in them directly).
     """
     xp = array_module(q)
     qc, kc = chunk_view(q, C), chunk_view(k, C)              # [B, H, N, C, K], views
