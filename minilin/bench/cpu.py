@@ -45,23 +45,23 @@ ELEMENTWISE = ("one elementwise update per token (no matrix state, no matrix pro
                "the cheapest form, and no chunking beats it on a CPU")
 NOTES = {"mamba": ELEMENTWISE, "hgrn": ELEMENTWISE}
 
-# Where the targets are missed, where the time goes: one chunked call split into its steps, on the 2-core
-# development machine, 2026-12-01, load average 3-4 (the loop: 53 ms for linear attention, 92 ms for Gated
-# DeltaNet; the steps timed one after another in the forms' own order, segment by segment).
+# Where the targets are missed, where the time goes: one chunked call split into its steps, timed one after
+# another in the form's own order, segment by segment, on the 2-core development machine, 2026-12-01, load
+# average 1.8 (in the same minutes the bench measured the loops at 53 and 97 ms).
 NOTES["linear_attention"] = (
-    "8x asks for 6.6 ms; the four products alone (Q K^T, A V, K^T V, Q S_n at C = 32: 200 M multiply-adds, "
-    "the floor column) take 4.7-5.1 ms at about 80-90 GFLOP/s, one core's FMA peak (OpenBLAS runs products "
-    "this small on one thread), and the input checks 0.9 ms (finiteness of q, k, v). Of a 9.2 ms call the rest is "
-    "K^T copied for Q K^T (1.0 ms: a transposed right operand runs 2-4x slower), the sum of the two output "
-    "terms (0.6), the state pass (0.6: 127 additions of [4, 64, 64]), one round of calls per segment (0.6), "
-    "q * scale (0.3) and the causal mask (0.2)")
+    "8x asks for 6.6 ms. The four products alone (Q K^T, A V, K^T V, Q S_n at C = 32: 200 M multiply-adds, the "
+    "floor column) take 4.3-4.9 ms, at 80-95 GFLOP/s the peak of one core (OpenBLAS keeps products this small "
+    "on one thread), and the input checks 0.8 ms (finiteness of q, k, v): 5.7 ms before anything else. The "
+    "rest of an 8.6 ms call: K^T copied for Q K^T (0.8 ms; a transposed right operand runs 2-4x slower), the "
+    "sum of the two output terms (0.7), the state pass (0.5: 127 additions of [4, 64, 64]), a round of calls "
+    "per segment (0.5), q * scale (0.3), the causal mask (0.2)")
 NOTES["gated_deltanet"] = (
-    "6x asks for 15.5 ms; of a 19.5 ms call at C = 16 the state pass takes 6.4 ms (256 chunks, each two "
-    "products, 3.0 ms in all, and three elementwise steps on operands of [4, 16, 64] or [4, 64, 64], where "
-    "NumPy's cost per call is most of the time), the outputs 2.1, the inverses (I + A)^-1 1.8, U and W 1.8, "
-    "the grams 1.5, the gates' decays 3.0 (exp(G_i - G_j) summed in float64, Q * exp(G), K^T * exp(G_C - G)), "
-    "K^T's copy 1.0 and the input checks 1.5 (finiteness, beta |k|^2 <= 1, q * scale). At C = 32 the pass "
-    "halves its calls (4.5 ms) but the C x C work grows by as much")
+    "6x asks for 16 ms. Of an 18.2 ms call at C = 16 the state pass takes 6.3 ms: 256 chunks one after "
+    "another, each two products (about 60% of it) and three elementwise steps on [4, 16, 64] or [4, 64, 64] "
+    "operands, where NumPy's cost per call is most of the time; then the outputs 2.0, the inverses "
+    "(I + A)^-1 1.7, U and W 1.4, the grams 1.4, the gates' decays 2.7 (exp(G_i - G_j) from float64 sums, "
+    "Q * exp(G), K^T * exp(G_C - G)), K^T's copy 0.9 and the input checks 1.4 (finiteness, beta |k|^2 <= 1, "
+    "q * scale). At C = 32 the pass takes 5.0 ms, but the inverses and the C x C products grow by as much")
 
 
 def machine() -> str:
