@@ -57,22 +57,22 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
     corrections delta_t = beta_t (v_t - S_{t-1}'^T k_t) solve the unit lower-triangular system
         (I + A) Delta = diag(beta) (V - (K * exp(G)) S),
         A_tj = beta_t k_t . exp(G_t - G_j) k_j   for j < t.
-    With T = (I + A)^-1 (`chunking.unit_lower_inverse`), K_e = K * exp(G) and, for every chunk at once,
-        W = T diag(beta) K_e,    U = T diag(beta) V                        (FLA's w and u)
-    the corrections are Delta = U - W S. Then chunk after chunk (the only sequential part):
-        Delta_n = U_n - W_n S_n                                           the chunk's corrections
+    With T = (I + A)^-1 for all chunks at once (`chunking.unit_lower_inverse`), Delta = T diag(beta) (V - K_e S)
+    with K_e = K * exp(G). Then chunk after chunk (the only sequential part):
+        Delta_n = (T diag(beta))_n (V_n - K_e,n S_n)                      the chunk's corrections
         O_n     = [Q * exp(G) | P]_n [S_n; Delta_n]                       its output, P = (Q K^T) decayed, causal
         S_{n+1} = exp(G_C) S_n + (K * exp(G_C - G))_n^T Delta_n           the state it leaves
-    The loop makes only Delta_n and S_{n+1}, two products and two or three elementwise steps per chunk;
-    the outputs come after it, one product [Q * exp(G) | P]_n [S_n; Delta_n] for all chunks at once, the
-    loop having written each chunk's state and corrections side by side into one buffer [S_n; Delta_n].
+    T multiplies each chunk's residual inside the pass, rather than making W = T diag(beta) K_e and
+    U = T diag(beta) V for all chunks first as FLA's kernels do: one C x C x K product fewer per chunk (FLA's
+    order saves one NumPy call per chunk in the pass instead, and measured no faster here). The output's two
+    terms are one product against [S_n; Delta_n], the state and the corrections side by side in one buffer,
+    so neither the states nor the corrections of all chunks are ever stored.
 
-    The chunks are taken a segment of about 512 tokens at a time (`chunking.segments`): the grams, T, W and
-    U of all chunks of a segment at once, then its chunks in order, then its outputs, the state carried on
-    into the next segment. The same arithmetic as all chunks at once, with temporaries that stay in the
-    CPU's cache (the states and corrections are stored for one segment, never for the whole sequence).
-    One chunk holding the whole sequence (the parallel form) solves (I + A) Delta = diag(beta) (V - K_e S)
-    by blocks instead (`chunking.unit_lower_solve`): C^2 V work where the inverse would cost C^3.
+    The chunks are taken a segment of about 512 tokens at a time (`chunking.segments`): the grams and T of
+    all chunks of a segment at once, then its chunks in order, the state carried on into the next segment.
+    The same arithmetic as all chunks at once, with temporaries that stay in the CPU's cache. One chunk
+    holding the whole sequence (the parallel form) solves (I + A) Delta = diag(beta) (V - K_e S) by blocks
+    instead (`chunking.unit_lower_solve`): C^2 V work where the inverse would cost C^3.
 
     Gates: scalar ones are summed in float64 per chunk and rounded once after each difference
     (`decay_matrix`); per-channel ones go through `chunking.channel_gram`, which builds A and P by halving
@@ -118,7 +118,7 @@ def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
             P *= L
             from_start = xp.exp(G).astype(q.dtype)[..., None]
             xp.multiply(qc, from_start, out=q_from_start)
-            k_from_start = None                                      # K * exp(G): folded into T below
+            k_from_start = kc * from_start
             k_to_end_T *= xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None, :]   # K^T now decayed to the end
             chunk_decay = xp.exp(G[..., -1]).astype(q.dtype)[..., None, None]   # [B, H, N, 1, 1]
     else:
@@ -127,36 +127,24 @@ def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
         k_to_end_T = k_to_end.swapaxes(-1, -2)
         chunk_decay = chunk_decay[..., None]                         # [B, H, N, K, 1]
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
+    if not solve:
+        T_beta = unit_lower_inverse(A)
+        T_beta *= beta_c[..., None, :]                               # T diag(beta)
+
     S, delta = state_and_delta[:, :, :K], state_and_delta[:, :, K:]
-    if solve:  # C^2 V work instead of the inverse's C^3
-        k_e = kc[:, :, 0] * from_start[:, :, 0] if k_from_start is None else k_from_start[:, :, 0]
-        delta[...] = unit_lower_solve(A[:, :, 0], (vc[:, :, 0] - k_e @ S) * beta_c[:, :, 0, :, None])
-        xp.matmul(reads[:, :, 0], state_and_delta, out=out[:, :, 0])
-        if chunk_decay is not None:
-            S *= chunk_decay[:, :, 0]
-        S += k_to_end_T[:, :, 0] @ delta
-        return
-    T_beta = unit_lower_inverse(A)
-    T_beta *= beta_c[..., None, :]                                   # T diag(beta)
-    U = T_beta @ vc                                                  # [B, H, N, C, V]
-    if k_from_start is None:  # scalar gate: T diag(beta) (K * exp(G)) = (T diag(beta) diag(exp(G))) K
-        W = (T_beta * from_start.swapaxes(-1, -2)) @ kc              # [B, H, N, C, K]
-    else:
-        W = T_beta @ k_from_start
-    states = xp.empty((B, H, N, K + C, S.shape[-1]), q.dtype)        # [S_n; Delta_n] of the segment's chunks
-    states[:, :, 0, :K] = S
-    carried = xp.empty(S.shape, q.dtype)
+    residual, write = xp.empty(delta.shape, q.dtype), xp.empty(S.shape, q.dtype)
     for n in range(N):
-        S_n, delta = states[:, :, n, :K], states[:, :, n, K:]
-        xp.matmul(W[:, :, n], S_n, out=delta)                        # W_n S_n
-        xp.subtract(U[:, :, n], delta, out=delta)                    # Delta_n = U_n - W_n S_n
-        S_next = states[:, :, n + 1, :K] if n + 1 < N else S
-        xp.matmul(k_to_end_T[:, :, n], delta, out=S_next)
-        if chunk_decay is None:
-            S_next += S_n
+        xp.matmul(k_from_start[:, :, n], S, out=residual)            # K_e S_n: what the memory predicts
+        xp.subtract(vc[:, :, n], residual, out=residual)
+        if solve:  # one chunk (the parallel form): solve rather than invert, C^2 V work instead of C^3
+            delta[...] = unit_lower_solve(A[:, :, 0], residual * beta_c[:, :, 0, :, None])
         else:
-            S_next += xp.multiply(S_n, chunk_decay[:, :, n], out=carried)
-    xp.matmul(reads, states, out=out)                                # O_n = [Q * exp(G) | P]_n [S_n; Delta_n]
+            xp.matmul(T_beta[:, :, n], residual, out=delta)          # Delta_n
+        xp.matmul(reads[:, :, n], state_and_delta, out=out[:, :, n])  # O_n
+        xp.matmul(k_to_end_T[:, :, n], delta, out=write)
+        if chunk_decay is not None:
+            S *= chunk_decay[:, :, n]
+        S += write
 
 
 def parallel(q, k, v, g, beta, S0):
