@@ -317,55 +317,67 @@ def _lower_blocks(A, s: int):
     return array_module(A).lib.stride_tricks.as_strided(A[..., s:, :], A.shape[:-2] + (P // (2 * s), s, s), strides)
 
 
-def states_after_chunks(dS, decay, S0):
-    """Inter-chunk state passing, in place: dS_n <- S_n = decay_n S_{n-1} + dS_n (S_{-1} = S0), returns dS.
-
-    dS: [B, H, N, K, V], what chunk n writes, already decayed to the chunk's end; overwritten by the state
-    after each chunk (the state entering chunk n is then dS[:, :, n - 1], or S0 for n = 0).
-    decay: None, [B, H, N] or [B, H, N, K], the decay factor exp(G_C) over each whole chunk (not its log).
-    S0: [B, H, K, V] or None (zeros).
-
-    The only sequential part of a chunked form: one or two array operations per chunk, none per token, and
-    no array of N states besides dS itself.
-    """
-    xp = array_module(dS)
-    N = dS.shape[2]
-    if decay is not None:  # [B, H, N, 1, 1] (scalar) or [B, H, N, K, 1]: scales the rows of each state
-        decay = decay[..., None, None] if decay.ndim == 3 else decay[..., None]
-    if S0 is not None:
-        dS[:, :, 0] += S0 if decay is None else decay[:, :, 0] * S0
-    carried = None if decay is None else xp.empty_like(dS[:, :, 0])
-    for n in range(1, N):
-        if decay is None:
-            xp.add(dS[:, :, n], dS[:, :, n - 1], out=dS[:, :, n])
-        else:
-            xp.multiply(dS[:, :, n - 1], decay[:, :, n], out=carried)
-            xp.add(dS[:, :, n], carried, out=dS[:, :, n])
-    return dS
-
-
-def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: int):
+def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: int, out=None):
     """The chunked form of a gated linear recurrence, given its chunk pieces: (o [B, T, H, V], final state).
 
     A [B, H, N, C, C]: the chunk's masked, decayed scores; q_from_start [B, H, N, C, K]: the queries decayed
     from the chunk's start; k_to_end_T [B, H, N, K, C]: the keys decayed to its end, transposed (a swapped
     view will do); chunk_decay: None, [B, H, N] or [B, H, N, K], the decay over each whole chunk (factors,
     not logs); v [B, T, H, V]; S0 or None. Then
-        O_n = A_n V_n + (q_from_start)_n S_n,    S_{n+1} = chunk_decay_n S_n + (k_to_end)_n^T V_n.
-    The states after each chunk are the writes summed in place (`states_after_chunks`), and chunk n reads
-    the one after chunk n - 1. V is copied into the chunked layout first: as the right operand of two
-    products it is worth one contiguous copy (NumPy's batched products read a strided right operand at
-    about 2/3 of the speed of a contiguous one).
+        S_0 = S0,    S_{n+1} = chunk_decay_n S_n + (k_to_end)_n^T V_n,    O_n = (q_from_start)_n S_n + A_n V_n.
+    The writes (k_to_end)_n^T V_n of chunks 0 .. N-2 are one batched product straight into the slots
+    1 .. N-1 of the array of entering states S_n, which the pass then turns into the states in place
+    (S_n += chunk_decay_{n-1} S_{n-1}): no array of writes besides the states. V is read where it lies
+    (a chunk view): NumPy's products read its strided rows a little slower than a contiguous copy, but
+    less slowly than the copy costs.
+    out: None, or where to write O, [B, H, N, C, V] (a chunk view of the output, `chunk_view`); then the
+    result is (out, final state), with no layout copy of O.
     """
     xp = array_module(v)
     T = v.shape[1]
-    vc = to_chunks(v, chunk_size)                            # [B, H, N, C, V]
-    o = A @ vc                                               # intra-chunk
-    S = states_after_chunks(k_to_end_T @ vc, chunk_decay, S0)   # [B, H, N, K, V]
-    o[:, :, 1:] += q_from_start[:, :, 1:] @ S[:, :, :-1]     # inter-chunk: the state entering chunk n
-    if S0 is not None:
-        o[:, :, 0] += q_from_start[:, :, 0] @ S0
-    return from_chunks(o, T), S[:, :, -1].copy()
+    vc = chunk_view(v, chunk_size)                           # [B, H, N, C, V], a view
+    B, H, N = A.shape[:3]
+    K, V = k_to_end_T.shape[-2], v.shape[-1]
+    if chunk_decay is not None:  # [B, H, N, 1, 1] (scalar) or [B, H, N, K, 1]: scales the rows of each state
+        chunk_decay = chunk_decay[..., None, None] if chunk_decay.ndim == 3 else chunk_decay[..., None]
+    S_in = xp.empty((B, H, N, K, V), v.dtype)                # S_n, the state entering chunk n
+    S_in[:, :, 0] = 0 if S0 is None else S0
+    xp.matmul(k_to_end_T[:, :, :-1], vc[:, :, :-1], out=S_in[:, :, 1:])   # the writes of chunks 0 .. N-2
+    carried = None if chunk_decay is None else xp.empty((B, H, K, V), v.dtype)
+    for n in range(1, N):                                    # the pass, in place: the only sequential part
+        if chunk_decay is None:
+            S_in[:, :, n] += S_in[:, :, n - 1]
+        else:
+            S_in[:, :, n] += xp.multiply(S_in[:, :, n - 1], chunk_decay[:, :, n - 1], out=carried)
+    S_final = k_to_end_T[:, :, -1] @ vc[:, :, -1]
+    S_final += S_in[:, :, -1] if chunk_decay is None else chunk_decay[:, :, -1] * S_in[:, :, -1]
+    o = xp.matmul(q_from_start, S_in, out=out)               # inter-chunk: the state entering chunk n
+    o += A @ vc                                              # intra-chunk
+    return (o if out is not None else from_chunks(o, T)), S_final
+
+
+# Tokens per segment of the forward chunked forms (`segments`), measured on the 2-core development machine:
+# linear attention's chunked form at C = 32 took about the same time with segments of 256, 512 and 1024 tokens,
+# 15% more with 2048 tokens or with the whole sequence of 4096 at once (temporaries of tens of MB).
+SEGMENT_TOKENS = 512
+
+
+def segments(T: int, chunk_size: int, xp=np, tokens: int | None = None):
+    """Slices of [0, T) of a whole number of chunks each, about `tokens` long (at least one chunk): the
+    stretches of the sequence that a chunked forward processes one after another, all chunks of a stretch
+    at once, carrying the state from one to the next (tokens: default SEGMENT_TOKENS).
+
+    Why: chunk-parallel work over the whole sequence makes every temporary (scores, states, decayed keys)
+    as large as the inputs, tens of MB at T = 4096, so each batched product streams it from main memory
+    and each fresh array costs first-touch page faults. Segment by segment they are a few hundred kB,
+    stay in the cache and reuse the memory the previous segment freed; the arithmetic is the same, and
+    the extra cost is one round of NumPy calls per segment. With CuPy (xp not NumPy) the whole sequence is
+    one segment: there each call is a kernel launch, and a few hundred tokens would leave the GPU idle.
+    """
+    if xp is not np:
+        return [slice(0, T)]
+    span = chunk_size * max(1, (tokens or SEGMENT_TOKENS) // chunk_size)
+    return [slice(t0, min(T, t0 + span)) for t0 in range(0, T, span)]
 
 
 def pass_states(dS, G_total, S0):
@@ -416,6 +428,9 @@ def unit_lower_inverse(A):
     T.fill(0)
     _diagonal_view(T)[...] = 1  # the inverses of the P diagonal blocks of size 1
     s = 1
+    if P >= 4:
+        _small_levels(T, A, xp)
+        s = 4
     while s < P:
         T21, A21 = _lower_blocks(T, s), _lower_blocks(A, s)
         diagonal = _diagonal_blocks(T, s)            # [..., P / s, s, s], already inverted
@@ -424,6 +439,27 @@ def unit_lower_inverse(A):
         xp.negative(T21, out=T21)
         s *= 2
     return T[..., :C, :C]
+
+
+def _small_levels(T, A, xp):
+    """The first two levels of `unit_lower_inverse` (s = 1, 2) written out, in place in T [..., P, P].
+
+    As batched products they would be P / 2 products of 1 x 1 and P / 4 of 2 x 2 matrices per chunk: tens
+    of thousands of BLAS calls for a few multiplications each, the slowest rounds of the inverse. By hand:
+    s = 1: T1 = T2 = 1, so T21 = -A21, the single entry t_{2m+1, 2m} = -a_{2m+1, 2m}.
+    s = 2: T1 = [[1, 0], [x, 1]], T2 = [[1, 0], [y, 1]] (from s = 1), A21 = [[a, b], [c, d]]:
+        T2 A21 T1 = [[a + b x, b], [(y a + c) + (y b + d) x, y b + d]],   T21 = -(T2 A21 T1).
+    """
+    T1_entries = _lower_blocks(T, 1)[..., 0, 0]               # [..., P / 2]: t_{2m+1, 2m}
+    xp.negative(_lower_blocks(A, 1)[..., 0, 0], out=T1_entries)
+    A21, T21 = _lower_blocks(A, 2), _lower_blocks(T, 2)       # [..., P / 4, 2, 2]
+    x, y = T1_entries[..., 0::2], T1_entries[..., 1::2]       # the 2 x 2 diagonal blocks' lower entries
+    a, b, c, d = A21[..., 0, 0], A21[..., 0, 1], A21[..., 1, 0], A21[..., 1, 1]
+    lower_right = y * b + d
+    T21[..., 0, 0] = -(a + b * x)
+    T21[..., 0, 1] = -b
+    T21[..., 1, 0] = -(y * a + c + lower_right * x)
+    T21[..., 1, 1] = -lower_right
 
 
 def unit_lower_solve(A, X):

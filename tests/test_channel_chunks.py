@@ -124,17 +124,28 @@ def test_chunk_view_is_a_view_unless_it_pads(rng):
 
 @pytest.mark.parametrize("decay_shape", [None, (2, 3, 7), (2, 3, 7, 4)])
 @pytest.mark.parametrize("with_S0", [False, True])
-def test_states_after_chunks_is_the_loop(rng, decay_shape, with_S0):
-    writes = rng.standard_normal((2, 3, 7, 4, 5))
+@pytest.mark.parametrize("with_out", [False, True])
+def test_read_and_pass_is_the_loop(rng, decay_shape, with_S0, with_out):
+    """O_n = q_n S_n + A_n V_n and S_{n+1} = decay_n S_n + k_n^T V_n, chunk by chunk, written into `out`
+    when given (T = 33 tokens in 7 chunks of 5: the last one padded)."""
+    B, H, N, C, K, V, T = 2, 3, 7, 5, 4, 6, 33
+    A, q = rng.standard_normal((B, H, N, C, C)), rng.standard_normal((B, H, N, C, K))
+    k_T, v = rng.standard_normal((B, H, N, K, C)), rng.standard_normal((B, T, H, V))
     decay = None if decay_shape is None else rng.uniform(0, 1, decay_shape)
-    S0 = rng.standard_normal((2, 3, 4, 5)) if with_S0 else None
-    expected, S = [], np.zeros((2, 3, 4, 5)) if S0 is None else S0
-    for n in range(7):
+    S0 = rng.standard_normal((B, H, K, V)) if with_S0 else None
+    vc = chunking.to_chunks(v, C)
+    expected, S = [], np.zeros((B, H, K, V)) if S0 is None else S0
+    for n in range(N):
+        expected.append(q[:, :, n] @ S + A[:, :, n] @ vc[:, :, n])
         d = 1.0 if decay is None else (decay[:, :, n, None, None] if decay.ndim == 3 else decay[:, :, n, :, None])
-        S = d * S + writes[:, :, n]
-        expected.append(S)
-    got = chunking.states_after_chunks(writes.copy(), decay, S0)
-    assert rel_err(got, np.stack(expected, axis=2)) < 1e-14
+        S = d * S + k_T[:, :, n] @ vc[:, :, n]
+    o, o_chunks = chunking.chunked_output(v, C)
+    got, S_final = chunking.read_and_pass(A, q, k_T, decay, v, S0, C, out=o_chunks if with_out else None)
+    if with_out:
+        assert got is o_chunks
+        got = o[:, :T]
+    assert rel_err(got, chunking.from_chunks(np.stack(expected, axis=2), T)) < 1e-13
+    assert rel_err(S_final, S) < 1e-13
 
 
 def log_gate_position(mod):

@@ -59,7 +59,7 @@ def test_the_floor_and_the_target_stand_beside_the_speed_up(monkeypatch):
 
 def test_elementwise_mixers_say_why_no_chunking_wins(monkeypatch):
     monkeypatch.setattr(cpu, "PROBLEM", dict(B=1, T=64, H=2, K=8, V=8))
-    rows = [cpu.bench_mixer("hgrn", repeats=1), cpu.bench_mixer("linear_attention", repeats=1)]
+    rows = [cpu.bench_mixer("hgrn", repeats=1), cpu.bench_mixer("simple_gla", repeats=1)]
     assert "elementwise" in rows[0]["note"] and "note" not in rows[1]
     assert "(see note)" in cpu.format_table(rows).splitlines()[2]
     assert cpu.format_notes(rows).startswith("- hgrn: one elementwise update per token")
@@ -108,9 +108,10 @@ def test_bench_without_a_gpu_runs_the_cpu_bench_and_says_so(monkeypatch, capsys)
     assert re.fullmatch(r"\[1/2\] linear_attention: checking, then timing recurrent, chunked, parallel \.\.\. "
                         r"\d+\.\d s", lines[1]), lines[1]
     assert lines[2].startswith("[2/2] retnet: checking, then timing ") and len(lines) == 3
-    # stdout: the header and the table only, at the quick size
+    # stdout: the header, the table and its notes (one for linear attention), at the quick size
     assert out.splitlines()[0].startswith("minilin bench --device cpu --quick: B=1 H=1 T=64 K=8 V=8")
-    assert [line.split(" | ")[0] for line in out.splitlines()[3:]] == ["| linear_attention", "| retnet"]
+    assert [line.split(" | ")[0] for line in out.splitlines()[3:5]] == ["| linear_attention", "| retnet"]
+    assert [line[:20] for line in out.splitlines()[5:]] == ["- linear_attention: "]
     assert "[1/2]" not in out
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilin import catalog
+from minilin import catalog, chunking
 from conftest import is_sequence, rel_err, state_err, time_slice
 
 TOL = 1e-10
@@ -92,6 +92,26 @@ def test_step_loop_equals_recurrent(name):
     err = rel_err(np.stack(outputs, axis=1), ref)
     assert err < TOL, f"{name}.step loop: output relative error {err:.2e}"
     assert state_err(state, ref_state) < TOL
+
+
+@pytest.mark.parametrize("tokens", [1, 24, 48])
+@pytest.mark.parametrize("name", [n for n in MIXERS if "chunked" in catalog.forms(n) and stateful(n)])
+def test_chunked_forms_agree_segment_by_segment(name, tokens, monkeypatch):
+    """The chunked forward forms take the sequence a segment of whole chunks at a time (`chunking.segments`,
+    SEGMENT_TOKENS = 512 by default, more than these tests' T): with segments of one chunk and of 24 and 48
+    tokens (not multiples of the chunk), T not a multiple of the chunk, and with and without an initial
+    state, they still equal the definition."""
+    monkeypatch.setattr(chunking, "SEGMENT_TOKENS", tokens)
+    assert_forms_agree(name, 2, 100, 2, 8, 12, 16, seed=tokens)
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(2, 100, 2, 8, 12, seed=tokens + 1)
+    _, S0 = mod.recurrent(*time_slice(args, slice(0, 29)), **kwargs)
+    rest = time_slice(args, slice(29, 100))
+    ref, ref_state = mod.recurrent(*rest, **kwargs, initial_state=S0)
+    for C in (5, 16):
+        out, state = mod.chunked(*rest, **kwargs, initial_state=S0, chunk_size=C)
+        assert rel_err(out, ref) < TOL, f"{name}.chunked C={C}: output relative error {rel_err(out, ref):.2e}"
+        assert state_err(state, ref_state) < TOL, f"{name}.chunked C={C}: final state relative error"
 
 
 @pytest.mark.parametrize("name", MIXERS)

@@ -29,9 +29,9 @@ ROUNDS = 3          # alternating timing rounds (--repeats overrides)
 RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: one)
 
 # The chunk size each chunked form runs at here, chosen by measurement on the 2-core development machine
-# (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 up to
-# 20% slower), the WY forms of the delta rule at 16 (64 costs them 13-30%: their C x C x V products and
-# their triangular inverses grow with C). Mixers not listed run at their chunked form's default (64).
+# (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 8-15%
+# slower), the WY forms of the delta rule at 16 (32 within 2%, 64 20-25% slower: their C x C x V products
+# and their triangular inverses grow with C). Mixers not listed run at their chunked form's default (64).
 CHUNK_SIZES = {name: 32 for name in ("linear_attention", "retnet", "lightning", "mamba2", "simple_gla", "gla",
                                      "hgrn2", "rwkv6")}
 CHUNK_SIZES.update({name: 16 for name in ("deltanet", "gated_deltanet", "kda", "rwkv7")})
@@ -44,6 +44,24 @@ TARGETS = {"linear_attention": 8.0, "gated_deltanet": 6.0, "gla": 2.0, "kda": 2.
 ELEMENTWISE = ("one elementwise update per token (no matrix state, no matrix product to batch): the loop is already "
                "the cheapest form, and no chunking beats it on a CPU")
 NOTES = {"mamba": ELEMENTWISE, "hgrn": ELEMENTWISE}
+
+# Where the targets are missed, where the time goes: one chunked call split into its steps, timed one after
+# another in the form's own order, segment by segment, on the 2-core development machine, 2026-12-01, load
+# average 1.8 (in the same minutes the bench measured the loops at 53 and 97 ms).
+NOTES["linear_attention"] = (
+    "8x asks for 6.6 ms. The four products alone (Q K^T, A V, K^T V, Q S_n at C = 32: 200 M multiply-adds, the "
+    "floor column) take 4.3-4.9 ms, at 80-95 GFLOP/s the peak of one core (OpenBLAS keeps products this small "
+    "on one thread), and the input checks 0.8 ms (finiteness of q, k, v): 5.7 ms before anything else. The "
+    "rest of an 8.6 ms call: K^T copied for Q K^T (0.8 ms; a transposed right operand runs 2-4x slower), the "
+    "sum of the two output terms (0.7), the state pass (0.5: 127 additions of [4, 64, 64]), a round of calls "
+    "per segment (0.5), q * scale (0.3), the causal mask (0.2)")
+NOTES["gated_deltanet"] = (
+    "6x asks for 16 ms. Of an 18.2 ms call at C = 16 the state pass takes 8.9 ms: 256 chunks one after "
+    "another, each four products (5.8 ms in all: per head 16 x 16 to 80 x 64 operands, where the BLAS runs far "
+    "below its peak and NumPy's cost per call counts) and three elementwise steps; then the gates' decays "
+    "3.3 (exp(G_i - G_j) from float64 sums; Q, K and K^T times their decays), the inverses (I + A)^-1 1.7, "
+    "the input checks 1.5 (finiteness, beta |k|^2 <= 1, q * scale), the grams 1.4 and K^T's copy 1.0. At "
+    "C = 32 the pass takes 7.5 ms, but the inverses and the grams grow by about as much")
 
 
 def machine() -> str:

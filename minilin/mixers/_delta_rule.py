@@ -16,6 +16,7 @@ from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, chunk_view, chunked_output, decay_matrix, decay_state,
                         from_chunks, gated_gram, gated_gram_backward, local_cumsum, num_chunks, reverse_cumsum,
                         state_or_zeros, to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
+from ..chunking import segments  # the forward's segments
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
@@ -62,9 +63,16 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
         O_n     = [Q * exp(G) | P]_n [S_n; Delta_n]                       its output, P = (Q K^T) decayed, causal
         S_{n+1} = exp(G_C) S_n + (K * exp(G_C - G))_n^T Delta_n           the state it leaves
     T multiplies each chunk's residual inside the pass, rather than making W = T diag(beta) K_e and
-    U = T diag(beta) V for all chunks first as FLA's kernels do: one C x C x K product fewer per chunk. The
-    output's two terms are one product against [S_n; Delta_n], the state and the corrections side by side in
-    one buffer, so neither the states nor the corrections of all chunks are ever stored.
+    U = T diag(beta) V for all chunks first as FLA's kernels do: one C x C x K product fewer per chunk (FLA's
+    order saves one NumPy call per chunk in the pass instead, and measured no faster here). The output's two
+    terms are one product against [S_n; Delta_n], the state and the corrections side by side in one buffer,
+    so neither the states nor the corrections of all chunks are ever stored.
+
+    The chunks are taken a segment of about 512 tokens at a time (`chunking.segments`): the grams and T of
+    all chunks of a segment at once, then its chunks in order, the state carried on into the next segment.
+    The same arithmetic as all chunks at once, with temporaries that stay in the CPU's cache. One chunk
+    holding the whole sequence (the parallel form) solves (I + A) Delta = diag(beta) (V - K_e S) by blocks
+    instead (`chunking.unit_lower_solve`): C^2 V work where the inverse would cost C^3.
 
     Gates: scalar ones are summed in float64 per chunk and rounded once after each difference
     (`decay_matrix`); per-channel ones go through `chunking.channel_gram`, which builds A and P by halving
@@ -73,9 +81,25 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
     xp = array_module(q)
     B, T, H, K = q.shape
     V, C = v.shape[-1], chunk_size
+    o, o_chunks = chunked_output(v, C)                               # [B, N * C, H, V], [B, H, N, C, V]
+    state_and_delta = xp.empty((B, H, K + C, V), q.dtype)            # [S_n; Delta_n]
+    state_and_delta[:, :, :K] = 0 if S0 is None else S0
+    for seg in segments(T, C, xp):
+        first = seg.start // C
+        out = o_chunks[:, :, first:first + num_chunks(seg.stop - seg.start, C)]
+        _chunked_segment(q[:, seg], k[:, seg], v[:, seg], None if g is None else g[:, seg], beta[:, seg],
+                         state_and_delta, C, out, solve=num_chunks(T, C) == 1)
+    return (o if o.shape[1] == T else xp.ascontiguousarray(o[:, :T])), state_and_delta[:, :, :K].copy()
+
+
+def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
+    """`chunked` on one stretch of whole chunks: O into out [B, H, N, C, V]; state_and_delta [B, H, K + C, V]
+    holds the state entering the stretch in its first K rows and leaves there the state after it.
+    solve: one chunk, solved by blocks rather than inverted (the parallel form)."""
+    xp = array_module(q)
+    B, _, H, K = q.shape
     qc, kc, vc = (chunk_view(x, C) for x in (q, k, v))             # [B, H, N, C, .], views
     beta_c = chunk_view(beta, C)                                     # [B, H, N, C]
-    o, oc = chunked_output(v, C)
     N = qc.shape[2]
     reads = xp.empty((B, H, N, C, K + C), q.dtype)                   # [Q * exp(G) | P] of every chunk
     q_from_start, P = reads[..., :K], reads[..., K:]
@@ -103,27 +127,24 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
         k_to_end_T = k_to_end.swapaxes(-1, -2)
         chunk_decay = chunk_decay[..., None]                         # [B, H, N, K, 1]
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
-    if N > 1:
+    if not solve:
         T_beta = unit_lower_inverse(A)
         T_beta *= beta_c[..., None, :]                               # T diag(beta)
 
-    state_and_delta = xp.empty((B, H, K + C, V), q.dtype)            # [S_n; Delta_n]
     S, delta = state_and_delta[:, :, :K], state_and_delta[:, :, K:]
-    S[...] = 0 if S0 is None else S0
-    residual, write = xp.empty((B, H, C, V), q.dtype), xp.empty((B, H, K, V), q.dtype)
+    residual, write = xp.empty(delta.shape, q.dtype), xp.empty(S.shape, q.dtype)
     for n in range(N):
         xp.matmul(k_from_start[:, :, n], S, out=residual)            # K_e S_n: what the memory predicts
         xp.subtract(vc[:, :, n], residual, out=residual)
-        if N > 1:
-            xp.matmul(T_beta[:, :, n], residual, out=delta)          # Delta_n
-        else:  # one chunk (the parallel form): solve rather than invert, C^2 V work instead of C^3
+        if solve:  # one chunk (the parallel form): solve rather than invert, C^2 V work instead of C^3
             delta[...] = unit_lower_solve(A[:, :, 0], residual * beta_c[:, :, 0, :, None])
-        xp.matmul(reads[:, :, n], state_and_delta, out=oc[:, :, n])  # O_n
+        else:
+            xp.matmul(T_beta[:, :, n], residual, out=delta)          # Delta_n
+        xp.matmul(reads[:, :, n], state_and_delta, out=out[:, :, n])  # O_n
         xp.matmul(k_to_end_T[:, :, n], delta, out=write)
         if chunk_decay is not None:
             S *= chunk_decay[:, :, n]
         S += write
-    return xp.ascontiguousarray(o[:, :T]), S.copy()
 
 
 def parallel(q, k, v, g, beta, S0):

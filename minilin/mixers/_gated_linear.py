@@ -23,6 +23,7 @@ from ..chunking import (causal_mask, channel_gram, chunk_view, decay_matrix, dec
                         gate_terms, gated_gram, gated_gram_backward, gram_decay, local_cumsum, pass_states,
                         pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros, to_chunks,
                         to_chunks_transposed, transposed)
+from ..chunking import chunked_output, num_chunks, segments  # the forward's segments
 
 
 def step(q, k, v, g, S):
@@ -52,15 +53,34 @@ def chunked(q, k, v, g, S0, chunk_size):
     For a scalar gate this is Mamba-2's SSD algorithm (diagonal blocks, chunk states, state passing,
     state-to-output); without a gate it is chunked linear attention.
 
+    The chunks are taken a segment of about 512 tokens at a time (`chunking.segments`), all chunks of a
+    segment at once, the state carried from one segment to the next: the same arithmetic as all chunks
+    at once, with temporaries that stay in the CPU's cache (`_chunked_segment` does one segment). The
+    output is written in place, segment by segment, through a chunk view of o.
+    """
+    xp = array_module(q)
+    T = q.shape[1]
+    o, o_chunks = chunked_output(v, chunk_size)              # [B, N * C, H, V] and its [B, H, N, C, V] view
+    S = S0
+    for seg in segments(T, chunk_size, xp):
+        first = seg.start // chunk_size
+        out = o_chunks[:, :, first:first + num_chunks(seg.stop - seg.start, chunk_size)]
+        S = _chunked_segment(q[:, seg], k[:, seg], v[:, seg], None if g is None else g[:, seg], S, chunk_size,
+                             out)
+    return (o if o.shape[1] == T else xp.ascontiguousarray(o[:, :T])), S
+
+
+def _chunked_segment(q, k, v, g, S0, C, out):
+    """`chunked` on one stretch of whole chunks: writes O into out [B, H, N, C, V], returns the state after.
+
     A per gate: none, (Q K^T) causally masked; scalar, (Q K^T) * `decay_matrix(G)` with G summed in float64
     (long chunks, the parallel form's one chunk of T included, keep float32's precision in every
     difference G_i - G_j); per channel, `chunking.channel_gram`, which builds A by halving the chunk and
     returns q * exp(G), k * exp(G_C - G) and exp(G_C) with it; then `chunking.read_and_pass`. q and k are
-    read in place through chunk views, so the large arrays are K^T, A, the chunk writes (summed in place into
-    the states), V and o in the chunked layout, and o.
+    read in place through chunk views, so the arrays made here are K^T, A and the states entering the
+    chunks (the chunks' writes land in them directly).
     """
     xp = array_module(q)
-    C = chunk_size
     qc, kc = chunk_view(q, C), chunk_view(k, C)              # [B, H, N, C, K], views
     if g is None or g.ndim == 3:
         k_to_end_T = transposed(kc)                          # [B, H, N, K, C]: K^T for the scores first
@@ -78,7 +98,7 @@ def chunked(q, k, v, g, S0, chunk_size):
     else:                                                    # per-channel gate [B, T, H, K]
         A, q_from_start, k_to_end, chunk_decay = channel_gram(qc, kc, chunk_view(g, C))
         k_to_end_T = k_to_end.swapaxes(-1, -2)
-    return read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, C)
+    return read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, C, out=out)[1]
 
 
 def parallel(q, k, v, g, S0):
