@@ -45,6 +45,15 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int) -> tuple:
     return cu
 
 
+def chunked(run, chunk_size):
+    """`run(*arrays, chunk_size)` with the chunk clamped to the length of the arrays it is given, as a call
+    on one sequence alone clamps it (`validation.check_chunk_size`): a chunked form or backward to pass to
+    `forward` / `backward`. chunk_size None (a form without chunks): run(*arrays, None)."""
+    if chunk_size is None:
+        return lambda *arrays: run(*arrays, None)
+    return lambda *arrays: run(*arrays, min(chunk_size, arrays[0].shape[1]))
+
+
 def _tokens(arrays, tokens):
     """Each per-token array [1, T, ...] cut to one sequence's tokens (None kept: an absent gate)."""
     return tuple(None if x is None else x[:, tokens] for x in arrays)

@@ -72,7 +72,7 @@ def chunked(q, k, v, beta, *, scale=None, initial_state=None, cu_seqlens=None, a
     (clamped to T)."""
     a, q, k = _checked(q, k, v, beta, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
     C = check_chunk_size(chunk_size, a.shapes["T"])
-    return varlen.forward(lambda *x: _delta_rule.chunked(*x, C),
+    return varlen.forward(varlen.chunked(_delta_rule.chunked, C),
                           (q, k, a.v, None, a.beta), a.state, a.cu_seqlens)
 
 
@@ -99,7 +99,7 @@ def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normaliz
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
     if form == "chunked":
         C = check_chunk_size(chunk_size, a.shapes["T"])
-        run = lambda *x: _delta_rule.chunked_backward(*x, C)  # noqa: E731
+        run = varlen.chunked(_delta_rule.chunked_backward, C)
     else:
         run = _delta_rule.parallel_backward if form == "parallel" else _delta_rule.recurrent_backward
     dq, dk, dv, dg, dbeta, dS0 = varlen.backward(run,

@@ -71,7 +71,7 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
     """Chunked form (gated WY representation); any T, chunk_size > 0 (clamped to T)."""
     a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
     C = check_chunk_size(chunk_size, a.shapes["T"])
-    return varlen.forward(lambda *x: _delta_rule.chunked(*x, C),
+    return varlen.forward(varlen.chunked(_delta_rule.chunked, C),
                           (q, k, a.v, a.g, a.beta), a.state, a.cu_seqlens)
 
 
@@ -98,7 +98,7 @@ def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normaliz
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
     if form == "chunked":
         C = check_chunk_size(chunk_size, a.shapes["T"])
-        run = lambda *x: _delta_rule.chunked_backward(*x, C)  # noqa: E731
+        run = varlen.chunked(_delta_rule.chunked_backward, C)
     else:
         run = _delta_rule.parallel_backward if form == "parallel" else _delta_rule.recurrent_backward
     dq, dk, dv, dg, dbeta, dS0 = varlen.backward(run,

@@ -48,7 +48,7 @@ def chunked(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, chun
     """Chunked (SSD) form; any T, chunk_size C > 0 (clamped to T)."""
     a, scale, arrays = _checked(q, k, v, g, scale, initial_state, cu_seqlens)
     C = check_chunk_size(chunk_size, a.shapes["T"])
-    return varlen.forward(lambda *x: _gated_linear.chunked(*x, C), arrays, a.state, a.cu_seqlens)
+    return varlen.forward(varlen.chunked(_gated_linear.chunked, C), arrays, a.state, a.cu_seqlens)
 
 
 def parallel(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):
@@ -70,7 +70,7 @@ def _backward(form, q, k, v, g, scale, initial_state, cu_seqlens, do, dstate, ch
     a, scale, arrays = _checked(q, k, v, g, scale, initial_state, cu_seqlens)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
     C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
-    run = lambda *x: _gated_linear.backward(form, *x, C)  # noqa: E731
+    run = varlen.chunked(lambda *x: _gated_linear.backward(form, *x), C)
     dq, dk, dv, dg, dS0 = varlen.backward(run, arrays, a.state, do, dstate, a.cu_seqlens)
     dq = heads.reduce(dq, a.group) * scale
     return SIGNATURE.gradients("simple_gla")(dq, heads.reduce(dk, a.group), dv, dg, dS0)
