@@ -151,6 +151,9 @@ class Signature:
         self._check_groups(shapes)
         cu = None
         if cu_seqlens is not None:
+            if "N" in shapes.sizes:  # a mixer whose own arrays use N (Mamba-2's state size) cannot pack
+                raise TypeError(f"cu_seqlens: expected None for a mixer whose arrays have a dim N (state size "
+                                f"{shapes['N']}), got {type(cu_seqlens).__name__}")
             cu = check_cu_seqlens(cu_seqlens, shapes["B"], shapes["T"])
             shapes.sizes["N"] = len(cu) - 1
         for i, (t, x) in enumerate(specs[inputs:], start=inputs):
