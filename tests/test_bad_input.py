@@ -149,7 +149,7 @@ def test_step_state_shape():
 
 def test_normalized_state_carries_one_more_column():
     q, k, v = linear_attention.example_inputs(B, T, H, K, V)[0]
-    with pytest.raises(ValueError, match=re.escape("initial_state: expected shape [B, H, K, V+1] = [2, 3, 4, 6], got [2, 3, 4, 5]")):
+    with pytest.raises(ValueError, match=re.escape("initial_state: expected shape [B, HV, K, V+1] = [2, 3, 4, 6], got [2, 3, 4, 5]")):
         linear_attention.chunked(q, k, v, feature_map="elu+1", normalize=True, initial_state=np.zeros((B, H, K, V)))
 
 

@@ -16,12 +16,12 @@ import re
 import numpy as np
 import pytest
 
-from minilin.mixers import deltanet, gated_deltanet, gla, kda, simple_gla
+from minilin.mixers import deltanet, gated_deltanet, gla, kda, linear_attention, simple_gla
 import directional
 from conftest import rel_err
 
-MIXERS = {"simple_gla": simple_gla, "gla": gla, "deltanet": deltanet, "gated_deltanet": gated_deltanet,
-          "kda": kda}
+MIXERS = {"linear_attention": linear_attention, "simple_gla": simple_gla, "gla": gla, "deltanet": deltanet,
+          "gated_deltanet": gated_deltanet, "kda": kda}
 FORMS = ("recurrent", "chunked", "parallel")
 CHUNK = 4
 TIGHT = 1e-12
@@ -68,11 +68,14 @@ def call(mod, form, inputs, **options):
     return getattr(mod, form)(*(inputs[n] for n in names(mod)), **options)
 
 
-def state_like(mod, inputs, N, seed):
-    """A random state [N, HV, K, V] (a real final state's scale: the forward run on random inputs)."""
+def state_like(mod, inputs, N, seed, columns=0):
+    """A random state [N, HV, K, V + columns] (columns = 1: linear attention's normalizer column, positive)."""
     rng = np.random.default_rng(seed)
     HV, K, V = inputs["v"].shape[2], inputs["k"].shape[3], inputs["v"].shape[3]
-    return rng.standard_normal((N, HV, K, V)) * 0.5
+    S = rng.standard_normal((N, HV, K, V + columns)) * 0.5
+    if columns:
+        S[..., V:] = np.abs(S[..., V:]) + 0.1
+    return S
 
 
 # ----- grouped value heads -----------------------------------------------------------------------------
@@ -183,6 +186,33 @@ def test_grouped_heads_with_normalize_qk(name):
     o_ref, S_ref = call(mod, "chunked", expanded(inputs, 3), initial_state=S0, normalize_qk=True)
     assert rel_err(o, o_ref) < TIGHT and rel_err(S, S_ref) < TIGHT
     check_finite_differences(mod, "chunked", inputs, S0, do, dstate, seed=15, normalize_qk=True)
+
+
+@pytest.mark.parametrize("form", ("recurrent", "chunked"))
+def test_normalized_linear_attention_with_both_layouts(form):
+    """normalize=True: the normalizer column rides in the state [N, HV, F, V + 1]; grouped and packed at once,
+    against the expanded call per sequence, and the gradients against finite differences."""
+    options = {"feature_map": "elu+1", "normalize": True}
+    G, lengths = 2, (1, 5, 3)
+    inputs = grouped_inputs(linear_attention, 1, 9, 2, G, 3, 4, seed=30)
+    S0 = state_like(linear_attention, inputs, 3, seed=31, columns=1)
+    cu = offsets(lengths)
+    o, S = call(linear_attention, form, inputs, initial_state=S0, cu_seqlens=cu, **options)
+    assert S.shape == (3, 2 * G, 3, 5)
+    plain = expanded(inputs, G)
+    for n in range(3):
+        tokens = slice(int(cu[n]), int(cu[n + 1]))
+        o_n, S_n = call(linear_attention, form, sequence(plain, tokens.start, tokens.stop),
+                        initial_state=S0[n:n + 1], **options)
+        assert rel_err(o[:, tokens], o_n) < TIGHT and rel_err(S[n:n + 1], S_n) < TIGHT
+    rng = np.random.default_rng(32)
+    do, dstate = rng.standard_normal(o.shape), rng.standard_normal(S.shape)
+    check_finite_differences(linear_attention, form, inputs, S0, do, dstate, seed=33, cu_seqlens=cu, **options)
+    with pytest.raises(ValueError, match=re.escape(
+            "initial_state: expected shape [N, HV, K, V+1] = [3, 4, 3, 5], got [3, 4, 3, 4]")):
+        call(linear_attention, form, inputs, initial_state=S0[..., :4], cu_seqlens=cu, **options)
+    with pytest.raises(ValueError, match=re.escape("dstate: expected shape [N, HV, K, V+1] = [3, 4, 3, 5], got [1, 4, 3, 5]")):
+        backward(linear_attention, form, inputs, do, dstate[:1], initial_state=S0, cu_seqlens=cu, **options)
 
 
 @pytest.mark.parametrize("name", MIXERS)
