@@ -38,7 +38,8 @@ from . import _gated_linear
 
 SIGNATURE = Signature(
     inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V")),
-    output="B T H V", state=None, gpu="linear", grouped=("q", "k"))  # the state's dims depend on the feature map (`_checked`)
+    output="B T H V", state=None, gpu="linear",
+    grouped=("q", "k"))  # the state's dims depend on the feature map (`_state_dims`)
 
 def _checked(q, k, v, feature_map, normalize, scale, state, step=False):
     """Checked inputs, as the engine takes them: phi(q) * scale, phi(k) (each q/k head repeated over its
