@@ -229,7 +229,7 @@ def test_public_backward_forms_agree_and_keep_dtype(name):
 def test_public_backward_names_bad_cotangents(name):
     mod = PUBLIC[name]
     args, _ = mod.example_inputs(B=2, T=6, H=2, K=4, V=3)
-    with pytest.raises(ValueError, match=r"do: expected shape \[B, T, H, V\] = \[2, 6, 2, 3\], got \[2, 6, 2\]"):
+    with pytest.raises(ValueError, match=r"do: expected shape \[B, T, HV, V\] = \[2, 6, 2, 3\], got \[2, 6, 2\]"):
         mod.chunked_backward(*args, do=np.ones((2, 6, 2)))
     with pytest.raises(TypeError, match="do"):
         mod.recurrent_backward(*args, do=None)

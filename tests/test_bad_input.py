@@ -31,19 +31,19 @@ def test_wrong_rank(inputs):
 
 def test_mismatched_batch(inputs):
     inputs["v"] = inputs["v"][:1]
-    with pytest.raises(ValueError, match=re.escape("v: expected shape [B, T, H, V] = [2, 10, 3, V], got [1, 10, 3, 5]")):
+    with pytest.raises(ValueError, match=re.escape("v: expected shape [B, T, HV, V] = [2, 10, HV, V], got [1, 10, 3, 5]")):
         call(gated_deltanet, inputs)
 
 
 def test_mismatched_length(inputs):
     inputs["g"] = inputs["g"][:, :9]
-    with pytest.raises(ValueError, match=re.escape("g: expected shape [B, T, H] = [2, 10, 3], got [2, 9, 3]")):
+    with pytest.raises(ValueError, match=re.escape("g: expected shape [B, T, HV] = [2, 10, 3], got [2, 9, 3]")):
         call(gated_deltanet, inputs)
 
 
 def test_mismatched_heads(inputs):
     inputs["beta"] = inputs["beta"][:, :, :2]
-    with pytest.raises(ValueError, match=re.escape("beta: expected shape [B, T, H] = [2, 10, 3], got [2, 10, 2]")):
+    with pytest.raises(ValueError, match=re.escape("beta: expected shape [B, T, HV] = [2, 10, 3], got [2, 10, 2]")):
         call(gated_deltanet, inputs)
 
 
@@ -137,19 +137,19 @@ def test_empty_sequence():
 
 
 def test_initial_state_shape(inputs):
-    with pytest.raises(ValueError, match=re.escape("initial_state: expected shape [B, H, K, V] = [2, 3, 4, 5], got [2, 3, 5, 4]")):
+    with pytest.raises(ValueError, match=re.escape("initial_state: expected shape [B, HV, K, V] = [2, 3, 4, 5], got [2, 3, 5, 4]")):
         call(gated_deltanet, inputs, initial_state=np.zeros((B, H, V, K)))
 
 
 def test_step_state_shape():
     q, k, v, beta = (a[:, 0] for a in deltanet.example_inputs(B, T, H, K, V)[0])
-    with pytest.raises(ValueError, match=re.escape("state: expected shape [B, H, K, V] = [2, 3, 4, 5], got [2, 3, 4]")):
+    with pytest.raises(ValueError, match=re.escape("state: expected shape [B, HV, K, V] = [2, 3, 4, 5], got [2, 3, 4]")):
         deltanet.step(q, k, v, beta, state=np.zeros((B, H, K)))
 
 
 def test_normalized_state_carries_one_more_column():
     q, k, v = linear_attention.example_inputs(B, T, H, K, V)[0]
-    with pytest.raises(ValueError, match=re.escape("initial_state: expected shape [B, H, K, V+1] = [2, 3, 4, 6], got [2, 3, 4, 5]")):
+    with pytest.raises(ValueError, match=re.escape("initial_state: expected shape [B, HV, K, V+1] = [2, 3, 4, 6], got [2, 3, 4, 5]")):
         linear_attention.chunked(q, k, v, feature_map="elu+1", normalize=True, initial_state=np.zeros((B, H, K, V)))
 
 

@@ -15,7 +15,10 @@ normalize_qk=True L2-normalizes q and k inside (`activations.l2_normalize`, FLA'
 use_qk_l2norm_in_kernel); otherwise the keys must satisfy beta |k|^2 <= 1 (<= 2 with allow_neg_eigval),
 which `validation.check_delta_keys` checks.
 
-Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; o [B, T, H, V]; state [B, H, K, V].
+Shapes: q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; o [B, T, HV, V]; state [B, HV, K, V].
+HV = H is the plain layout; HV a multiple of H groups the value heads (`minilin.heads`: value head j reads
+q/k head j // (HV / H), as Qwen3-Next's Gated DeltaNet). cu_seqlens [N + 1] with B = 1 packs N sequences
+along T (`minilin.varlen`): the states are then [N, HV, K, V], and the result is each sequence run alone.
 Forms: recurrent (the definition), chunked (WY), parallel, step. Each returns (o, final_state).
 Gradients: recurrent_backward, chunked_backward, parallel_backward, hand-written (`_delta_rule`), each
 returning SIGNATURE.gradients: the gradients of <do, o> + <dstate, final_state>.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import examples
+from .. import examples, heads, varlen
 from ..activations import l2_normalize
 from ..signature import Signature, Tensor
 from ..validation import (check_beta, check_chunk_size, check_delta_keys, check_flag, check_log_gate,
@@ -34,44 +37,52 @@ from . import _delta_rule
 SIGNATURE = Signature(
     inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"), Tensor("g", "B T H", gate=True),
             Tensor("beta", "B T H")),
-    output="B T H V", state="B H K V", gpu="delta")
+    output="B T H V", state="B H K V", gpu="delta", grouped=("q", "k"))
 
 
-def _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, step=False):
-    """Checked inputs (q and k L2-normalized when normalize_qk) and the scale."""
-    a = SIGNATURE.check(q, k, v, g, beta, state=state, step=step)
+def _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens=None,
+             step=False):
+    """Checked inputs and the engine's q' = scale * q and k: L2-normalized when normalize_qk, each q/k head
+    repeated over its group of value heads (`heads.expand`), so that the keys are checked against the
+    beta of each value head that reads them."""
+    a = SIGNATURE.check(q, k, v, g, beta, state=state, step=step, cu_seqlens=cu_seqlens)
     check_log_gate("g", a.g)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     check_beta(a.beta, allow_neg_eigval)
     q, k = a.q, a.k
-    if check_flag("normalize_qk", normalize_qk):
+    normalize_qk = check_flag("normalize_qk", normalize_qk)
+    if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
-    else:
+    q, k = heads.expand(q, a.group), heads.expand(k, a.group)
+    if not normalize_qk:
         check_delta_keys(k, a.beta, allow_neg_eigval)
     return a, q * check_scale(scale, a.shapes["K"]), k
 
 
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
-    """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk)
-    return _delta_rule.recurrent(q, k, a.v, a.g, a.beta, a.state)
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
+    """Token loop (the definition). Returns (o [B, T, HV, V], final state [B, HV, K, V]; [N, HV, K, V] with
+    cu_seqlens, each sequence run alone: `varlen.forward`)."""
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
+    return varlen.forward(_delta_rule.recurrent, (q, k, a.v, a.g, a.beta), a.state, a.cu_seqlens)
 
 
-def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False,
             chunk_size=64):
     """Chunked form (gated WY representation); any T, chunk_size > 0 (clamped to T)."""
-    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk)
-    return _delta_rule.chunked(q, k, a.v, a.g, a.beta, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
+    C = check_chunk_size(chunk_size, a.shapes["T"])
+    return varlen.forward(varlen.chunked(_delta_rule.chunked, C),
+                          (q, k, a.v, a.g, a.beta), a.state, a.cu_seqlens)
 
 
-def parallel(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
+def parallel(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
     """Quadratic form: the chunked form with one chunk holding the whole sequence."""
-    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk)
-    return _delta_rule.parallel(q, k, a.v, a.g, a.beta, a.state)
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
+    return varlen.forward(_delta_rule.parallel, (q, k, a.v, a.g, a.beta), a.state, a.cu_seqlens)
 
 
 def step(q, k, v, g, beta, *, state=None, scale=None, allow_neg_eigval=False, normalize_qk=False):
-    """One decoding step: q, k [B, H, K], v [B, H, V], g, beta [B, H] -> (o_t [B, H, V], new state)."""
+    """One decoding step: q, k [B, H, K], v [B, HV, V], g, beta [B, HV] -> (o_t [B, HV, V], new state)."""
     a, q, k = _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, step=True)
     return _delta_rule.step(q, k, a.v, a.g, a.beta, a.state)
 
@@ -80,38 +91,41 @@ def step(q, k, v, g, beta, *, state=None, scale=None, allow_neg_eigval=False, no
 # Gradients (CONVENTIONS.md): the hand-written backward passes of `_delta_rule`, then the chain rule through
 # this module's own mapping (scale on q, and normalize_qk's L2 normalization: `_delta_rule.qk_backward`).
 
-def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normalize_qk, chunk_size=None):
-    a, q, k = _checked(*arrays, scale, state, allow_neg_eigval, normalize_qk)
+def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens, chunk_size=None):
+    """Check, run the engine's backward (per sequence with cu_seqlens: `varlen.backward`), sum each q/k
+    head's gradient over its group of value heads (`heads.reduce`), then the chain rule of q and k's mapping."""
+    a, q, k = _checked(*arrays, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    engine_inputs = (q, k, a.v, a.g, a.beta, a.state, do, dstate)
     if form == "chunked":
-        grads = _delta_rule.chunked_backward(*engine_inputs, check_chunk_size(chunk_size, a.shapes["T"]))
-    elif form == "parallel":
-        grads = _delta_rule.parallel_backward(*engine_inputs)
+        C = check_chunk_size(chunk_size, a.shapes["T"])
+        run = varlen.chunked(_delta_rule.chunked_backward, C)
     else:
-        grads = _delta_rule.recurrent_backward(*engine_inputs)
-    dq, dk, dv, dg, dbeta, dS0 = grads
+        run = _delta_rule.parallel_backward if form == "parallel" else _delta_rule.recurrent_backward
+    dq, dk, dv, dg, dbeta, dS0 = varlen.backward(run,
+                                                 (q, k, a.v, a.g, a.beta), a.state, do, dstate, a.cu_seqlens)
+    dq, dk = heads.reduce(dq, a.group), heads.reduce(dk, a.group)  # each q/k head: the sum over its group
     dq, dk = _delta_rule.qk_backward(a.q, a.k, dq, dk, check_scale(scale, a.shapes["K"]), normalize_qk)
     return SIGNATURE.gradients("gated_deltanet")(dq, dk, dv, dg, dbeta, dS0)
 
 
-def recurrent_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
+def recurrent_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
     """Gradients of L = <do, o> + <dstate, final_state> through `recurrent`: the definition run backwards in
-    time (`_delta_rule.recurrent_backward`). do [B, T, H, V]; dstate [B, H, K, V] or None (zeros). Returns
-    SIGNATURE.gradients("gated_deltanet"): one d<name> per input, dinitial_state None when initial_state is None."""
-    return _backward("recurrent", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk)
+    time (`_delta_rule.recurrent_backward`). do [B, T, HV, V]; dstate [B, HV, K, V] ([N, HV, K, V] with
+    cu_seqlens) or None (zeros). Returns SIGNATURE.gradients("gated_deltanet"): one d<name> per input (dq, dk summed
+    over each q/k head's group of value heads), dinitial_state None when initial_state is None."""
+    return _backward("recurrent", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
 
 
-def chunked_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
+def chunked_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False,
                      chunk_size=64):
     """Gradients through `chunked`, chunk-parallel through the WY form (`_delta_rule.chunked_backward`);
     arguments and result as `recurrent_backward`, plus chunk_size (clamped to T)."""
-    return _backward("chunked", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk, chunk_size)
+    return _backward("chunked", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens, chunk_size)
 
 
-def parallel_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False):
+def parallel_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
     """Gradients through `parallel`: the chunked backward with one chunk holding the whole sequence."""
-    return _backward("parallel", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk)
+    return _backward("parallel", (q, k, v, g, beta), do, dstate, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):

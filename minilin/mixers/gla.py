@@ -11,7 +11,10 @@ The chunked form never forms exp(+cumsum): the intra-chunk scores sum_k q_ik k_j
 built in sub-blocks whose factors all have non-positive exponents (`chunking.gated_gram`), so it stays
 finite for any gate, however strong.
 
-Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K]; o [B, T, H, V]; state [B, H, K, V].
+Shapes: q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; o [B, T, HV, V]; state [B, HV, K, V].
+HV = H is the plain layout; HV a multiple of H groups the value heads (`minilin.heads`: value head j reads
+q/k head j // (HV / H), each value head with its own gate). cu_seqlens [N + 1] with B = 1 packs N sequences
+along T (`minilin.varlen`): the states are then [N, HV, K, V], and the result is each sequence run alone.
 Forms: recurrent (the definition), chunked, parallel, step. Each returns (o, final_state).
 Gradients: recurrent_backward, chunked_backward, parallel_backward (the engine's, `_gated_linear`).
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import examples
+from .. import examples, heads, varlen
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
 from . import _gated_linear
@@ -27,67 +30,74 @@ from . import _gated_linear
 SIGNATURE = Signature(
     inputs=(Tensor("q", "B T H K"), Tensor("k", "B T H K"), Tensor("v", "B T H V"),
             Tensor("g", "B T H K", gate=True)),
-    output="B T H V", state="B H K V", gpu="gla")
+    output="B T H V", state="B H K V", gpu="gla", grouped=("q", "k"))
 
 
-def _checked(q, k, v, g, scale, state, step=False):
-    """Checked inputs (`SIGNATURE.check`) and the scale."""
-    a = SIGNATURE.check(q, k, v, g, state=state, step=step)
+def _checked(q, k, v, g, scale, state, cu_seqlens=None, step=False):
+    """Checked inputs (`SIGNATURE.check`), the scale, and the engine's arrays: q' = scale * q and k with
+    each q/k head repeated over its group of value heads (`heads.expand`), v, g."""
+    a = SIGNATURE.check(q, k, v, g, state=state, step=step, cu_seqlens=cu_seqlens)
     check_log_gate("g", a.g)
-    return a, check_scale(scale, a.shapes["K"])
+    scale = check_scale(scale, a.shapes["K"])
+    return a, scale, (heads.expand(a.q * scale, a.group), heads.expand(a.k, a.group), a.v, a.g)
 
 
-def recurrent(q, k, v, g, *, scale=None, initial_state=None):
-    """Token loop (the definition). Returns (o [B, T, H, V], final state [B, H, K, V])."""
-    a, scale = _checked(q, k, v, g, scale, initial_state)
-    return _gated_linear.recurrent(a.q * scale, a.k, a.v, a.g, a.state)
+def recurrent(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):
+    """Token loop (the definition). Returns (o [B, T, HV, V], final state [B, HV, K, V]; [N, HV, K, V] with
+    cu_seqlens, each sequence run alone: `varlen.forward`)."""
+    a, scale, arrays = _checked(q, k, v, g, scale, initial_state, cu_seqlens)
+    return varlen.forward(_gated_linear.recurrent, arrays, a.state, a.cu_seqlens)
 
 
-def chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_size=64):
+def chunked(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64):
     """Chunked form, finite for any gate; any T, chunk_size > 0 (clamped to T)."""
-    a, scale = _checked(q, k, v, g, scale, initial_state)
-    return _gated_linear.chunked(a.q * scale, a.k, a.v, a.g, a.state, check_chunk_size(chunk_size, a.shapes["T"]))
+    a, scale, arrays = _checked(q, k, v, g, scale, initial_state, cu_seqlens)
+    C = check_chunk_size(chunk_size, a.shapes["T"])
+    return varlen.forward(varlen.chunked(_gated_linear.chunked, C), arrays, a.state, a.cu_seqlens)
 
 
-def parallel(q, k, v, g, *, scale=None, initial_state=None):
+def parallel(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):
     """Quadratic form: o_i = sum_{j <= i} (sum_k q_ik k_jk exp(G_ik - G_jk)) v_j, G = cumsum(g)."""
-    a, scale = _checked(q, k, v, g, scale, initial_state)
-    return _gated_linear.parallel(a.q * scale, a.k, a.v, a.g, a.state)
+    a, scale, arrays = _checked(q, k, v, g, scale, initial_state, cu_seqlens)
+    return varlen.forward(_gated_linear.parallel, arrays, a.state, a.cu_seqlens)
 
 
 def step(q, k, v, g, *, state=None, scale=None):
-    """One decoding step: q, k, g [B, H, K], v [B, H, V] -> (o_t [B, H, V], new state)."""
-    a, scale = _checked(q, k, v, g, scale, state, step=True)
-    return _gated_linear.step(a.q * scale, a.k, a.v, a.g, a.state)
+    """One decoding step: q, k [B, H, K], v [B, HV, V], g [B, HV, K] -> (o_t [B, HV, V], new state)."""
+    a, scale, arrays = _checked(q, k, v, g, scale, state, step=True)
+    return _gated_linear.step(*arrays, a.state)
 
 
-def _backward(form, q, k, v, g, scale, initial_state, do, dstate, chunk_size=None):
-    """Check, run the engine's backward, and undo the scale: the engine reads q' = scale * q, so
-    dL/dq = scale * dL/dq'."""
-    a, scale = _checked(q, k, v, g, scale, initial_state)
+def _backward(form, q, k, v, g, scale, initial_state, cu_seqlens, do, dstate, chunk_size=None):
+    """Check, run the engine's backward (per sequence with cu_seqlens: `varlen.backward`), sum each q/k
+    head's gradient over its group of value heads (`heads.reduce`), and undo the scale: the engine reads
+    q' = scale * q, so dL/dq = scale * dL/dq'."""
+    a, scale, arrays = _checked(q, k, v, g, scale, initial_state, cu_seqlens)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
     C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
-    dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, a.k, a.v, a.g, a.state, do, dstate, C)
-    dq *= scale  # the engine's dq is a fresh array
-    return SIGNATURE.gradients("gla")(dq, dk, dv, dg, dS0)
+    run = varlen.chunked(lambda *x: _gated_linear.backward(form, *x), C)
+    dq, dk, dv, dg, dS0 = varlen.backward(run, arrays, a.state, do, dstate, a.cu_seqlens)
+    dq = heads.reduce(dq, a.group) * scale
+    return SIGNATURE.gradients("gla")(dq, heads.reduce(dk, a.group), dv, dg, dS0)
 
 
-def recurrent_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None):
+def recurrent_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None):
     """Gradients of L = <do, o> + <dstate, final state> (dstate None = zeros) by the recurrence run
-    backwards. do [B, T, H, V], dstate [B, H, K, V]. Returns (dq, dk, dv, dg, dinitial_state), named;
-    dinitial_state is None when no initial_state was given."""
-    return _backward("recurrent", q, k, v, g, scale, initial_state, do, dstate)
+    backwards. do [B, T, HV, V], dstate [B, HV, K, V] ([N, HV, K, V] with cu_seqlens). Returns
+    (dq, dk, dv, dg, dinitial_state), named; dinitial_state is None when no initial_state was given."""
+    return _backward("recurrent", q, k, v, g, scale, initial_state, cu_seqlens, do, dstate)
 
 
-def chunked_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, chunk_size=64):
+def chunked_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
+                     chunk_size=64):
     """The same gradients as `recurrent_backward`, chunk-parallel and finite for any gate: the Gram
     matrix's backward keeps the forward's sub-blocks (`chunking.gated_gram_backward`)."""
-    return _backward("chunked", q, k, v, g, scale, initial_state, do, dstate, chunk_size)
+    return _backward("chunked", q, k, v, g, scale, initial_state, cu_seqlens, do, dstate, chunk_size)
 
 
-def parallel_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None):
+def parallel_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None):
     """The same gradients, through the quadratic form (the chunked backward with one chunk)."""
-    return _backward("parallel", q, k, v, g, scale, initial_state, do, dstate)
+    return _backward("parallel", q, k, v, g, scale, initial_state, cu_seqlens, do, dstate)
 
 
 def example_inputs(B=2, T=64, H=4, K=16, V=16, *, dtype=np.float64, seed=0, xp=np):
