@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, chunk_view, decay_matrix, decay_rows, decay_state, from_chunks,
-                        gate_terms, gated_gram, gated_gram_backward, gram_decay, local_cumsum, pass_states,
-                        pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros, to_chunks,
-                        to_chunks_transposed, transposed)
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
+                        decay_rows, decay_state, from_chunks, gate_terms, gated_gram, gated_gram_backward, gram_decay,
+                        local_cumsum, output_rows, pass_states, pass_states_backward, read_and_pass, reverse_cumsum,
+                        state_or_zeros, states_after_chunks, to_chunks, to_chunks_transposed, transposed)
 
 
 def step(q, k, v, g, S):
@@ -206,6 +206,8 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     Cost: 10 batched matrix products against the forward's 4 (the recomputed W and A included), and a
     loop of N, not T, steps each way.
     """
+    if g is not None and g.ndim == 4:
+        return _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size)
     T = q.shape[1]
     xp = array_module(q)
     qc, kc, doc = (to_chunks(x, chunk_size) for x in (q, k, do))           # [B, H, N, C, .]
@@ -278,6 +280,62 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
         dG[:, :, :, -1] += chunk_end
         dg = from_chunks(reverse_cumsum(dG, 3), T)
     return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dg,
+            None if S0 is None else dS0)
+
+
+def _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size):
+    """`chunked_backward` for a per-channel gate g [B, T, H, K]: the same five steps, with every decay
+    taken from `chunking.channel_gram` (the forward's A, Qd = q * exp(G), Kd = k * exp(G_C - G) and exp(G_C))
+    and undone by its backward, `chunking.channel_gram_backward`:
+        dQd = do S_n^T,  dKd = v dW_n^T,  dA = do v^T   ->   (dq, dk) = channel_gram_backward(dA, ..., dQd, dKd)
+    which carries dQd and dKd back through the same products of decays that built Qd and Kd, so no
+    exp(G) of a cumulative sum is formed here at all. Then dG_i = q_i * dq_i - k_i * dk_i per channel and
+    the chunk-end term, as above.
+    """
+    T = q.shape[1]
+    xp = array_module(q)
+    qc, kc, gc, doc = (chunk_view(x, chunk_size) for x in (q, k, g, do))  # [B, H, N, C, .], views
+    v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]: see above
+    # The gradients are written into their own layout [B, T, H, .] through chunk views: no copy at the end.
+    (dq_out, dq), (dk_out, dk), (dg_out, dG) = (chunked_output(x, chunk_size) for x in (q, k, g))
+
+    # Step 0 and A's backward at once (dA = do v^T needs nothing of the forward): one sweep of the halving
+    # gives A, the decays exp(G) and exp(G_C - G) per channel, and dq, dk through A.
+    through_A = channel_gram_backward(doc @ v_T, qc, kc, gc, with_gram=True, out=(dq, dk))
+    from_start, to_end = through_A.from_start, through_A.to_end
+    q_from_start, k_to_end = qc * from_start, kc * to_end                  # Qd, Kd
+    # The states after each chunk, S_{n+1}, summed in place over the writes (`states_after_chunks`); the
+    # state entering chunk n is then S_after[n - 1] (S0 for n = 0). The writes come out of the product as
+    # W^T, so S_after^T, needed in step 1, is contiguous as it is.
+    S_after = states_after_chunks((v_T @ k_to_end).swapaxes(-1, -2), through_A.chunk_decay, S0)
+
+    # Steps 1-3: the state read, the state pass backwards, the write; dQd, dKd back through their decays.
+    dS_read = q_from_start.swapaxes(-1, -2) @ doc                          # Qd^T do
+    dq_from_start = q_from_start                                           # (its memory) dQd = do S_n^T
+    xp.matmul(doc[:, :, 1:], S_after[:, :, :-1].swapaxes(-1, -2), out=dq_from_start[:, :, 1:])
+    dq_from_start[:, :, 0] = 0 if S0 is None else doc[:, :, 0] @ S0.swapaxes(-1, -2)
+    dq_from_start *= from_start
+    dq += dq_from_start
+    del dq_from_start, q_from_start
+    dW, dS0 = pass_states_backward(dS_read, None, dS, chunk_decay=through_A.chunk_decay, in_place=True)
+    del dS_read
+    dv = k_to_end @ dW
+    dk_to_end = k_to_end                                                   # (its memory) dKd = v dW^T
+    xp.matmul(dW, v_T, out=dk_to_end.swapaxes(-1, -2))
+    dk_to_end *= to_end
+    dk += dk_to_end
+    del dk_to_end, k_to_end
+
+    # Step 4: the intra-chunk part A v (A's own backward is done).
+    dv += through_A.A.swapaxes(-1, -2) @ doc
+    del through_A
+
+    # Step 5: the gate; at the chunk's end, sum_v Sbar_{n+1} * S_{n+1}.
+    xp.multiply(qc, dq, out=dG)
+    dG -= xp.multiply(kc, dk, out=from_start)
+    dG[:, :, :, -1] += (dW * S_after).sum(-1)
+    reverse_cumsum(dG, 3, in_place=True)
+    return (output_rows(dq_out, T), output_rows(dk_out, T), from_chunks(dv, T), output_rows(dg_out, T),
             None if S0 is None else dS0)
 
 
