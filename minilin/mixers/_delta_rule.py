@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..activations import l2_normalize
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, chunk_view, chunked_output, decay_matrix, decay_state,
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix, decay_state,
                         from_chunks, gated_gram, gated_gram_backward, local_cumsum, num_chunks, reverse_cumsum,
                         state_or_zeros, to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
 
@@ -319,7 +319,8 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         G = L = E_both = None
         k_to_end = kc
     else:
-        G = local_cumsum(to_chunks(g, C))
+        gc = to_chunks(g, C)                                             # per-token gates, for channel_gram
+        G = local_cumsum(gc)
         G_last = G[:, :, :, -1]
         # Row factors [..., C, K] (per channel) or [..., C, 1] (scalar), and the state's [..., K | 1, 1].
         to_end = G_last[:, :, :, None] - G                               # G_C - G <= 0
@@ -344,7 +345,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
 
     # Step 0: recompute (1)-(4).
     if per_channel:
-        stacked = gated_gram(xp.stack([qc, k_beta]), kc, G)             # [2, B, H, N, C, C]
+        stacked = channel_gram((qc, k_beta), kc, gc).A                    # [2, B, H, N, C, C]
         grams = xp.moveaxis(stacked, 0, 3).reshape(Bn, H, N, 2 * C, C)
         del stacked
     else:
@@ -413,7 +414,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     mask_grams(d_grams)                                                  # scalar gate: dM = d[P; A] * decay
     if per_channel:
         d_stacked = xp.moveaxis(d_grams.reshape(Bn, H, N, 2, C, C), 3, 0)
-        d_rows_stacked, dkc = gated_gram_backward(d_stacked, xp.stack([qc, k_beta]), kc, G)
+        d_rows_stacked, dkc = channel_gram_backward(d_stacked, (qc, k_beta), kc, gc)[:2]
         d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)
         del d_stacked, d_rows_stacked
     else:
