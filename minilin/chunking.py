@@ -497,6 +497,14 @@ def to_chunks_transposed(x, chunk_size: int):
     return xp.ascontiguousarray(x.reshape(B, N, chunk_size, H, F).transpose(0, 3, 1, 4, 2))
 
 
+def row_dot(a, b, axis: int = -1):
+    """sum(a * b, axis), without the a * b temporary where the array module has `vecdot` (NumPy >= 2)."""
+    xp = array_module(a)
+    if hasattr(xp, "vecdot"):
+        return xp.vecdot(a, b, axis=axis)
+    return (a * b).sum(axis)
+
+
 def sum_to_leading(x, ndim: int):
     """Sum away the extra leading axes that broadcasting added: [e..., *shape] -> [*shape] (ndim axes)."""
     extra = x.ndim - ndim

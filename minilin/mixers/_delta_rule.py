@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..activations import l2_normalize
 from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix, decay_state,
-                        from_chunks, gated_gram, gated_gram_backward, local_cumsum, num_chunks, reverse_cumsum,
+                        from_chunks, local_cumsum, num_chunks, reverse_cumsum,
                         state_or_zeros, to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
 
 

@@ -20,9 +20,8 @@ import math
 
 from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
-                        decay_rows, decay_state, from_chunks, gate_terms, gated_gram, gated_gram_backward, gram_decay,
-                        local_cumsum, output_rows, pass_states, pass_states_backward, read_and_pass, reverse_cumsum,
-                        state_or_zeros, states_after_chunks, to_chunks, to_chunks_transposed, transposed)
+                        decay_state, from_chunks, output_rows, pass_states_backward, read_and_pass, reverse_cumsum,
+                        row_dot, state_or_zeros, states_after_chunks, to_chunks_transposed, transposed)
 
 
 def step(q, k, v, g, S):
@@ -175,8 +174,10 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     Each step below is the chain rule through one of these lines, using for a product Y = X Z that
     dX = dY Z^T and dZ = X^T dY, and for a row decay y = x * exp(G) that dx = dy * exp(G).
 
-    Step 0, recompute the chunk-boundary states S_n (one `pass_states`, N steps). Nothing of size
-    T x K x V is stored by the forward or kept here.
+    Step 0, recompute the chunk-boundary states S_n (N steps, summed in place over the writes,
+    `states_after_chunks`). Nothing of size T x K x V is stored by the forward or kept here. A scalar
+    gate's decays are taken as the forward takes them: G summed in float64 per chunk ([C] numbers), each
+    exponent rounded once.
 
     Step 1, the state read o = Qd S_n + ...:
         dQd = do S_n^T,  dq = dQd * exp(G),      dS_n|read = Qd^T do   (what reading S_n adds to its adjoint)
@@ -204,82 +205,73 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     a reverse cumulative sum of per-token terms, never a difference of large exponentials.
 
     Cost: 10 batched matrix products against the forward's 4 (the recomputed W and A included), and a
-    loop of N, not T, steps each way.
+    loop of N, not T, steps each way. q, k and do are read in place through chunk views, dq and dk are
+    written into their own layout, and the states and their adjoints overwrite the writes and the reads:
+    on a small CPU box a fresh array costs about as much in first-touch page faults as a product.
     """
     if g is not None and g.ndim == 4:
         return _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size)
-    T = q.shape[1]
+    T, C = q.shape[1], chunk_size
     xp = array_module(q)
-    qc, kc, doc = (to_chunks(x, chunk_size) for x in (q, k, do))           # [B, H, N, C, .]
-    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
-    G_last = None if G is None else G[:, :, :, -1]
-    to_end = None if G is None else G_last[:, :, :, None] - G              # G_C - G_i <= 0
+    qc, kc, doc = (chunk_view(x, C) for x in (q, k, do))                 # [B, H, N, C, .], views
     # Orientation, for speed only. NumPy multiplies a swapped view at nearly full speed on the left of @
     # but about ten times slower on the right, so every product X Y^T wants Y^T as a contiguous array.
     # v is only ever needed as v^T (in W^T = v^T Kd, dA = do v^T, dKd^T = dW v^T): chunk it transposed.
-    v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]
-
-    # Memory, for speed only: `del` drops an array as soon as it is dead, so that the next ones reuse its
-    # memory; fresh memory from the system costs page faults, here about as much as the arithmetic.
-
-    # Step 0: recompute the chunk-boundary states. The writes come out of the product as W^T;
-    # `pass_states` reads them through a swapped view and (empty_like keeps the layout) stores S_in with
-    # the same memory order, so S_in^T, needed in step 1, is contiguous as it is.
-    k_to_end = decay_rows(kc, to_end)
-    S_in, S_final = pass_states((v_T @ k_to_end).swapaxes(-1, -2), G_last, S0)
-
-    # Step 1, the state read Qd S_n (the intra-chunk part A v follows in step 4). S_in^T: no copy (above).
-    scalar_gate = G is None or G.ndim == 4
-    if scalar_gate:
-        # One decay per row commutes with the products: exp(G_i) (do_i S_n^T) = (exp(G_i) do_i) S_n^T and
-        # Qd^T do = q^T (exp(G) do), so both take do decayed once.
-        do_decayed = decay_rows(doc, G)
-        dq = do_decayed @ transposed(S_in)                       # dQd * exp(G)
-        dS_read = qc.swapaxes(-1, -2) @ do_decayed               # Qd^T do
-        del do_decayed
+    v_T = to_chunks_transposed(v, C)                                       # [B, H, N, V, C]
+    (dq_out, dq), (dk_out, dk) = chunked_output(q, C), chunked_output(k, C)
+    if g is None:
+        P, from_start, to_end, chunk_decay, k_to_end = causal_mask(C, xp), None, None, None, kc
     else:
-        dq = decay_rows(doc @ transposed(S_in), G)
-        dS_read = decay_rows(qc, G).swapaxes(-1, -2) @ doc
+        G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)         # [B, H, N, C]
+        P = decay_matrix(G, dtype=q.dtype)                                 # exp(G_i - G_j), j <= i
+        from_start = xp.exp(G).astype(q.dtype)[..., None]                  # exp(G_i), [B, H, N, C, 1]
+        to_end = xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None]        # exp(G_C - G_i)
+        chunk_decay = xp.exp(G[..., -1]).astype(q.dtype)                   # exp(G_C), [B, H, N]
+        k_to_end = kc * to_end
 
-    # Step 2: the state pass, backwards.
-    dW, dS0 = pass_states_backward(dS_read, G_last, dS)
+    # Step 0: the states after each chunk, S_after[n] = S_{n+1}, summed in place over the writes. They
+    # come out of the product as W^T, so S_after^T, needed in step 1, is contiguous as it is.
+    S_after = states_after_chunks((v_T @ k_to_end).swapaxes(-1, -2), chunk_decay, S0)
+
+    # Step 1, the state read Qd S_n (the intra-chunk part A v follows in step 4). One decay per row
+    # commutes with the products: exp(G_i) (do_i S_n^T) = (exp(G_i) do_i) S_n^T and Qd^T do = q^T (exp(G) do),
+    # so both take do decayed once.
+    do_decayed = doc if g is None else doc * from_start
+    xp.matmul(do_decayed[:, :, 1:], S_after[:, :, :-1].swapaxes(-1, -2), out=dq[:, :, 1:])   # dQd * exp(G)
+    dq[:, :, 0] = 0 if S0 is None else do_decayed[:, :, 0] @ S0.swapaxes(-1, -2)
+    dS_read = qc.swapaxes(-1, -2) @ do_decayed                             # Qd^T do
+    del do_decayed
+
+    # Step 2: the state pass, backwards; dW overwrites dS_read.
+    dW, dS0 = pass_states_backward(dS_read, None, dS, chunk_decay=chunk_decay, in_place=True)
     del dS_read
 
-    # Step 3: the write Kd^T v. dKd = v dW^T is formed transposed, dKd^T = dW v^T, so that no copy of
-    # dW^T is needed; the decay below reads it through a swapped view and writes dk contiguous.
-    dk_write = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)   # dKd * exp(G_C - G)
+    # Step 3: the write Kd^T v. dKd = v dW^T is formed transposed, dKd^T = dW v^T, straight into dk.
+    xp.matmul(dW, v_T, out=dk.swapaxes(-1, -2))
+    if to_end is not None:
+        dk *= to_end                                                       # dKd * exp(G_C - G)
     dv = k_to_end @ dW
     del k_to_end
 
-    # Step 4: the intra-chunk part A v: recompute A; dv += A^T do; dA = do v^T; A's backward.
-    if scalar_gate:
-        # No gate or a scalar one: the mask-and-decay matrix P is one [C, C] per chunk, built once here
-        # for A = (q k^T) * P and used again by the Gram's backward.
-        P = gram_decay(G, chunk_size, xp)
-        A = qc @ transposed(kc)
-        A *= P
-    else:
-        P = None
-        A = gated_gram(qc, kc, G)
+    # Step 4: the intra-chunk part A v: recompute A = (q k^T) * P; dv += A^T do; then A's backward
+    # with M = dA * P, dA = do v^T: dq += M k, dk += M^T q (`chunking.gated_gram_backward`, inline).
+    A = qc @ transposed(kc)
+    A *= P
     dv += A.swapaxes(-1, -2) @ doc
-    del A
-    dq_A, dk = gated_gram_backward(doc @ v_T, qc, kc, G, decay=P)
-    del P
-    dq += dq_A
-    dk += dk_write
-    del dq_A, dk_write
+    M = xp.matmul(doc, v_T, out=A)                                         # (A's memory)
+    M *= P
+    dq += M @ kc
+    dk += M.swapaxes(-1, -2) @ qc                                          # M^T on the left: near full speed
+    del A, M, P
 
-    # Step 5: the gate.
+    # Step 5: the gate; at the chunk's end, sum_kv Sbar_{n+1} * S_{n+1}.
     dg = None
-    if G is not None:
-        dG = gate_terms(qc, dq, G) - gate_terms(kc, dk, G)
-        # sum_v Sbar_{n+1} * S_{n+1}: the state leaving chunk n is S_in[n + 1], or S_final for the last.
-        summed = "...kv,...kv->...k" if G.ndim == 5 else "...kv,...kv->..."   # per channel: keep k
-        chunk_end = xp.concatenate([xp.einsum(summed, dW[:, :, :-1], S_in[:, :, 1:]),
-                                    xp.einsum(summed, dW[:, :, -1:], S_final[:, :, None])], axis=2)
-        dG[:, :, :, -1] += chunk_end
-        dg = from_chunks(reverse_cumsum(dG, 3), T)
-    return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dg,
+    if g is not None:
+        dG = row_dot(qc, dq)
+        dG -= row_dot(kc, dk)
+        dG[..., -1] += row_dot(dW, S_after).sum(-1)
+        dg = from_chunks(reverse_cumsum(dG, 3, in_place=True), T)
+    return (output_rows(dq_out, T), output_rows(dk_out, T), from_chunks(dv, T), dg,
             None if S0 is None else dS0)
 
 
