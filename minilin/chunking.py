@@ -666,12 +666,17 @@ def channel_gram_backward(dA, x, y, g, *, strict: bool = False, before_decay: bo
         dA_block = _lower_blocks(dA, s)                      # [..., n_blocks, s(R), s(L)]
         X_s = xp.multiply(right(x1), right(F), out=blocks(X_right))
         Y_s = xp.multiply(left(y1), left(H), out=blocks(Y_left))
+        # At s = 1 the blocks are 1 x 1: elementwise products instead of thousands of tiny matrix products.
+        product = xp.multiply if s == 1 else xp.matmul
         if A is not None:
-            xp.matmul(X_s, Y_s.swapaxes(-1, -2), out=_lower_blocks(A, s))               # A[R, L]
-        dX_s = _sum_to_shape(xp.matmul(dA_block, Y_s, out=blocks(by_Y)), X_s.shape)    # dA[R, L] Y_s[L]
+            if s == 1:
+                _lower_blocks(A, s)[..., 0] = row_dot(X_s, Y_s)
+            else:
+                xp.matmul(X_s, Y_s.swapaxes(-1, -2), out=_lower_blocks(A, s))          # A[R, L]
+        dX_s = _sum_to_shape(product(dA_block, Y_s, out=blocks(by_Y)), X_s.shape)      # dA[R, L] Y_s[L]
         dX_s *= right(F)
         xp.add(right(dX), dX_s, out=right(dX))
-        dY_s = _sum_to_shape(xp.matmul(dA_block.swapaxes(-1, -2), X_s, out=blocks(by_X)), Y_s.shape)  # dA^T X_s[R]
+        dY_s = _sum_to_shape(product(dA_block.swapaxes(-1, -2), X_s, out=blocks(by_X)), Y_s.shape)   # dA^T X_s[R]
         dY_s *= left(H)
         xp.add(left(dY), dY_s, out=left(dY))
         d_next = d_left[..., 0, :] * d_right[..., 0, :]      # d_2s: [..., n_blocks, K]

@@ -325,7 +325,7 @@ def _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size):
     # Step 5: the gate; at the chunk's end, sum_v Sbar_{n+1} * S_{n+1}.
     xp.multiply(qc, dq, out=dG)
     dG -= xp.multiply(kc, dk, out=from_start)
-    dG[:, :, :, -1] += (dW * S_after).sum(-1)
+    dG[:, :, :, -1] += row_dot(dW, S_after)
     reverse_cumsum(dG, 3, in_place=True)
     return (output_rows(dq_out, T), output_rows(dk_out, T), from_chunks(dv, T), output_rows(dg_out, T),
             None if S0 is None else dS0)

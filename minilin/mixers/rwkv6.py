@@ -32,7 +32,7 @@ from .. import examples
 from ..backend import array_module
 from ..chunking import (channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_state, from_chunks,
                         output_rows, pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros,
-                        states_after_chunks, to_chunks_transposed)
+                        row_dot, states_after_chunks, to_chunks_transposed)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
 from ._gated_linear import states_backwards
@@ -235,7 +235,7 @@ def _chunked_backward(q, k, v, w, u, S0, do, dS, chunk_size):
     dG[..., -1, :] = 0
     dG -= xp.multiply(kc, dk, out=to_end)
     del q_terms
-    dG[:, :, :, -1] += (dW * S_after).sum(-1)
+    dG[:, :, :, -1] += row_dot(dW, S_after)
     reverse_cumsum(dG, 3, in_place=True)
 
     # The bonus.
