@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from ..activations import l2_normalize
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix, decay_state,
-                        from_chunks, local_cumsum, num_chunks, reverse_cumsum,
-                        state_or_zeros, to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
+                        decay_state, from_chunks, local_cumsum, num_chunks, reverse_cumsum, state_or_zeros, to_chunks,
+                        transposed, unit_lower_inverse, unit_lower_solve)
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):

@@ -218,7 +218,7 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     # but about ten times slower on the right, so every product X Y^T wants Y^T as a contiguous array.
     # v is only ever needed as v^T (in W^T = v^T Kd, dA = do v^T, dKd^T = dW v^T): chunk it transposed.
     v_T = to_chunks_transposed(v, C)                                       # [B, H, N, V, C]
-    (dq_out, dq), (dk_out, dk) = chunked_output(q, C), chunked_output(k, C)
+    (dq_out, dq), (dk_out, dk), (dv_out, dv) = (chunked_output(x, C) for x in (q, k, v))
     if g is None:
         P, from_start, to_end, chunk_decay, k_to_end = causal_mask(C, xp), None, None, None, kc
     else:
@@ -250,7 +250,7 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     xp.matmul(dW, v_T, out=dk.swapaxes(-1, -2))
     if to_end is not None:
         dk *= to_end                                                       # dKd * exp(G_C - G)
-    dv = k_to_end @ dW
+    xp.matmul(k_to_end, dW, out=dv)
     del k_to_end
 
     # Step 4: the intra-chunk part A v: recompute A = (q k^T) * P; dv += A^T do; then A's backward
@@ -271,7 +271,7 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
         dG -= row_dot(kc, dk)
         dG[..., -1] += row_dot(dW, S_after).sum(-1)
         dg = from_chunks(reverse_cumsum(dG, 3, in_place=True), T)
-    return (output_rows(dq_out, T), output_rows(dk_out, T), from_chunks(dv, T), dg,
+    return (output_rows(dq_out, T), output_rows(dk_out, T), output_rows(dv_out, T), dg,
             None if S0 is None else dS0)
 
 
@@ -289,7 +289,8 @@ def _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size):
     qc, kc, gc, doc = (chunk_view(x, chunk_size) for x in (q, k, g, do))  # [B, H, N, C, .], views
     v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]: see above
     # The gradients are written into their own layout [B, T, H, .] through chunk views: no copy at the end.
-    (dq_out, dq), (dk_out, dk), (dg_out, dG) = (chunked_output(x, chunk_size) for x in (q, k, g))
+    (dq_out, dq), (dk_out, dk), (dv_out, dv), (dg_out, dG) = (chunked_output(x, chunk_size)
+                                                              for x in (q, k, v, g))
 
     # Step 0 and A's backward at once (dA = do v^T needs nothing of the forward): one sweep of the halving
     # gives A, the decays exp(G) and exp(G_C - G) per channel, and dq, dk through A.
@@ -311,7 +312,7 @@ def _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size):
     del dq_from_start, q_from_start
     dW, dS0 = pass_states_backward(dS_read, None, dS, chunk_decay=through_A.chunk_decay, in_place=True)
     del dS_read
-    dv = k_to_end @ dW
+    xp.matmul(k_to_end, dW, out=dv)
     dk_to_end = k_to_end                                                   # (its memory) dKd = v dW^T
     xp.matmul(dW, v_T, out=dk_to_end.swapaxes(-1, -2))
     dk_to_end *= to_end
@@ -327,7 +328,7 @@ def _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size):
     dG -= xp.multiply(kc, dk, out=from_start)
     dG[:, :, :, -1] += row_dot(dW, S_after)
     reverse_cumsum(dG, 3, in_place=True)
-    return (output_rows(dq_out, T), output_rows(dk_out, T), from_chunks(dv, T), output_rows(dg_out, T),
+    return (output_rows(dq_out, T), output_rows(dk_out, T), output_rows(dv_out, T), output_rows(dg_out, T),
             None if S0 is None else dS0)
 
 

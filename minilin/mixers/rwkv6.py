@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_state, from_chunks,
+from ..chunking import (channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_state,
                         output_rows, pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros,
                         row_dot, states_after_chunks, to_chunks_transposed)
 from ..signature import Signature, Tensor
@@ -199,7 +199,8 @@ def _chunked_backward(q, k, v, w, u, S0, do, dS, chunk_size):
     T = q.shape[1]
     qc, kc, wc, doc = (chunk_view(x, chunk_size) for x in (q, k, w, do))  # [B, H, N, C, .], views
     v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]: see the GLA engine
-    (dq_out, dq), (dk_out, dk), (dw_out, dG) = (chunked_output(x, chunk_size) for x in (q, k, w))
+    (dq_out, dq), (dk_out, dk), (dv_out, dv), (dw_out, dG) = (chunked_output(x, chunk_size)
+                                                              for x in (q, k, v, w))
 
     # Recompute the scores with their backward, the chunk-boundary states, the bonus.
     through_A = channel_gram_backward(doc @ v_T, qc, kc, wc, before_decay=True, with_gram=True, out=(dq, dk))
@@ -219,7 +220,7 @@ def _chunked_backward(q, k, v, w, u, S0, do, dS, chunk_size):
     del dq_before, q_before
     dW, dS0 = pass_states_backward(dS_read, None, dS, chunk_decay=chunk_decay, in_place=True)
     del dS_read
-    dv = k_to_end @ dW
+    xp.matmul(k_to_end, dW, out=dv)
     dv += through_A.A.swapaxes(-1, -2) @ doc
     dv += bonus * doc
     del through_A
@@ -243,6 +244,6 @@ def _chunked_backward(q, k, v, w, u, S0, do, dS, chunk_size):
     dq += d_bonus * u_c * kc
     dk += d_bonus * u_c * qc
     du = (d_bonus * qc * kc).sum(axis=(0, 2, 3))
-    return (output_rows(dq_out, T), output_rows(dk_out, T), from_chunks(dv, T), output_rows(dw_out, T), du,
+    return (output_rows(dq_out, T), output_rows(dk_out, T), output_rows(dv_out, T), output_rows(dw_out, T), du,
             None if S0 is None else dS0)
 
