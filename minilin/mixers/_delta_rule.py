@@ -259,8 +259,9 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
 
     Step 0, recompute (1)-(4), keeping S (the state entering each chunk) and Delta; O is not needed.
     Nothing from the forward call is stored: the backward recomputes the grams, T and the state pass
-    (one forward's work), then holds S and dS+ at every chunk boundary (N K V numbers each per head)
-    and Delta, R per chunk (T V each).
+    (one forward's work), then holds S at every chunk boundary (N K V numbers per head) and Delta, R per
+    chunk (T V each); dS+ lives one chunk at a time, so the terms of step 2 that need it (and S beside it)
+    are taken in step 1's loop.
 
     Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS for the last chunk. Delta feeds (4)
     and (5); S feeds (3), (4) and (5):
@@ -271,7 +272,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     and dS of chunk n is dS+ of chunk n - 1 (of chunk 0: dS0). P^T dO is one product over all chunks,
     before the loop.
 
-    Step 2, everything else at once, with S, Delta, dS+ and R of every chunk kept:
+    Step 2, everything else at once (the products with S and dS+ below taken chunk by chunk in step 1):
         from (5):  d(Q * E) = dO S^T,          dP = dO Delta^T (causal)
         from (4):  d(K * E_end) = Delta dS+^T, and exp(G_C) S gives dG_C += sum_v dS+ * exp(G_C) S
         from (3):  d(beta V) = R,              d(beta K * E) = -R S^T,   dT = dDelta rhs^T
@@ -380,37 +381,41 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     del v_beta
 
     # Step 1: the state adjoint, backwards over chunks. dS_out[:, :, n + 1] = dS+ of chunk n; [:, :, 0] = dS0.
-    dS_out = xp.empty((Bn, H, N + 1, K, V), dtype)
-    dS_out[:, :, N] = 0 if dS is None else dS
+    # The products with dS+ and S that step 2 needs are taken here, chunk by chunk, while both are at hand:
+    # the adjoints of all N states are never stored, and neither S^T nor dS+^T is copied (two arrays of N
+    # states less, which on a small CPU box cost more in first-touch page faults than the N small products).
+    by_state = xp.empty((Bn, H, N, 2 * C, K), dtype)                     # [d(Q * E); d(beta K * E)] = [dO; -R] S^T
+    d_k_to_end = xp.empty((Bn, H, N, C, K), dtype)                       # d(K * E_end) = Delta dS+^T
+    at_end = None if G is None else xp.empty((Bn, H, N, K), dtype)      # sum_v dS+ * exp(G_C) S
+    dS_next = xp.zeros_like(S_in[:, :, 0]) if dS is None else dS.astype(dtype, copy=True)
+    dS_here = xp.empty_like(dS_next)
     minus_T_inv_T = xp.negative(T_inv, out=T_inv).swapaxes(-1, -2)      # -T^T, in place (T is done with)
     d_delta = rhs
     for n in reversed(range(N)):
-        dS_next = dS_out[:, :, n + 1]
+        S = S_in[:, :, n]
+        xp.matmul(delta[:, :, n], dS_next.swapaxes(-1, -2), out=d_k_to_end[:, :, n])
+        if G is not None:
+            at_end[:, :, n] = _rowdot(dS_next, xp.multiply(S, decay_end[:, :, n], out=decayed))
         xp.matmul(k_to_end[:, :, n], dS_next, out=d_delta)
         d_delta += P_T_do[:, :, n]                                       # dDelta
         xp.matmul(minus_T_inv_T[:, :, n], d_delta, out=left[:, :, n, C:])   # -R = -T^T dDelta
-        dS_here = dS_out[:, :, n]
+        xp.matmul(left[:, :, n], S.swapaxes(-1, -2), out=by_state[:, :, n])
         if G is not None:
             xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
         xp.matmul((rows[:, :, n] if G is None else rows_decayed).swapaxes(-1, -2), left[:, :, n], out=dS_here)
         dS_here += dS_next if G is None else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
-    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both
-    dS0 = None if S0 is None else dS_out[:, :, 0].copy()
-    S_in, dS_out = S_in[:, :, :N], dS_out[:, :, 1:]
+        dS_next, dS_here = dS_here, dS_next                              # dS of chunk n is dS+ of chunk n - 1
+    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both, S_in, dS_here
+    dS0 = None if S0 is None else dS_next
 
     # Step 2: the intra-chunk gradients, all chunks at once.
     minus_R = left[..., C:, :]
     dvc = minus_R * -beta_c                                              # dV = beta d(beta V) = beta R
     dbeta_c = -_rowdot(vc, minus_R)
-    by_state = left @ transposed(S_in)                                   # [d(Q * E); d(beta K * E)]
     d_grams = left @ transposed(delta)                                   # [dP; dA], not yet masked
-    del left, minus_R
-    d_k_to_end = delta @ transposed(dS_out)                              # d(K * E_end)
-    del delta
+    del left, minus_R, delta
     if G is not None:                                                    # dG_C's terms, [B, H, N, K]
-        S_in *= decay_end                                                # exp(G_C) S
-        at_end = _rowdot(dS_out, S_in) + _rowdot(k_to_end, d_k_to_end, axis=-2)
-    del S_in, dS_out
+        at_end += _rowdot(k_to_end, d_k_to_end, axis=-2)
     mask_grams(d_grams)                                                  # scalar gate: dM = d[P; A] * decay
     if per_channel:
         d_stacked = xp.moveaxis(d_grams.reshape(Bn, H, N, 2, C, C), 3, 0)
