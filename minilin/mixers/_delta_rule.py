@@ -260,8 +260,8 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     Step 0, recompute (1)-(4), keeping S (the state entering each chunk) and Delta; O is not needed.
     Nothing from the forward call is stored: the backward recomputes the grams, T and the state pass
     (one forward's work), then holds S at every chunk boundary (N K V numbers per head) and Delta, R per
-    chunk (T V each); dS+ lives one chunk at a time, so the terms of step 2 that need it (and S beside it)
-    are taken in step 1's loop.
+    chunk (T V each); dS+ lives one chunk at a time, so the terms of step 2 that need it are taken in
+    step 1's loop.
 
     Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS for the last chunk. Delta feeds (4)
     and (5); S feeds (3), (4) and (5):
@@ -272,7 +272,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     and dS of chunk n is dS+ of chunk n - 1 (of chunk 0: dS0). P^T dO is one product over all chunks,
     before the loop.
 
-    Step 2, everything else at once (the products with S and dS+ below taken chunk by chunk in step 1):
+    Step 2, everything else at once (the products with dS+ below taken chunk by chunk in step 1):
         from (5):  d(Q * E) = dO S^T,          dP = dO Delta^T (causal)
         from (4):  d(K * E_end) = Delta dS+^T, and exp(G_C) S gives dG_C += sum_v dS+ * exp(G_C) S
         from (3):  d(beta V) = R,              d(beta K * E) = -R S^T,   dT = dDelta rhs^T
@@ -381,10 +381,9 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     del v_beta
 
     # Step 1: the state adjoint, backwards over chunks. dS_out[:, :, n + 1] = dS+ of chunk n; [:, :, 0] = dS0.
-    # The products with dS+ and S that step 2 needs are taken here, chunk by chunk, while both are at hand:
-    # the adjoints of all N states are never stored, and neither S^T nor dS+^T is copied (two arrays of N
-    # states less, which on a small CPU box cost more in first-touch page faults than the N small products).
-    by_state = xp.empty((Bn, H, N, 2 * C, K), dtype)                     # [d(Q * E); d(beta K * E)] = [dO; -R] S^T
+    # The products with dS+ that step 2 needs are taken here, chunk by chunk, while it is at hand: the
+    # adjoints of all N states are never stored, and dS+^T is never copied (an array of N states less, which
+    # on a small CPU box costs more in first-touch page faults than the N small products).
     d_k_to_end = xp.empty((Bn, H, N, C, K), dtype)                       # d(K * E_end) = Delta dS+^T
     at_end = None if G is None else xp.empty((Bn, H, N, K), dtype)      # sum_v dS+ * exp(G_C) S
     dS_next = xp.zeros_like(S_in[:, :, 0]) if dS is None else dS.astype(dtype, copy=True)
@@ -399,19 +398,20 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         xp.matmul(k_to_end[:, :, n], dS_next, out=d_delta)
         d_delta += P_T_do[:, :, n]                                       # dDelta
         xp.matmul(minus_T_inv_T[:, :, n], d_delta, out=left[:, :, n, C:])   # -R = -T^T dDelta
-        xp.matmul(left[:, :, n], S.swapaxes(-1, -2), out=by_state[:, :, n])
         if G is not None:
             xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
         xp.matmul((rows[:, :, n] if G is None else rows_decayed).swapaxes(-1, -2), left[:, :, n], out=dS_here)
         dS_here += dS_next if G is None else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
         dS_next, dS_here = dS_here, dS_next                              # dS of chunk n is dS+ of chunk n - 1
-    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both, S_in, dS_here
+    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both, dS_here
     dS0 = None if S0 is None else dS_next
 
     # Step 2: the intra-chunk gradients, all chunks at once.
     minus_R = left[..., C:, :]
     dvc = minus_R * -beta_c                                              # dV = beta d(beta V) = beta R
     dbeta_c = -_rowdot(vc, minus_R)
+    by_state = left @ transposed(S_in[:, :, :N])                         # [d(Q * E); d(beta K * E)] = [dO; -R] S^T
+    del S_in
     d_grams = left @ transposed(delta)                                   # [dP; dA], not yet masked
     del left, minus_R, delta
     if G is not None:                                                    # dG_C's terms, [B, H, N, K]
