@@ -279,7 +279,8 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         from (2):  T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
                        dA = -T^T (dDelta rhs^T) T^T = -R (T rhs)^T = -R Delta^T,
                    kept strictly lower: only those entries of A are inputs.
-        from (1):  `chunking.gated_gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
+        from (1):  the grams' backward (`chunking.channel_gram_backward` for a per-channel gate):
+                   dQ, dK from dP;  d(beta K), dK from dA.
     Then beta K and beta V give dK += beta d(beta K), dbeta = sum_c K d(beta K) + sum_v V d(beta V),
     dV = beta d(beta V).
 

@@ -191,7 +191,8 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
 
     Step 4, the intra-chunk part o = ... + A v (A recomputed):
         dv += A^T do,    dA = do v^T,    then A's backward (`chunking.gated_gram_backward`):
-        dq += (dA * P) k,  dk += (dA * P)^T q   with P_ij = exp(G_i - G_j), j <= i (per channel in blocks)
+        dq += (dA * P) k,  dk += (dA * P)^T q   with P_ij = exp(G_i - G_j), j <= i (a per-channel gate:
+        `chunking.channel_gram_backward`, the halving of `channel_gram` run backwards)
 
     Step 5, the gate, without one exponential more. By the rule of `chunking.gate_terms`, each use of
     G_i is a row scaled by exp(+G_i) (q_i, in Qd and in A) or by exp(-G_i) (k_i, in Kd and in A), and

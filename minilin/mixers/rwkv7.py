@@ -235,7 +235,7 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
                    dG_C += sum_v dS+ * exp(G_C) S
         from (3):  d(A * E_prev) = X S^T,  dMak = X V^T (strict),  dV += Mak^T X
         from (2):  (I - Mab) U = rhs, so (the solve's adjoint) dMab = +X U^T (strict)
-        from (1):  `chunking.gated_gram_backward` and `gram_before_decay_backward` give dQ, dA, dB, dK.
+        from (1):  `chunking.channel_gram_backward`, the four grams at once, gives dQ, dA, dB, dK.
     ([dO; X] is stacked: [dRb; dMab] = [dO; X] U^T and [dRk; dMak] = [dO; X] V^T are one product each.)
     The gate, as in the delta rule: Q's rows carry exp(+G_t), A's exp(+G_{t-1}), B's and K's exp(-G_j),
     and the chunk end exp(+G_C), so with every total gradient
