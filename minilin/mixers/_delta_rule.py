@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..activations import l2_normalize
 from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
-                        decay_state, from_chunks, local_cumsum, num_chunks, reverse_cumsum, state_or_zeros, to_chunks,
+                        decay_state, from_chunks, num_chunks, reverse_cumsum, state_or_zeros, to_chunks,
                         transposed, unit_lower_inverse, unit_lower_solve)
 
 
@@ -305,7 +305,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     T, C = q.shape[1], chunk_size
     Bn, _, H, K = q.shape
     V, N, dtype = v.shape[-1], num_chunks(T, C), q.dtype
-    per_channel = g is not None and g.ndim == 4
+    gated, per_channel = g is not None, g is not None and g.ndim == 4
 
     kc = to_chunks(k, C)                                                 # [B, H, N, C, K]
     vc = to_chunks(v, C)                                                 # [B, H, N, C, V]
@@ -317,21 +317,24 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     left = xp.empty((Bn, H, N, 2 * C, V), dtype)                         # [dO; -R], -R filled in step 1
     doc = left[..., :C, :]
     _fill_chunks(doc, do)
-    if g is None:
-        G = L = E_both = None
+    G = L = E_both = None
+    if not gated:
         k_to_end = kc
+    elif per_channel:
+        # Every decay comes from `channel_gram` in step 0 (products of per-token exp(g) <= 1, as the forward
+        # takes them): K * E_end, [Q * E; beta K * E], exp(G_C); no cumulative gate is formed at all.
+        gc = to_chunks(g, C)
     else:
-        gc = to_chunks(g, C)                                             # per-token gates, for channel_gram
-        G = local_cumsum(gc)
+        # A scalar gate as the forward takes it: G summed in float64 per chunk, each exponent rounded once.
+        G = xp.cumsum(to_chunks(g, C), axis=-1, dtype=xp.float64)         # [B, H, N, C]
         G_last = G[:, :, :, -1]
-        # Row factors [..., C, K] (per channel) or [..., C, 1] (scalar), and the state's [..., K | 1, 1].
         to_end = G_last[:, :, :, None] - G                               # G_C - G <= 0
-        E = xp.exp(G if per_channel else G[..., None])                   # exp(G)
-        E_end = xp.exp(to_end if per_channel else to_end[..., None])     # exp(G_C - G)
-        decay_end = xp.exp(G_last)[..., None] if per_channel else xp.exp(G_last)[..., None, None]
+        # Row factors [..., C, 1] and the state's [..., 1, 1].
+        E, E_end = (xp.exp(x).astype(dtype)[..., None] for x in (G, to_end))   # exp(G), exp(G_C - G)
+        decay_end = xp.exp(G_last).astype(dtype)[..., None, None]        # exp(G_C) on the state
         E_both = xp.concatenate([E, E], axis=-2)                         # exp(G) on [Q; beta K]
         k_to_end = kc * E_end                                            # K * E_end
-        L = None if per_channel else decay_matrix(G)                     # exp(G_t - G_j), j <= t
+        L = decay_matrix(G, dtype=dtype)                                 # exp(G_t - G_j), j <= t
     strict = causal_mask(C, xp, strict=True)
 
     def mask_grams(M):
@@ -347,9 +350,11 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
 
     # Step 0: recompute (1)-(4).
     if per_channel:
-        stacked = channel_gram((qc, k_beta), kc, gc).A                    # [2, B, H, N, C, C]
-        grams = xp.moveaxis(stacked, 0, 3).reshape(Bn, H, N, 2 * C, C)
-        del stacked
+        forward = channel_gram((qc, k_beta), kc, gc)
+        grams = xp.moveaxis(forward.A, 0, 3).reshape(Bn, H, N, 2 * C, C)     # [P; A] before the masks
+        q_from_start, k_beta_from_start = forward.x_from_start           # Q * E, beta K * E
+        k_to_end, decay_end = forward.y_to_end, forward.chunk_decay[..., None]   # K * E_end; [..., K, 1]
+        del forward
     else:
         grams = rows @ transposed(kc)                                    # [Q; beta K] K^T
     mask_grams(grams)                                                    # [P; A]
@@ -369,8 +374,10 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     k_beta_decayed = rows_decayed[..., C:, :]
     for n in range(N):
         S = S_in[:, :, n]
-        if G is None:
+        if not gated:
             xp.matmul(k_beta[:, :, n], S, out=rhs)
+        elif per_channel:
+            xp.matmul(k_beta_from_start[:, :, n], S, out=rhs)
         else:
             xp.multiply(k_beta[:, :, n], E[:, :, n], out=k_beta_decayed)
             xp.matmul(k_beta_decayed, S, out=rhs)
@@ -378,7 +385,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         xp.matmul(T_inv[:, :, n], rhs, out=delta[:, :, n])              # Delta = T rhs
         S_next = S_in[:, :, n + 1]
         xp.matmul(k_to_end[:, :, n].swapaxes(-1, -2), delta[:, :, n], out=S_next)
-        S_next += S if G is None else xp.multiply(S, decay_end[:, :, n], out=decayed)
+        S_next += S if not gated else xp.multiply(S, decay_end[:, :, n], out=decayed)
     del v_beta
 
     # Step 1: the state adjoint, backwards over chunks. dS_out[:, :, n + 1] = dS+ of chunk n; [:, :, 0] = dS0.
@@ -386,7 +393,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     # adjoints of all N states are never stored, and dS+^T is never copied (an array of N states less, which
     # on a small CPU box costs more in first-touch page faults than the N small products).
     d_k_to_end = xp.empty((Bn, H, N, C, K), dtype)                       # d(K * E_end) = Delta dS+^T
-    at_end = None if G is None else xp.empty((Bn, H, N, K), dtype)      # sum_v dS+ * exp(G_C) S
+    at_end = xp.empty((Bn, H, N, K), dtype) if gated else None          # sum_v dS+ * exp(G_C) S
     dS_next = xp.zeros_like(S_in[:, :, 0]) if dS is None else dS.astype(dtype, copy=True)
     dS_here = xp.empty_like(dS_next)
     minus_T_inv_T = xp.negative(T_inv, out=T_inv).swapaxes(-1, -2)      # -T^T, in place (T is done with)
@@ -394,15 +401,19 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     for n in reversed(range(N)):
         S = S_in[:, :, n]
         xp.matmul(delta[:, :, n], dS_next.swapaxes(-1, -2), out=d_k_to_end[:, :, n])
-        if G is not None:
+        if gated:
             at_end[:, :, n] = _rowdot(dS_next, xp.multiply(S, decay_end[:, :, n], out=decayed))
         xp.matmul(k_to_end[:, :, n], dS_next, out=d_delta)
         d_delta += P_T_do[:, :, n]                                       # dDelta
         xp.matmul(minus_T_inv_T[:, :, n], d_delta, out=left[:, :, n, C:])   # -R = -T^T dDelta
-        if G is not None:
-            xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
-        xp.matmul((rows[:, :, n] if G is None else rows_decayed).swapaxes(-1, -2), left[:, :, n], out=dS_here)
-        dS_here += dS_next if G is None else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
+        if per_channel:                                                  # [Q * E; beta K * E]^T [dO; -R]
+            xp.matmul(q_from_start[:, :, n].swapaxes(-1, -2), left[:, :, n, :C], out=dS_here)
+            dS_here += xp.matmul(k_beta_from_start[:, :, n].swapaxes(-1, -2), left[:, :, n, C:], out=decayed)
+        else:
+            if gated:
+                xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
+            xp.matmul((rows_decayed if gated else rows[:, :, n]).swapaxes(-1, -2), left[:, :, n], out=dS_here)
+        dS_here += dS_next if not gated else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
         dS_next, dS_here = dS_here, dS_next                              # dS of chunk n is dS+ of chunk n - 1
     del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both, dS_here
     dS0 = None if S0 is None else dS_next
@@ -415,30 +426,31 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     del S_in
     d_grams = left @ transposed(delta)                                   # [dP; dA], not yet masked
     del left, minus_R, delta
-    if G is not None:                                                    # dG_C's terms, [B, H, N, K]
+    if gated:                                                            # dG_C's terms, [B, H, N, K]
         at_end += _rowdot(k_to_end, d_k_to_end, axis=-2)
     mask_grams(d_grams)                                                  # scalar gate: dM = d[P; A] * decay
     if per_channel:
+        # The grams' backward, with the decayed rows' cotangents carried back through the same decays.
         d_stacked = xp.moveaxis(d_grams.reshape(Bn, H, N, 2, C, C), 3, 0)
-        d_rows_stacked, dkc = channel_gram_backward(d_stacked, (qc, k_beta), kc, gc)[:2]
-        d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)
-        del d_stacked, d_rows_stacked
+        halves = by_state.reshape(Bn, H, N, 2, C, K)
+        d_rows_stacked, dkc = channel_gram_backward(d_stacked, (qc, k_beta), kc, gc, dy_to_end=d_k_to_end,
+                                                    dx_from_start=(halves[:, :, :, 0], halves[:, :, :, 1]))[:2]
+        d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)   # dK' in dkc: K's own rows
+        del d_stacked, d_rows_stacked, halves
     else:
         d_rows = d_grams @ kc                                            # [dQ; d(beta K)] from the grams
         dkc = d_grams.swapaxes(-1, -2) @ rows                            # dK from both grams at once
-    del d_grams
-    if G is not None:                                                    # back through exp(G) on rows
-        halves = by_state.reshape(Bn, H, N, 2, C, K)
-        halves *= E[:, :, :, None]
-        d_k_to_end *= E_end
-    d_rows += by_state
-    del by_state
-    dkc += d_k_to_end                                                    # dK', K's own rows
-    del d_k_to_end
+        if gated:                                                        # back through exp(G) on rows
+            halves = by_state.reshape(Bn, H, N, 2, C, K)
+            halves *= E[:, :, :, None]
+            d_k_to_end *= E_end
+        d_rows += by_state
+        dkc += d_k_to_end                                                # dK', K's own rows
+    del d_grams, by_state, d_k_to_end
     dk_beta = d_rows[..., C:, :]
 
     dg = None
-    if G is not None:
+    if gated:
         # dG = Q * dQ + beta K * d(beta K) - K * dK', then the chunk-end terms at position C.
         if per_channel:
             dG = (rows * d_rows).reshape(Bn, H, N, 2, C, K).sum(3) - kc * dkc
