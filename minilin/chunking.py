@@ -23,6 +23,8 @@ after the difference (`decay_matrix`, [C] numbers per chunk: cheap); a per-chann
 at all (`channel_gram` multiplies decays of blocks of tokens together instead). float32 outputs then stay
 within a few 1e-7 of the float64 recurrence at any length and chunk size; what remains is the rounding
 of the products themselves and of exp of an exponent rounded once (relative error |G_i - G_j| * 2^-24).
+The chunked backward engines take their decays the same way: a scalar gate summed in float64 per chunk, a
+per-channel gate only through `channel_gram` and its backward, `channel_gram_backward`.
 """
 from __future__ import annotations
 
@@ -614,7 +616,8 @@ def channel_gram_backward(dA, x, y, g, *, strict: bool = False, before_decay: bo
 
     Cost: two products per level, the transposes of the forward's one, and a few multiplies over half the
     rows per level. Memory, which costs as much as arithmetic here (a first touch of a fresh page is a page
-    fault): x and y are read where they lie, and besides dx and dy there are F, H and one scratch of x's size.
+    fault): x and y are read where they lie, and besides dx and dy there are F, H and scratch for one level's
+    operands and products (half of x's rows each).
     """
     xp = array_module(g)
     C, K = g.shape[-2:]
