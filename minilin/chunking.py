@@ -23,6 +23,8 @@ after the difference (`decay_matrix`, [C] numbers per chunk: cheap); a per-chann
 at all (`channel_gram` multiplies decays of blocks of tokens together instead). float32 outputs then stay
 within a few 1e-7 of the float64 recurrence at any length and chunk size; what remains is the rounding
 of the products themselves and of exp of an exponent rounded once (relative error |G_i - G_j| * 2^-24).
+The chunked backward engines take their decays the same way: a scalar gate summed in float64 per chunk, a
+per-channel gate only through `channel_gram` and its backward, `channel_gram_backward`.
 """
 from __future__ import annotations
 
@@ -31,10 +33,6 @@ from typing import NamedTuple
 import numpy as np
 
 from .backend import array_module
-
-# Width of the sub-blocks inside a chunk for per-channel gates in the sub-block evaluation of `gated_gram`'s
-# gradient (the forward builds the same Gram matrix by halving, `channel_gram`).
-SUB_CHUNK = 16
 
 
 def num_chunks(T: int, chunk_size: int) -> int:
@@ -95,7 +93,30 @@ def from_chunks(x, T: int):
 
 def local_cumsum(g):
     """Chunk-local cumulative log-gate G: [B, H, N, C(, K)] -> same shape, G_i = sum_{j<=i} g_j."""
-    return array_module(g).cumsum(g, axis=3)
+    return _running_sum(g, 3, reverse=False, in_place=False)
+
+
+def _running_sum(x, axis: int, *, reverse: bool, in_place: bool):
+    """The inclusive running sum of x along `axis`, from its start (reverse: from its end); in x itself
+    when in_place. Along the last axis NumPy's cumsum; along any other, a loop of row additions over that
+    axis (NumPy's cumsum along a middle axis of [B, H, N, C, K] runs about 15 times slower than the C adds
+    of [B, H, N, K] rows, measured on the 2-core development machine)."""
+    xp = array_module(x)
+    axis %= x.ndim
+    if axis == x.ndim - 1:
+        flipped = (lambda a: xp.flip(a, axis)) if reverse else (lambda a: a)
+        summed = flipped(xp.cumsum(flipped(x), axis))
+        if in_place:
+            x[...] = summed
+            return x
+        return summed
+    out = x if in_place else x.copy()
+    rows = xp.moveaxis(out, axis, 0)
+    order = range(rows.shape[0] - 2, -1, -1) if reverse else range(1, rows.shape[0])
+    step = 1 if reverse else -1
+    for i in order:
+        xp.add(rows[i], rows[i + step], out=rows[i])
+    return out
 
 
 def causal_mask(C: int, xp, *, strict: bool = False):
@@ -317,6 +338,34 @@ def _lower_blocks(A, s: int):
     return array_module(A).lib.stride_tricks.as_strided(A[..., s:, :], A.shape[:-2] + (P // (2 * s), s, s), strides)
 
 
+def states_after_chunks(dS, decay, S0):
+    """Inter-chunk state passing, in place: dS_n <- S_n = decay_n S_{n-1} + dS_n (S_{-1} = S0), returns dS.
+
+    dS: [B, H, N, K, V], what chunk n writes, already decayed to the chunk's end; overwritten by the state
+    after each chunk (the state entering chunk n is then dS[:, :, n - 1], or S0 for n = 0).
+    decay: None, [B, H, N] or [B, H, N, K], the decay factor exp(G_C) over each whole chunk (not its log).
+    S0: [B, H, K, V] or None (zeros).
+
+    What the chunked backward passes recompute (the forward passes states with `read_and_pass`, which also
+    reads each chunk's output): one or two array operations per chunk, none per token, and no array of N
+    states besides dS itself.
+    """
+    xp = array_module(dS)
+    N = dS.shape[2]
+    if decay is not None:  # [B, H, N, 1, 1] (scalar) or [B, H, N, K, 1]: scales the rows of each state
+        decay = decay[..., None, None] if decay.ndim == 3 else decay[..., None]
+    if S0 is not None:
+        dS[:, :, 0] += S0 if decay is None else decay[:, :, 0] * S0
+    carried = None if decay is None else xp.empty_like(dS[:, :, 0])
+    for n in range(1, N):
+        if decay is None:
+            xp.add(dS[:, :, n], dS[:, :, n - 1], out=dS[:, :, n])
+        else:
+            xp.multiply(dS[:, :, n - 1], decay[:, :, n], out=carried)
+            xp.add(dS[:, :, n], carried, out=dS[:, :, n])
+    return dS
+
+
 def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: int, out=None):
     """The chunked form of a gated linear recurrence, given its chunk pieces: (o [B, T, H, V], final state).
 
@@ -497,6 +546,12 @@ def _diagonal_blocks(A, s: int):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def output_rows(out, T: int):
+    """The first T positions of an output [B, N * C, H, ...] made by `chunked_output` (a backward writes its
+    gradients through the chunk view), as a plain array: the array itself when C divides T."""
+    return out if out.shape[1] == T else array_module(out).ascontiguousarray(out[:, :T])
+
+
 def to_chunks_transposed(x, chunk_size: int):
     """[B, T, H, F] -> [B, H, N, F, C]: `transposed(to_chunks(x))` in one copy instead of two."""
     xp = array_module(x)
@@ -508,16 +563,24 @@ def to_chunks_transposed(x, chunk_size: int):
     return xp.ascontiguousarray(x.reshape(B, N, chunk_size, H, F).transpose(0, 3, 1, 4, 2))
 
 
+def row_dot(a, b, axis: int = -1):
+    """sum(a * b, axis), without the a * b temporary where the array module has `vecdot` (NumPy >= 2)."""
+    xp = array_module(a)
+    if hasattr(xp, "vecdot"):
+        return xp.vecdot(a, b, axis=axis)
+    return (a * b).sum(axis)
+
+
 def sum_to_leading(x, ndim: int):
     """Sum away the extra leading axes that broadcasting added: [e..., *shape] -> [*shape] (ndim axes)."""
     extra = x.ndim - ndim
     return x.sum(axis=tuple(range(extra))) if extra > 0 else x
 
 
-def reverse_cumsum(x, axis: int):
-    """y_i = sum_{j >= i} x_j along `axis`: the backward of a cumulative sum (of `local_cumsum` on axis 3)."""
-    xp = array_module(x)
-    return xp.flip(xp.cumsum(xp.flip(x, axis), axis), axis)
+def reverse_cumsum(x, axis: int, *, in_place: bool = False):
+    """y_i = sum_{j >= i} x_j along `axis`: the backward of a cumulative sum (of `local_cumsum` on axis 3).
+    in_place: written into x (a scratch array of the caller's)."""
+    return _running_sum(x, axis, reverse=True, in_place=in_place)
 
 
 def gate_terms(x, dx, G):
@@ -546,7 +609,8 @@ def gated_gram_backward(dA, x, y, G, *, strict: bool = False, decay=None):
         dy_jk = sum_i dA_ij P_ijk x_ik          column j of dA, against the queries.
     With no gate or a scalar one, P is one [C, C] matrix for all k, so with M = dA * P:
         dx = M y,    dy = M^T x                  (two batched matrix products)
-    and for a per-channel gate the same sums are taken sub-block by sub-block (`_channel_gram_backward`).
+    and for a per-channel gate the same sums are taken by `channel_gram`'s halving, run backwards
+    (`channel_gram_backward`, on the per-token gates of G).
 
     The gate: x_i enters as x_i exp(+G_i) and y_j as y_j exp(-G_j), so by `gate_terms`
         dG = gate_terms(x, dx, G) - gate_terms(y, dy, G)          (= x dx - y dy per channel)
@@ -558,7 +622,7 @@ def gated_gram_backward(dA, x, y, G, *, strict: bool = False, decay=None):
     """
     xp = array_module(x)
     if G is not None and G.ndim == y.ndim:
-        return _channel_gram_backward(dA, x, y, G, strict)
+        return channel_gram_backward(dA, x, y, gates_of(G), strict=strict)[:2]
     M = dA * (gram_decay(G, x.shape[-2], xp, strict=strict) if decay is None else decay)
     # M^T as the left operand: NumPy multiplies a swapped view on the left at nearly full speed.
     return M @ y, sum_to_leading(M.swapaxes(-1, -2) @ x, y.ndim)
@@ -571,81 +635,173 @@ def gram_decay(G, C: int, xp, *, strict: bool = False):
     return causal_mask(C, xp, strict=strict) if G is None else decay_matrix(G, strict=strict)
 
 
-def _channel_gram_backward(dA, x, y, G, strict):
-    """dx, dy of the per-channel `gated_gram`: the chain rule through `_channel_gram`'s sub-blocks.
+class GramBackward(NamedTuple):
+    """What `channel_gram_backward` returns (shapes for x, y [..., C, K] and gates g [..., C, K])."""
 
-    The forward cut A into sub-blocks of c = SUB_CHUNK positions, (a, b) = (block of i, block of j):
-    - diagonal blocks (a = b): A_ij = sum_k x_ik y_jk D_ijk with D_ijk = m_ij exp(G_ik - G_jk) formed
-      outright, [c, c, K]. Backward, with dA restricted to the block:
-          dx_ik = sum_j dA_ij D_ijk y_jk,      dy_jk = sum_i dA_ij D_ijk x_ik;
-    - blocks below the diagonal (a > b): A_ab = X_a Y_ab^T with X_a = x_a * exp(G_a - G_ref_a) and
-      Y_ab = y_b * exp(G_ref_a - G_b), r_a the last position before block a. A product's backward:
-          dX_a = sum_b dA_ab Y_ab,       dY_ab = dA_ab^T X_a,
-      then through the two decays (elementwise): dx_a += dX_a * exp(G_a - G_ref_a),
-      dy_b += sum_{a > b} dY_ab * exp(G_ref_a - G_b).
-    Every exponential is one the forward takes, of a non-positive number. Blocks with a <= b have
-    Y_ab = 0 (the diagonal blocks' products are the ones replaced by D), so the full [ns, ns] products
-    need no extra mask.
+    dx: object            # [..., C, K] (a tuple's stacked [nx, ..., C, K]): the gradient of x
+    dy: object            # likewise for y
+    from_start: object    # [..., C, K]: exp(G_i) (exp(G_{i-1}) with before_decay), x_from_start = x * from_start
+    to_end: object        # [..., C, K]: exp(G_C - G_j), y_to_end = y * to_end
+    chunk_decay: object   # [..., K]: exp(G_C)
+    A: object             # with_gram: channel_gram's A, built in the same sweep; else None
+
+
+def channel_gram_backward(dA, x, y, g, *, strict: bool = False, before_decay: bool = False,
+                          dx_from_start=None, dy_to_end=None, with_gram: bool = False, out=None) -> GramBackward:
+    """The backward of `channel_gram`: dx, dy from the cotangents of what it returns, through the same
+    halving. No exponential beyond the forward's exp(g_i) <= 1, no cumulative gate, no [C, C, K] tensor.
+
+    Arguments as `channel_gram` (x, y [..., C, K] or tuples of them, g the per-token log-gates [..., C, K]),
+    and the cotangents of its outputs: dA [..., C, C] (A's shape: [nx, ...], [ny, ...] or [nx, ny, ...] for
+    tuples), dx_from_start of x_from_start and dy_to_end of y_to_end (x's and y's shapes, a tuple's stacked
+    on a new leading axis; None = zeros). Entries of dA above the diagonal (on it too, when strict or
+    before_decay) are never read, so the caller need not mask it. Returns a `GramBackward`: dx, dy in x's and
+    y's shapes, and the decays the sweep has built on the way, from_start = exp(G_i) and to_end = exp(G_C - G_j)
+    per channel (products of the per-token decays, as the forward's: a caller whose cotangents of the decayed
+    rows come later adds dx += dx_from_start * from_start itself) and exp(G_C). with_gram: also the forward's
+    A, from the same sweep (one more product per level), for a caller that knows dA before it needs A.
+    out: (dx, dy) arrays to write the gradients into (plain x and y; views such as the chunk view of the
+    caller's result will do), else fresh ones.
+    The gate's gradient is left to the caller (`gate_terms`: x_i enters scaled by exp(+G_i) (exp(+G_{i-1})
+    with before_decay), y_j by exp(-G_j), and chunk_decay by exp(+G_C)).
+
+    The forward, level by level (s = 1, 2, ..., P/2; R, L the right and left halves of each aligned block of
+    2s positions, d_s(L) = exp(sum of g over L)):
+        A[R, L] = X_s[R] Y_s[L]^T,     X_2s[R] = X_s[R] d_s(L),     Y_2s[L] = Y_s[L] d_s(R),
+    from X_1 = x exp(g) (x with before_decay) and Y_1 = y, ending at X_P = x_from_start, Y_P = y_to_end.
+    So X_s = x F_s and Y_s = y H_s, with F_s(i) and H_s(j) the products of the decays that rows i and j
+    have met below level s: F_1 = exp(g) (1 with before_decay), H_1 = 1, and at the end F_P(i) = exp(G_i)
+    (exp(G_{i-1})), H_P(j) = exp(G_C - G_j). The decays carry the gate, whose gradient the caller reads off
+    dx and dy, so here they are constants and A[R, L] is linear in x and y. Its backward, level by level in
+    the forward's order and with the forward's multiplies (F and H updated as X and Y are there):
+        dx[R] += (dA[R, L] Y_s[L]) F_s[R],         dy[L] += (dA[R, L]^T X_s[R]) H_s[L],
+    plus what the decayed rows and the diagonal A_ii = x_i . y_i add:
+        dx += dx_from_start F_P + dA_ii y_i,       dy += dy_to_end H_P + dA_ii x_i.
+
+    Cost: two products per level, the transposes of the forward's one, and a few multiplies over half the
+    rows per level. Memory, which costs as much as arithmetic here (a first touch of a fresh page is a page
+    fault): x and y are read where they lie, and besides dx and dy there are F, H and scratch for one level's
+    operands and products (half of x's rows each).
     """
-    xp = array_module(x)
-    C, K = x.shape[-2:]
-    c = min(SUB_CHUNK, C)
-    ns = -(-C // c)
-    pad = ns * c - C
-    if pad:
-        def widths(a, last=(0, 0)):
-            return [(0, 0)] * (a.ndim - 2) + [(0, pad), last]
-        x, y = xp.pad(x, widths(x)), xp.pad(y, widths(y))
-        G = xp.pad(G, widths(G), mode="edge")
-        dA = xp.pad(dA, widths(dA, (0, pad)))
-    xs, ys, Gs = (a.reshape(*a.shape[:-2], ns, c, K) for a in (x, y, G))
-    dblocks = xp.moveaxis(dA.reshape(*dA.shape[:-2], ns, c, ns, c), -3, -2)  # [..., a, b, c(i), c(j)]
+    xp = array_module(g)
+    C, K = g.shape[-2:]
+    P = 1 << max(C - 1, 0).bit_length()
+    both = _several(x) and _several(y)
+    if P == C and not (_several(x) or _several(y)):
+        x1, y1 = x, y                                        # read only: no copy needed
+        d = xp.exp(g)                                        # d_1: each token's own decay
+    else:
+        x1, y1 = _fresh_rows(x, P), _fresh_rows(y, P)        # zero rows after C read and write nothing
+        if both:
+            x1 = x1[:, None]                                 # [nx, 1, ...] against [ny, ...], as the forward
+        d = xp.ones(g.shape[:-2] + (P, K), x1.dtype)
+        xp.exp(g, out=d[..., :C, :])
+    lead = tuple(np.broadcast_shapes(x1.shape[:-2], y1.shape[:-2]))
+    if P != C:
+        dA = xp.pad(dA, [(0, 0)] * (dA.ndim - 2) + [(0, P - C), (0, P - C)])
+    dA = xp.broadcast_to(dA, lead + (P, P))
+    A = None
+    if with_gram:
+        A = xp.zeros(lead + (P, P), x1.dtype)                # above the diagonal: 0
+        if not (strict or before_decay):
+            _diagonal_view(A)[...] = xp.einsum("...k,...k->...", x1, y1)   # x_i . y_i
+    F = xp.ones(d.shape, d.dtype) if before_decay else d     # F_1 (d_1 itself: read below before it changes)
+    H = xp.ones(d.shape, d.dtype)
+    if out is None or P != C:
+        dX, dY = xp.zeros(x1.shape, x1.dtype), xp.zeros(y1.shape, y1.dtype)
+    else:
+        dX, dY = out
+        dX[...], dY[...] = 0, 0
+    # Scratch for each level's X_s[R], Y_s[L] and their products, [..., P / 2, K] seen as [..., n_blocks, s, K].
+    X_right, Y_left = (xp.empty(a.shape[:-2] + (P // 2, K), a.dtype) for a in (x1, y1))
+    by_Y = by_X = xp.empty(lead + (P // 2, K), x1.dtype)     # one after the other
+    s = 1
+    while s < P:
+        n_blocks = P // (2 * s)
 
-    # Diagonal sub-blocks: exp(G_i - G_j) [..., s, c(i), c(j), K] as in the forward, built in place; above
-    # the diagonal G_i - G_j >= 0 is clamped to 0 before exp, and the mask goes on dA's blocks instead.
-    decay = Gs[..., :, None, :] - Gs[..., None, :, :]
-    xp.minimum(decay, 0, out=decay)
-    xp.exp(decay, out=decay)
-    s = xp.arange(ns)
-    dA_diag = dblocks[..., s, s, :, :] * causal_mask(c, xp, strict=strict)   # dA_ij m_ij, [..., s, c, c]
-    dxs = xp.einsum("...ij,...ijk,...jk->...ik", dA_diag, decay, ys)        # sum over j
-    dys = sum_to_leading(xp.einsum("...ij,...ijk,...ik->...jk", dA_diag, decay, xs), ys.ndim)  # over i
+        def right(a):
+            return a.reshape(*a.shape[:-2], n_blocks, 2, s, K)[..., 1, :, :]
 
-    # Sub-blocks below the diagonal, through the reference r_a.
-    G_ref = xp.concatenate([xp.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], axis=-2)
-    x_decay = xp.exp(Gs - G_ref[..., None, :])                               # [..., a, c, K]
-    earlier = (xp.arange(ns)[:, None] > xp.arange(ns)[None, :])[:, :, None, None]
-    y_decay = xp.exp(xp.where(earlier, G_ref[..., :, None, None, :] - Gs[..., None, :, :, :], -xp.inf))
-    X = xs * x_decay                                                          # [..., a, c, K]
-    Y = ys[..., None, :, :, :] * y_decay                                      # [..., a, b, c, K]
-    dX = (dblocks @ Y).sum(-3)                                                # sum over b
-    dY = dblocks.swapaxes(-1, -2) @ X[..., :, None, :, :]                     # [..., a, b, c(j), K]
-    dxs += dX * x_decay
-    dys += sum_to_leading(xp.einsum("...abjk,...abjk->...bjk", dY, y_decay), ys.ndim)   # sum over a
+        def left(a):
+            return a.reshape(*a.shape[:-2], n_blocks, 2, s, K)[..., 0, :, :]
 
-    dx = dxs.reshape(*dxs.shape[:-3], ns * c, K)[..., :C, :]
-    dy = dys.reshape(*dys.shape[:-3], ns * c, K)[..., :C, :]
-    return dx, dy
+        def blocks(a):
+            return a.reshape(*a.shape[:-2], n_blocks, s, K)
+
+        d_halves = d.reshape(*d.shape[:-2], n_blocks, 2, 1, K)
+        d_left, d_right = d_halves[..., 0, :, :], d_halves[..., 1, :, :]
+        dA_block = _lower_blocks(dA, s)                      # [..., n_blocks, s(R), s(L)]
+        X_s = xp.multiply(right(x1), right(F), out=blocks(X_right))
+        Y_s = xp.multiply(left(y1), left(H), out=blocks(Y_left))
+        # At s = 1 the blocks are 1 x 1: elementwise products instead of thousands of tiny matrix products.
+        product = xp.multiply if s == 1 else xp.matmul
+        if A is not None:
+            if s == 1:
+                _lower_blocks(A, s)[..., 0] = row_dot(X_s, Y_s)
+            else:
+                xp.matmul(X_s, Y_s.swapaxes(-1, -2), out=_lower_blocks(A, s))          # A[R, L]
+        dX_s = _sum_to_shape(product(dA_block, Y_s, out=blocks(by_Y)), X_s.shape)      # dA[R, L] Y_s[L]
+        dX_s *= right(F)
+        xp.add(right(dX), dX_s, out=right(dX))
+        dY_s = _sum_to_shape(product(dA_block.swapaxes(-1, -2), X_s, out=blocks(by_X)), Y_s.shape)   # dA^T X_s[R]
+        dY_s *= left(H)
+        xp.add(left(dY), dY_s, out=left(dY))
+        d_next = d_left[..., 0, :] * d_right[..., 0, :]      # d_2s: [..., n_blocks, K]
+        xp.multiply(left(H), d_right, out=left(H))           # (at s = 1, d_right may be right(F): first H)
+        xp.multiply(right(F), d_left, out=right(F))
+        d = d_next
+        s *= 2
+    del X_right, Y_left, by_Y, by_X
+    # The decayed rows' cotangents and the diagonal.
+    for rows, cotangent, factors in ((dX, dx_from_start, F), (dY, dy_to_end, H)):
+        if cotangent is not None:
+            rows += _cotangent_rows(cotangent, rows.shape, rows.dtype, xp) * factors
+    if not (strict or before_decay):
+        dA_ii = _diagonal_view(dA)[..., None]                # [..., P, 1]
+        dX += _sum_to_shape(dA_ii * y1, x1.shape)
+        dY += _sum_to_shape(dA_ii * x1, y1.shape)
+    if both:
+        dX = dX[:, 0]
+    dX, dY = dX[..., :C, :], dY[..., :C, :]
+    if out is not None and P != C:
+        out[0][...], out[1][...] = dX, dY
+        dX, dY = out
+    if A is not None:
+        A = A[..., :C, :C]
+    return GramBackward(dX, dY, F[..., :C, :], H[..., :C, :], d[..., 0, :], A)
+
+
+def _cotangent_rows(d, shape, dtype, xp):
+    """A fresh accumulator of `shape` [..., P, K] holding the cotangent d [..., C, K] in its first C rows
+    (a tuple of them stacked on the leading axis, as `_fresh_rows`; None: zeros), zeros after."""
+    if not _several(d) and d.shape == tuple(shape):
+        return d
+    out = xp.zeros(shape, dtype)
+    if d is not None:
+        for i, part in enumerate(d) if _several(d) else ((None, d),):
+            rows = out if i is None else out[i]
+            rows[..., :part.shape[-2], :] = part
+    return out
+
+
+def _sum_to_shape(x, shape):
+    """x summed over the axes that broadcasting added to reach its shape from `shape`."""
+    extra = x.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(extra + i for i, n in enumerate(shape) if n == 1 and x.shape[extra + i] != 1)
+    return x.sum(axis=axes).reshape(shape) if axes else x
 
 
 def gram_before_decay_backward(dA, x, y, G):
     """The backward of `gram_before_decay`: (dx, dy) from dA [..., C, C].
 
-    The forward is `gated_gram(x, y', G')` with y'_{j+1} = y_j and G'_i = G_{i-1} (G'_0 = 0), read one
-    column to the right: A_ij = A'_{i, j+1}. Its backward undoes each shift in turn:
-        dA'_{i, j+1} = dA_ij (dA'_{i, 0} = 0),   (dx, dy') = gated_gram_backward(dA', x, y', G'),
-        dy_j = dy'_{j+1}                          (the last position's y is read by no one: 0).
-    The gate: x_i enters as x_i exp(+G_{i-1}) and y_j as y_j exp(-G_j), so (`gate_terms`)
+    `channel_gram_backward(..., before_decay=True)` on the per-token gates of G. The gate: x_i enters as
+    x_i exp(+G_{i-1}) and y_j as y_j exp(-G_j), so (`gate_terms`)
         dG_i = gate_terms(x, dx, G)_{i+1} - gate_terms(y, dy, G)_i.
     """
-    xp = array_module(x)
-    y_later = xp.concatenate([xp.zeros_like(y[..., :1, :]), y[..., :-1, :]], axis=-2)
-    dshifted = xp.concatenate([xp.zeros_like(dA[..., :1]), dA[..., :-1]], axis=-1)
-    dx, dy_later = gated_gram_backward(dshifted, x, y_later, exclusive_cumsum(G))
-    return dx, xp.concatenate([dy_later[..., 1:, :], xp.zeros_like(dy_later[..., :1, :])], axis=-2)
+    return channel_gram_backward(dA, x, y, gates_of(G), before_decay=True)[:2]
 
 
-def pass_states_backward(dS_in, G_total, dS_final=None):
+def pass_states_backward(dS_in, G_total, dS_final=None, *, chunk_decay=None, in_place: bool = False):
     """The backward of `pass_states`: the adjoint of the state pass, chunk by chunk from the last.
 
     Forward: S_{n+1} = exp(G_total_n) S_n + dS_n for n = 0..N-1, S_0 = S0; it returns S_in[n] = S_n
@@ -662,11 +818,22 @@ def pass_states_backward(dS_in, G_total, dS_final=None):
         dG_total_n = sum_v Sbar_{n+1} * exp(G_total_n) S_n        (summed over K too for a scalar gate)
     (`_gated_linear.chunked_backward` folds it with the writes' own decay into one chunk-end term).
     Like the forward, the only sequential part: a loop over N chunks, not T tokens.
+    chunk_decay: the factors exp(G_total) instead of G_total (pass G_total=None), as `states_after_chunks`
+    takes them. in_place: d(dS) overwrites dS_in (a scratch array of the caller's), which saves an array of
+    N states.
     """
     xp = array_module(dS_in)
-    d_writes = xp.empty_like(dS_in)
+    d_writes = dS_in if in_place else xp.empty_like(dS_in)
     Sbar = xp.zeros_like(dS_in[:, :, 0]) if dS_final is None else dS_final
+    if chunk_decay is not None:  # [B, H, N, 1, 1] (scalar) or [B, H, N, K, 1]: scales the rows of each state
+        chunk_decay = chunk_decay[..., None, None] if chunk_decay.ndim == 3 else chunk_decay[..., None]
+    read = xp.empty_like(Sbar)
     for n in reversed(range(dS_in.shape[2])):
+        read[...] = dS_in[:, :, n]                                   # before d_writes[n] may overwrite it
         d_writes[:, :, n] = Sbar
-        Sbar = decay_state(Sbar, None if G_total is None else G_total[:, :, n]) + dS_in[:, :, n]
+        if chunk_decay is not None:
+            Sbar = Sbar * chunk_decay[:, :, n]
+        elif G_total is not None:
+            Sbar = decay_state(Sbar, G_total[:, :, n])
+        Sbar = Sbar + read
     return d_writes, Sbar

@@ -345,3 +345,47 @@ def test_bad_cotangents_are_named(rng, name):
         backward(*args, do=np.full_like(o, np.nan), **arrays, **options)
     with pytest.raises(ValueError, match=r"dstate: expected shape"):
         backward(*args, do=o, dstate=S[..., :-1], **arrays, **options)
+
+
+@pytest.mark.parametrize("C", [5, 8])
+@pytest.mark.parametrize("before_decay", [False, True])
+def test_channel_gram_backward_with_tuples_matches_one_pair_at_a_time(rng, C, before_decay):
+    """Tuples of x and y (every x against every y, one decay) give each pair's gradients summed, the Gram
+    built in the same sweep is channel_gram's, and the decays are those of the decayed rows."""
+    xs, ys = tuple(rng.standard_normal((2, 2, C, 3))), tuple(rng.standard_normal((3, 2, C, 3)))
+    g = -rng.uniform(0.05, 1.5, (2, C, 3))
+    dA = rng.standard_normal((2, 3, 2, C, C))
+    dxs, dys = tuple(rng.standard_normal((2, 2, C, 3))), tuple(rng.standard_normal((3, 2, C, 3)))
+    got = chunking.channel_gram_backward(dA, xs, ys, g, before_decay=before_decay, dx_from_start=dxs,
+                                         dy_to_end=dys, with_gram=True)
+    forward = chunking.channel_gram(xs, ys, g, before_decay=before_decay)
+    assert np.allclose(got.A, forward.A, rtol=1e-13, atol=1e-13)
+    assert np.allclose(got.chunk_decay, forward.chunk_decay, rtol=1e-13, atol=1e-13)
+    for i, x in enumerate(xs):
+        assert np.allclose(x * got.from_start, forward.x_from_start[i], rtol=1e-13, atol=1e-13)
+        parts = [chunking.channel_gram_backward(dA[i, j], x, y, g, before_decay=before_decay) for j, y in enumerate(ys)]
+        want = sum(p.dx for p in parts) + dxs[i] * got.from_start
+        assert np.allclose(got.dx[i], want, rtol=1e-12, atol=1e-12)
+    for j, y in enumerate(ys):
+        assert np.allclose(y * got.to_end, forward.y_to_end[j], rtol=1e-13, atol=1e-13)
+        parts = [chunking.channel_gram_backward(dA[i, j], x, y, g, before_decay=before_decay) for i, x in enumerate(xs)]
+        want = sum(p.dy for p in parts) + dys[j] * got.to_end
+        assert np.allclose(got.dy[j], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("C", [1, 6, 16])
+def test_channel_gram_backward_matches_finite_differences_with_decayed_rows(rng, C):
+    """The cotangents of x_from_start and y_to_end go back through the same decays (a loss on all three
+    outputs of channel_gram), and the gate's gradient follows the gate_terms rule with the chunk's end."""
+    x, y = rng.standard_normal((2, 2, C, 3))
+    G = gram_gate(rng, (2, C, 3), "channel")
+    dA, dX, dY = rng.standard_normal((2, C, C)), rng.standard_normal((2, C, 3)), rng.standard_normal((2, C, 3))
+
+    def loss(inputs):
+        out = chunking.channel_gram(inputs[0], inputs[1], chunking.gates_of(inputs[2]))
+        return float((out.A * dA).sum() + (out.x_from_start * dX).sum() + (out.y_to_end * dY).sum())
+
+    got = chunking.channel_gram_backward(dA, x, y, chunking.gates_of(G), dx_from_start=dX, dy_to_end=dY)
+    dG = chunking.gate_terms(x, got.dx, G) - chunking.gate_terms(y, got.dy, G)
+    dG[..., -1, :] += (y * got.to_end * dY).sum(-2)          # y_to_end = y exp(G_C - G): + at the chunk's end
+    assert_matches_fd(loss, [x, y, G], [got.dx, got.dy, dG], rng, ["x", "y", "G"])

@@ -148,6 +148,21 @@ def test_read_and_pass_is_the_loop(rng, decay_shape, with_S0, with_out):
     assert rel_err(S_final, S) < 1e-13
 
 
+@pytest.mark.parametrize("decay_shape", [None, (2, 3, 7), (2, 3, 7, 4)])
+@pytest.mark.parametrize("with_S0", [False, True])
+def test_states_after_chunks_is_the_loop(rng, decay_shape, with_S0):
+    writes = rng.standard_normal((2, 3, 7, 4, 5))
+    decay = None if decay_shape is None else rng.uniform(0, 1, decay_shape)
+    S0 = rng.standard_normal((2, 3, 4, 5)) if with_S0 else None
+    expected, S = [], np.zeros((2, 3, 4, 5)) if S0 is None else S0
+    for n in range(7):
+        d = 1.0 if decay is None else (decay[:, :, n, None, None] if decay.ndim == 3 else decay[:, :, n, :, None])
+        S = d * S + writes[:, :, n]
+        expected.append(S)
+    got = chunking.states_after_chunks(writes.copy(), decay, S0)
+    assert rel_err(got, np.stack(expected, axis=2)) < 1e-14
+
+
 def log_gate_position(mod):
     """Which positional input of a per-channel mixer is its log-gate."""
     return {gla: 3, kda: 3, hgrn2: 2, rwkv6: 3, rwkv7: 1}[mod]

@@ -1,7 +1,8 @@
 """`minilin bench --device cpu --backward`: each mixer's forward and forward + backward, per form, in NumPy.
 
-Problem: the CPU bench's (B=1, H=4, T=4096, K=V=64, float32), each chunked form at the CPU bench's chunk size
-for it (`cpu.CHUNK_SIZES`, the fastest forward here). Before anything is timed, every backward form
+Problem: the CPU bench's (B=1, H=4, T=4096, K=V=64, float32), each chunked forward at the CPU bench's chunk size
+for it (`cpu.CHUNK_SIZES`, the fastest forward here; column "C fwd") and each chunked backward, a separate call
+with its own chunk_size, at `BACKWARD_CHUNK_SIZES` (column "C bwd"). Before anything is timed, every backward form
 of the mixer is checked at a small float64 size against central finite differences along a random direction
 (all inputs at once); a form that fails is reported and not timed. Then, in alternating rounds
 (`timing.interleaved_median_ms`), for the recurrent and the chunked form:
@@ -27,6 +28,14 @@ from .cpu import CHUNK_SIZES, PROBLEM, QUICK_PROBLEM, machine
 from .timing import interleaved_median_ms, median_ms
 
 FORMS = ("recurrent", "chunked")
+
+# The chunk size each chunked backward runs at here, chosen by measurement on the 2-core development machine
+# (backward times at C = 16, 32 and 64 in one process, alternating rounds). The delta rule's backward runs two
+# loops over the N = T / C chunks (the states recomputed, then their adjoints), a few NumPy calls per chunk
+# each, so it gains from fewer chunks more than its forward (one loop) does: 2-10% faster at 32 than at the
+# forward's 16 in every run. For every other mixer the forward's chunk size was also the backward's best, or
+# within the noise of it, and stays (mixers not listed).
+BACKWARD_CHUNK_SIZES = {name: 32 for name in ("deltanet", "gated_deltanet", "kda")}
 CHECK_PROBLEM = dict(B=1, T=23, H=2, K=5, V=4)
 
 
@@ -87,6 +96,7 @@ def bench_mixer(name: str, repeats: int | None, problem: dict) -> dict:
     do, dstate = _cotangents(mod, name, args, kwargs, np.float32)
     fns, runs = {}, {}
     row["chunk_size"] = CHUNK_SIZES.get(name, 64)
+    row["backward_chunk_size"] = BACKWARD_CHUNK_SIZES.get(name, row["chunk_size"])
     for form in FORMS:
         error = finite_difference_error(name, form)
         row[f"{form}_fd_error"] = error
@@ -94,9 +104,10 @@ def bench_mixer(name: str, repeats: int | None, problem: dict) -> dict:
             continue
         forward, backward = getattr(mod, form), getattr(mod, f"{form}_backward")
         options = dict(kwargs, chunk_size=row["chunk_size"]) if form == "chunked" else kwargs
+        backward_options = dict(kwargs, chunk_size=row["backward_chunk_size"]) if form == "chunked" else kwargs
         fns[f"{form}_forward"] = lambda f=forward, o=options: f(*args, **o)
-        fns[f"{form}_forward_backward"] = lambda f=forward, b=backward, o=options: (
-            f(*args, **o), b(*args, **o, do=do, dstate=dstate))
+        fns[f"{form}_forward_backward"] = lambda f=forward, b=backward, o=options, ob=backward_options: (
+            f(*args, **o), b(*args, **ob, do=do, dstate=dstate))
         runs[f"{form}_forward"] = runs[f"{form}_forward_backward"] = 1 if form == "recurrent" else 3
     row.update({f"{k}_ms": v for k, v in interleaved_median_ms(fns, runs, rounds=repeats or 3).items()})
     if "chunked_forward_ms" in row:
@@ -113,13 +124,14 @@ def format_table(rows) -> str:
     def ms(x):
         return "-" if x is None else f"{x:.1f}"
 
-    lines = ["| mixer | C | recurrent fwd ms | recurrent fwd+bwd ms | chunked fwd ms | chunked fwd+bwd ms | "
+    lines = ["| mixer | C fwd | C bwd | recurrent fwd ms | recurrent fwd+bwd ms | chunked fwd ms | chunked fwd+bwd ms | "
              "chunked fwd+bwd / fwd | recurrent bwd / chunked bwd | training tokens/s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         ratio = r.get("train_over_forward")
         speed = r.get("recurrent_over_chunked_backward")
-        lines.append(f"| {r['mixer']} | {r['chunk_size']} | {ms(r.get('recurrent_forward_ms'))} | {ms(r.get('recurrent_forward_backward_ms'))} | "
+        lines.append(f"| {r['mixer']} | {r['chunk_size']} | {r['backward_chunk_size']} | "
+                     f"{ms(r.get('recurrent_forward_ms'))} | {ms(r.get('recurrent_forward_backward_ms'))} | "
                      f"{ms(r.get('chunked_forward_ms'))} | {ms(r.get('chunked_forward_backward_ms'))} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'} | {'-' if speed is None else f'{speed:.1f}x'} | "
                      f"{r['train_tokens_per_s']:,.0f} |")

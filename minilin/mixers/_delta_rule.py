@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from ..activations import l2_normalize
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, chunk_view, chunked_output, decay_matrix, decay_state,
-                        from_chunks, gated_gram, gated_gram_backward, local_cumsum, num_chunks, reverse_cumsum,
-                        state_or_zeros, to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
-from ..chunking import segments  # the forward's segments
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
+                        decay_state, from_chunks, num_chunks, reverse_cumsum, segments, state_or_zeros, to_chunks,
+                        transposed, unit_lower_inverse, unit_lower_solve)
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
@@ -280,8 +279,9 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
 
     Step 0, recompute (1)-(4), keeping S (the state entering each chunk) and Delta; O is not needed.
     Nothing from the forward call is stored: the backward recomputes the grams, T and the state pass
-    (one forward's work), then holds S and dS+ at every chunk boundary (N K V numbers each per head)
-    and Delta, R per chunk (T V each).
+    (one forward's work), then holds S at every chunk boundary (N K V numbers per head) and Delta, R per
+    chunk (T V each); dS+ lives one chunk at a time, so the terms of step 2 that need it are taken in
+    step 1's loop.
 
     Step 1, the state adjoint, chunk by chunk backwards from dS+ = dS for the last chunk. Delta feeds (4)
     and (5); S feeds (3), (4) and (5):
@@ -292,14 +292,15 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     and dS of chunk n is dS+ of chunk n - 1 (of chunk 0: dS0). P^T dO is one product over all chunks,
     before the loop.
 
-    Step 2, everything else at once, with S, Delta, dS+ and R of every chunk kept:
+    Step 2, everything else at once (the products with dS+ below taken chunk by chunk in step 1):
         from (5):  d(Q * E) = dO S^T,          dP = dO Delta^T (causal)
         from (4):  d(K * E_end) = Delta dS+^T, and exp(G_C) S gives dG_C += sum_v dS+ * exp(G_C) S
         from (3):  d(beta V) = R,              d(beta K * E) = -R S^T,   dT = dDelta rhs^T
         from (2):  T (I + A) = I gives, as differentials, dT = -T dA T, so <Tbar, dT> = <-T^T Tbar T^T, dA>:
                        dA = -T^T (dDelta rhs^T) T^T = -R (T rhs)^T = -R Delta^T,
                    kept strictly lower: only those entries of A are inputs.
-        from (1):  `chunking.gated_gram_backward`: dQ, dK from dP;  d(beta K), dK from dA.
+        from (1):  the grams' backward (`chunking.channel_gram_backward` for a per-channel gate):
+                   dQ, dK from dP;  d(beta K), dK from dA.
     Then beta K and beta V give dK += beta d(beta K), dbeta = sum_c K d(beta K) + sum_v V d(beta V),
     dV = beta d(beta V).
 
@@ -324,7 +325,7 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     T, C = q.shape[1], chunk_size
     Bn, _, H, K = q.shape
     V, N, dtype = v.shape[-1], num_chunks(T, C), q.dtype
-    per_channel = g is not None and g.ndim == 4
+    gated, per_channel = g is not None, g is not None and g.ndim == 4
 
     kc = to_chunks(k, C)                                                 # [B, H, N, C, K]
     vc = to_chunks(v, C)                                                 # [B, H, N, C, V]
@@ -336,20 +337,24 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     left = xp.empty((Bn, H, N, 2 * C, V), dtype)                         # [dO; -R], -R filled in step 1
     doc = left[..., :C, :]
     _fill_chunks(doc, do)
-    if g is None:
-        G = L = E_both = None
+    G = L = E_both = None
+    if not gated:
         k_to_end = kc
+    elif per_channel:
+        # Every decay comes from `channel_gram` in step 0 (products of per-token exp(g) <= 1, as the forward
+        # takes them): K * E_end, [Q * E; beta K * E], exp(G_C); no cumulative gate is formed at all.
+        gc = to_chunks(g, C)
     else:
-        G = local_cumsum(to_chunks(g, C))
+        # A scalar gate as the forward takes it: G summed in float64 per chunk, each exponent rounded once.
+        G = xp.cumsum(to_chunks(g, C), axis=-1, dtype=xp.float64)         # [B, H, N, C]
         G_last = G[:, :, :, -1]
-        # Row factors [..., C, K] (per channel) or [..., C, 1] (scalar), and the state's [..., K | 1, 1].
         to_end = G_last[:, :, :, None] - G                               # G_C - G <= 0
-        E = xp.exp(G if per_channel else G[..., None])                   # exp(G)
-        E_end = xp.exp(to_end if per_channel else to_end[..., None])     # exp(G_C - G)
-        decay_end = xp.exp(G_last)[..., None] if per_channel else xp.exp(G_last)[..., None, None]
+        # Row factors [..., C, 1] and the state's [..., 1, 1].
+        E, E_end = (xp.exp(x).astype(dtype)[..., None] for x in (G, to_end))   # exp(G), exp(G_C - G)
+        decay_end = xp.exp(G_last).astype(dtype)[..., None, None]        # exp(G_C) on the state
         E_both = xp.concatenate([E, E], axis=-2)                         # exp(G) on [Q; beta K]
         k_to_end = kc * E_end                                            # K * E_end
-        L = None if per_channel else decay_matrix(G)                     # exp(G_t - G_j), j <= t
+        L = decay_matrix(G, dtype=dtype)                                 # exp(G_t - G_j), j <= t
     strict = causal_mask(C, xp, strict=True)
 
     def mask_grams(M):
@@ -365,9 +370,11 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
 
     # Step 0: recompute (1)-(4).
     if per_channel:
-        stacked = gated_gram(xp.stack([qc, k_beta]), kc, G)             # [2, B, H, N, C, C]
-        grams = xp.moveaxis(stacked, 0, 3).reshape(Bn, H, N, 2 * C, C)
-        del stacked
+        forward = channel_gram((qc, k_beta), kc, gc)
+        grams = xp.moveaxis(forward.A, 0, 3).reshape(Bn, H, N, 2 * C, C)     # [P; A] before the masks
+        q_from_start, k_beta_from_start = forward.x_from_start           # Q * E, beta K * E
+        k_to_end, decay_end = forward.y_to_end, forward.chunk_decay[..., None]   # K * E_end; [..., K, 1]
+        del forward
     else:
         grams = rows @ transposed(kc)                                    # [Q; beta K] K^T
     mask_grams(grams)                                                    # [P; A]
@@ -387,8 +394,10 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
     k_beta_decayed = rows_decayed[..., C:, :]
     for n in range(N):
         S = S_in[:, :, n]
-        if G is None:
+        if not gated:
             xp.matmul(k_beta[:, :, n], S, out=rhs)
+        elif per_channel:
+            xp.matmul(k_beta_from_start[:, :, n], S, out=rhs)
         else:
             xp.multiply(k_beta[:, :, n], E[:, :, n], out=k_beta_decayed)
             xp.matmul(k_beta_decayed, S, out=rhs)
@@ -396,63 +405,72 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
         xp.matmul(T_inv[:, :, n], rhs, out=delta[:, :, n])              # Delta = T rhs
         S_next = S_in[:, :, n + 1]
         xp.matmul(k_to_end[:, :, n].swapaxes(-1, -2), delta[:, :, n], out=S_next)
-        S_next += S if G is None else xp.multiply(S, decay_end[:, :, n], out=decayed)
+        S_next += S if not gated else xp.multiply(S, decay_end[:, :, n], out=decayed)
     del v_beta
 
     # Step 1: the state adjoint, backwards over chunks. dS_out[:, :, n + 1] = dS+ of chunk n; [:, :, 0] = dS0.
-    dS_out = xp.empty((Bn, H, N + 1, K, V), dtype)
-    dS_out[:, :, N] = 0 if dS is None else dS
+    # The products with dS+ that step 2 needs are taken here, chunk by chunk, while it is at hand: the
+    # adjoints of all N states are never stored, and dS+^T is never copied (an array of N states less, which
+    # on a small CPU box costs more in first-touch page faults than the N small products).
+    d_k_to_end = xp.empty((Bn, H, N, C, K), dtype)                       # d(K * E_end) = Delta dS+^T
+    at_end = xp.empty((Bn, H, N, K), dtype) if gated else None          # sum_v dS+ * exp(G_C) S
+    dS_next = xp.zeros_like(S_in[:, :, 0]) if dS is None else dS.astype(dtype, copy=True)
+    dS_here = xp.empty_like(dS_next)
     minus_T_inv_T = xp.negative(T_inv, out=T_inv).swapaxes(-1, -2)      # -T^T, in place (T is done with)
     d_delta = rhs
     for n in reversed(range(N)):
-        dS_next = dS_out[:, :, n + 1]
+        S = S_in[:, :, n]
+        xp.matmul(delta[:, :, n], dS_next.swapaxes(-1, -2), out=d_k_to_end[:, :, n])
+        if gated:
+            at_end[:, :, n] = _rowdot(dS_next, xp.multiply(S, decay_end[:, :, n], out=decayed))
         xp.matmul(k_to_end[:, :, n], dS_next, out=d_delta)
         d_delta += P_T_do[:, :, n]                                       # dDelta
         xp.matmul(minus_T_inv_T[:, :, n], d_delta, out=left[:, :, n, C:])   # -R = -T^T dDelta
-        dS_here = dS_out[:, :, n]
-        if G is not None:
-            xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
-        xp.matmul((rows[:, :, n] if G is None else rows_decayed).swapaxes(-1, -2), left[:, :, n], out=dS_here)
-        dS_here += dS_next if G is None else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
-    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both
-    dS0 = None if S0 is None else dS_out[:, :, 0].copy()
-    S_in, dS_out = S_in[:, :, :N], dS_out[:, :, 1:]
+        if per_channel:                                                  # [Q * E; beta K * E]^T [dO; -R]
+            xp.matmul(q_from_start[:, :, n].swapaxes(-1, -2), left[:, :, n, :C], out=dS_here)
+            dS_here += xp.matmul(k_beta_from_start[:, :, n].swapaxes(-1, -2), left[:, :, n, C:], out=decayed)
+        else:
+            if gated:
+                xp.multiply(rows[:, :, n], E_both[:, :, n], out=rows_decayed)
+            xp.matmul((rows_decayed if gated else rows[:, :, n]).swapaxes(-1, -2), left[:, :, n], out=dS_here)
+        dS_here += dS_next if not gated else xp.multiply(dS_next, decay_end[:, :, n], out=decayed)
+        dS_next, dS_here = dS_here, dS_next                              # dS of chunk n is dS+ of chunk n - 1
+    del P_T_do, T_inv, minus_T_inv_T, rows_decayed, k_beta_decayed, rhs, decayed, d_delta, E_both, dS_here
+    dS0 = None if S0 is None else dS_next
 
     # Step 2: the intra-chunk gradients, all chunks at once.
     minus_R = left[..., C:, :]
     dvc = minus_R * -beta_c                                              # dV = beta d(beta V) = beta R
     dbeta_c = -_rowdot(vc, minus_R)
-    by_state = left @ transposed(S_in)                                   # [d(Q * E); d(beta K * E)]
+    by_state = left @ transposed(S_in[:, :, :N])                         # [d(Q * E); d(beta K * E)] = [dO; -R] S^T
+    del S_in
     d_grams = left @ transposed(delta)                                   # [dP; dA], not yet masked
-    del left, minus_R
-    d_k_to_end = delta @ transposed(dS_out)                              # d(K * E_end)
-    del delta
-    if G is not None:                                                    # dG_C's terms, [B, H, N, K]
-        S_in *= decay_end                                                # exp(G_C) S
-        at_end = _rowdot(dS_out, S_in) + _rowdot(k_to_end, d_k_to_end, axis=-2)
-    del S_in, dS_out
+    del left, minus_R, delta
+    if gated:                                                            # dG_C's terms, [B, H, N, K]
+        at_end += _rowdot(k_to_end, d_k_to_end, axis=-2)
     mask_grams(d_grams)                                                  # scalar gate: dM = d[P; A] * decay
     if per_channel:
+        # The grams' backward, with the decayed rows' cotangents carried back through the same decays.
         d_stacked = xp.moveaxis(d_grams.reshape(Bn, H, N, 2, C, C), 3, 0)
-        d_rows_stacked, dkc = gated_gram_backward(d_stacked, xp.stack([qc, k_beta]), kc, G)
-        d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)
-        del d_stacked, d_rows_stacked
+        halves = by_state.reshape(Bn, H, N, 2, C, K)
+        d_rows_stacked, dkc = channel_gram_backward(d_stacked, (qc, k_beta), kc, gc, dy_to_end=d_k_to_end,
+                                                    dx_from_start=(halves[:, :, :, 0], halves[:, :, :, 1]))[:2]
+        d_rows = xp.moveaxis(d_rows_stacked, 0, 3).reshape(Bn, H, N, 2 * C, K)   # dK' in dkc: K's own rows
+        del d_stacked, d_rows_stacked, halves
     else:
         d_rows = d_grams @ kc                                            # [dQ; d(beta K)] from the grams
         dkc = d_grams.swapaxes(-1, -2) @ rows                            # dK from both grams at once
-    del d_grams
-    if G is not None:                                                    # back through exp(G) on rows
-        halves = by_state.reshape(Bn, H, N, 2, C, K)
-        halves *= E[:, :, :, None]
-        d_k_to_end *= E_end
-    d_rows += by_state
-    del by_state
-    dkc += d_k_to_end                                                    # dK', K's own rows
-    del d_k_to_end
+        if gated:                                                        # back through exp(G) on rows
+            halves = by_state.reshape(Bn, H, N, 2, C, K)
+            halves *= E[:, :, :, None]
+            d_k_to_end *= E_end
+        d_rows += by_state
+        dkc += d_k_to_end                                                # dK', K's own rows
+    del d_grams, by_state, d_k_to_end
     dk_beta = d_rows[..., C:, :]
 
     dg = None
-    if G is not None:
+    if gated:
         # dG = Q * dQ + beta K * d(beta K) - K * dK', then the chunk-end terms at position C.
         if per_channel:
             dG = (rows * d_rows).reshape(Bn, H, N, 2, C, K).sum(3) - kc * dkc

@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, chunk_view, decay_matrix, decay_rows, decay_state, from_chunks,
-                        gate_terms, gated_gram, gated_gram_backward, gram_decay, local_cumsum, pass_states,
-                        pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros, to_chunks,
-                        to_chunks_transposed, transposed)
-from ..chunking import chunked_output, num_chunks, segments  # the forward's segments
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
+                        decay_state, from_chunks, num_chunks, output_rows, pass_states_backward, read_and_pass,
+                        reverse_cumsum, row_dot, segments, state_or_zeros, states_after_chunks, to_chunks_transposed,
+                        transposed)
 
 
 def step(q, k, v, g, S):
@@ -195,8 +194,10 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     Each step below is the chain rule through one of these lines, using for a product Y = X Z that
     dX = dY Z^T and dZ = X^T dY, and for a row decay y = x * exp(G) that dx = dy * exp(G).
 
-    Step 0, recompute the chunk-boundary states S_n (one `pass_states`, N steps). Nothing of size
-    T x K x V is stored by the forward or kept here.
+    Step 0, recompute the chunk-boundary states S_n (N steps, summed in place over the writes,
+    `states_after_chunks`). Nothing of size T x K x V is stored by the forward or kept here. A scalar
+    gate's decays are taken as the forward takes them: G summed in float64 per chunk ([C] numbers), each
+    exponent rounded once.
 
     Step 1, the state read o = Qd S_n + ...:
         dQd = do S_n^T,  dq = dQd * exp(G),      dS_n|read = Qd^T do   (what reading S_n adds to its adjoint)
@@ -210,7 +211,8 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
 
     Step 4, the intra-chunk part o = ... + A v (A recomputed):
         dv += A^T do,    dA = do v^T,    then A's backward (`chunking.gated_gram_backward`):
-        dq += (dA * P) k,  dk += (dA * P)^T q   with P_ij = exp(G_i - G_j), j <= i (per channel in blocks)
+        dq += (dA * P) k,  dk += (dA * P)^T q   with P_ij = exp(G_i - G_j), j <= i (a per-channel gate:
+        `chunking.channel_gram_backward`, the halving of `channel_gram` run backwards)
 
     Step 5, the gate, without one exponential more. By the rule of `chunking.gate_terms`, each use of
     G_i is a row scaled by exp(+G_i) (q_i, in Qd and in A) or by exp(-G_i) (k_i, in Kd and in A), and
@@ -224,80 +226,130 @@ def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
     a reverse cumulative sum of per-token terms, never a difference of large exponentials.
 
     Cost: 10 batched matrix products against the forward's 4 (the recomputed W and A included), and a
-    loop of N, not T, steps each way.
+    loop of N, not T, steps each way. q, k and do are read in place through chunk views, dq and dk are
+    written into their own layout, and the states and their adjoints overwrite the writes and the reads:
+    on a small CPU box a fresh array costs about as much in first-touch page faults as a product.
     """
-    T = q.shape[1]
+    if g is not None and g.ndim == 4:
+        return _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size)
+    T, C = q.shape[1], chunk_size
     xp = array_module(q)
-    qc, kc, doc = (to_chunks(x, chunk_size) for x in (q, k, do))           # [B, H, N, C, .]
-    G = None if g is None else local_cumsum(to_chunks(g, chunk_size))
-    G_last = None if G is None else G[:, :, :, -1]
-    to_end = None if G is None else G_last[:, :, :, None] - G              # G_C - G_i <= 0
+    qc, kc, doc = (chunk_view(x, C) for x in (q, k, do))                 # [B, H, N, C, .], views
     # Orientation, for speed only. NumPy multiplies a swapped view at nearly full speed on the left of @
     # but about ten times slower on the right, so every product X Y^T wants Y^T as a contiguous array.
     # v is only ever needed as v^T (in W^T = v^T Kd, dA = do v^T, dKd^T = dW v^T): chunk it transposed.
-    v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]
-
-    # Memory, for speed only: `del` drops an array as soon as it is dead, so that the next ones reuse its
-    # memory; fresh memory from the system costs page faults, here about as much as the arithmetic.
-
-    # Step 0: recompute the chunk-boundary states. The writes come out of the product as W^T;
-    # `pass_states` reads them through a swapped view and (empty_like keeps the layout) stores S_in with
-    # the same memory order, so S_in^T, needed in step 1, is contiguous as it is.
-    k_to_end = decay_rows(kc, to_end)
-    S_in, S_final = pass_states((v_T @ k_to_end).swapaxes(-1, -2), G_last, S0)
-
-    # Step 1, the state read Qd S_n (the intra-chunk part A v follows in step 4). S_in^T: no copy (above).
-    scalar_gate = G is None or G.ndim == 4
-    if scalar_gate:
-        # One decay per row commutes with the products: exp(G_i) (do_i S_n^T) = (exp(G_i) do_i) S_n^T and
-        # Qd^T do = q^T (exp(G) do), so both take do decayed once.
-        do_decayed = decay_rows(doc, G)
-        dq = do_decayed @ transposed(S_in)                       # dQd * exp(G)
-        dS_read = qc.swapaxes(-1, -2) @ do_decayed               # Qd^T do
-        del do_decayed
+    v_T = to_chunks_transposed(v, C)                                       # [B, H, N, V, C]
+    (dq_out, dq), (dk_out, dk), (dv_out, dv) = (chunked_output(x, C) for x in (q, k, v))
+    if g is None:
+        P, from_start, to_end, chunk_decay, k_to_end = causal_mask(C, xp), None, None, None, kc
     else:
-        dq = decay_rows(doc @ transposed(S_in), G)
-        dS_read = decay_rows(qc, G).swapaxes(-1, -2) @ doc
+        G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)         # [B, H, N, C]
+        P = decay_matrix(G, dtype=q.dtype)                                 # exp(G_i - G_j), j <= i
+        from_start = xp.exp(G).astype(q.dtype)[..., None]                  # exp(G_i), [B, H, N, C, 1]
+        to_end = xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None]        # exp(G_C - G_i)
+        chunk_decay = xp.exp(G[..., -1]).astype(q.dtype)                   # exp(G_C), [B, H, N]
+        k_to_end = kc * to_end
 
-    # Step 2: the state pass, backwards.
-    dW, dS0 = pass_states_backward(dS_read, G_last, dS)
+    # Step 0: the states after each chunk, S_after[n] = S_{n+1}, summed in place over the writes. They
+    # come out of the product as W^T, so S_after^T, needed in step 1, is contiguous as it is.
+    S_after = states_after_chunks((v_T @ k_to_end).swapaxes(-1, -2), chunk_decay, S0)
+
+    # Step 1, the state read Qd S_n (the intra-chunk part A v follows in step 4). One decay per row
+    # commutes with the products: exp(G_i) (do_i S_n^T) = (exp(G_i) do_i) S_n^T and Qd^T do = q^T (exp(G) do),
+    # so both take do decayed once.
+    do_decayed = doc if g is None else doc * from_start
+    xp.matmul(do_decayed[:, :, 1:], S_after[:, :, :-1].swapaxes(-1, -2), out=dq[:, :, 1:])   # dQd * exp(G)
+    dq[:, :, 0] = 0 if S0 is None else do_decayed[:, :, 0] @ S0.swapaxes(-1, -2)
+    dS_read = qc.swapaxes(-1, -2) @ do_decayed                             # Qd^T do
+    del do_decayed
+
+    # Step 2: the state pass, backwards; dW overwrites dS_read.
+    dW, dS0 = pass_states_backward(dS_read, None, dS, chunk_decay=chunk_decay, in_place=True)
     del dS_read
 
-    # Step 3: the write Kd^T v. dKd = v dW^T is formed transposed, dKd^T = dW v^T, so that no copy of
-    # dW^T is needed; the decay below reads it through a swapped view and writes dk contiguous.
-    dk_write = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)   # dKd * exp(G_C - G)
-    dv = k_to_end @ dW
+    # Step 3: the write Kd^T v. dKd = v dW^T is formed transposed, dKd^T = dW v^T, straight into dk.
+    xp.matmul(dW, v_T, out=dk.swapaxes(-1, -2))
+    if to_end is not None:
+        dk *= to_end                                                       # dKd * exp(G_C - G)
+    xp.matmul(k_to_end, dW, out=dv)
     del k_to_end
 
-    # Step 4: the intra-chunk part A v: recompute A; dv += A^T do; dA = do v^T; A's backward.
-    if scalar_gate:
-        # No gate or a scalar one: the mask-and-decay matrix P is one [C, C] per chunk, built once here
-        # for A = (q k^T) * P and used again by the Gram's backward.
-        P = gram_decay(G, chunk_size, xp)
-        A = qc @ transposed(kc)
-        A *= P
-    else:
-        P = None
-        A = gated_gram(qc, kc, G)
+    # Step 4: the intra-chunk part A v: recompute A = (q k^T) * P; dv += A^T do; then A's backward
+    # with M = dA * P, dA = do v^T: dq += M k, dk += M^T q (`chunking.gated_gram_backward`, inline).
+    A = qc @ transposed(kc)
+    A *= P
     dv += A.swapaxes(-1, -2) @ doc
-    del A
-    dq_A, dk = gated_gram_backward(doc @ v_T, qc, kc, G, decay=P)
-    del P
-    dq += dq_A
-    dk += dk_write
-    del dq_A, dk_write
+    M = xp.matmul(doc, v_T, out=A)                                         # (A's memory)
+    M *= P
+    dq += M @ kc
+    dk += M.swapaxes(-1, -2) @ qc                                          # M^T on the left: near full speed
+    del A, M, P
 
-    # Step 5: the gate.
+    # Step 5: the gate; at the chunk's end, sum_kv Sbar_{n+1} * S_{n+1}.
     dg = None
-    if G is not None:
-        dG = gate_terms(qc, dq, G) - gate_terms(kc, dk, G)
-        # sum_v Sbar_{n+1} * S_{n+1}: the state leaving chunk n is S_in[n + 1], or S_final for the last.
-        summed = "...kv,...kv->...k" if G.ndim == 5 else "...kv,...kv->..."   # per channel: keep k
-        chunk_end = xp.concatenate([xp.einsum(summed, dW[:, :, :-1], S_in[:, :, 1:]),
-                                    xp.einsum(summed, dW[:, :, -1:], S_final[:, :, None])], axis=2)
-        dG[:, :, :, -1] += chunk_end
-        dg = from_chunks(reverse_cumsum(dG, 3), T)
-    return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dg,
+    if g is not None:
+        dG = row_dot(qc, dq)
+        dG -= row_dot(kc, dk)
+        dG[..., -1] += row_dot(dW, S_after).sum(-1)
+        dg = from_chunks(reverse_cumsum(dG, 3, in_place=True), T)
+    return (output_rows(dq_out, T), output_rows(dk_out, T), output_rows(dv_out, T), dg,
+            None if S0 is None else dS0)
+
+
+def _chunked_backward_per_channel(q, k, v, g, S0, do, dS, chunk_size):
+    """`chunked_backward` for a per-channel gate g [B, T, H, K]: the same five steps, with every decay
+    taken from `chunking.channel_gram` (the forward's A, Qd = q * exp(G), Kd = k * exp(G_C - G) and exp(G_C))
+    and undone by its backward, `chunking.channel_gram_backward`:
+        dQd = do S_n^T,  dKd = v dW_n^T,  dA = do v^T   ->   (dq, dk) = channel_gram_backward(dA, ..., dQd, dKd)
+    which carries dQd and dKd back through the same products of decays that built Qd and Kd, so no
+    exp(G) of a cumulative sum is formed here at all. Then dG_i = q_i * dq_i - k_i * dk_i per channel and
+    the chunk-end term, as above.
+    """
+    T = q.shape[1]
+    xp = array_module(q)
+    qc, kc, gc, doc = (chunk_view(x, chunk_size) for x in (q, k, g, do))  # [B, H, N, C, .], views
+    v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]: see above
+    # The gradients are written into their own layout [B, T, H, .] through chunk views: no copy at the end.
+    (dq_out, dq), (dk_out, dk), (dv_out, dv), (dg_out, dG) = (chunked_output(x, chunk_size)
+                                                              for x in (q, k, v, g))
+
+    # Step 0 and A's backward at once (dA = do v^T needs nothing of the forward): one sweep of the halving
+    # gives A, the decays exp(G) and exp(G_C - G) per channel, and dq, dk through A.
+    through_A = channel_gram_backward(doc @ v_T, qc, kc, gc, with_gram=True, out=(dq, dk))
+    from_start, to_end = through_A.from_start, through_A.to_end
+    q_from_start, k_to_end = qc * from_start, kc * to_end                  # Qd, Kd
+    # The states after each chunk, S_{n+1}, summed in place over the writes (`states_after_chunks`); the
+    # state entering chunk n is then S_after[n - 1] (S0 for n = 0). The writes come out of the product as
+    # W^T, so S_after^T, needed in step 1, is contiguous as it is.
+    S_after = states_after_chunks((v_T @ k_to_end).swapaxes(-1, -2), through_A.chunk_decay, S0)
+
+    # Steps 1-3: the state read, the state pass backwards, the write; dQd, dKd back through their decays.
+    dS_read = q_from_start.swapaxes(-1, -2) @ doc                          # Qd^T do
+    dq_from_start = q_from_start                                           # (its memory) dQd = do S_n^T
+    xp.matmul(doc[:, :, 1:], S_after[:, :, :-1].swapaxes(-1, -2), out=dq_from_start[:, :, 1:])
+    dq_from_start[:, :, 0] = 0 if S0 is None else doc[:, :, 0] @ S0.swapaxes(-1, -2)
+    dq_from_start *= from_start
+    dq += dq_from_start
+    del dq_from_start, q_from_start
+    dW, dS0 = pass_states_backward(dS_read, None, dS, chunk_decay=through_A.chunk_decay, in_place=True)
+    del dS_read
+    xp.matmul(k_to_end, dW, out=dv)
+    dk_to_end = k_to_end                                                   # (its memory) dKd = v dW^T
+    xp.matmul(dW, v_T, out=dk_to_end.swapaxes(-1, -2))
+    dk_to_end *= to_end
+    dk += dk_to_end
+    del dk_to_end, k_to_end
+
+    # Step 4: the intra-chunk part A v (A's own backward is done).
+    dv += through_A.A.swapaxes(-1, -2) @ doc
+    del through_A
+
+    # Step 5: the gate; at the chunk's end, sum_v Sbar_{n+1} * S_{n+1}.
+    xp.multiply(qc, dq, out=dG)
+    dG -= xp.multiply(kc, dk, out=from_start)
+    dG[:, :, :, -1] += row_dot(dW, S_after)
+    reverse_cumsum(dG, 3, in_place=True)
+    return (output_rows(dq_out, T), output_rows(dk_out, T), output_rows(dv_out, T), output_rows(dg_out, T),
             None if S0 is None else dS0)
 
 

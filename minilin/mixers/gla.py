@@ -91,7 +91,7 @@ def recurrent_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state
 def chunked_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                      chunk_size=64):
     """The same gradients as `recurrent_backward`, chunk-parallel and finite for any gate: the Gram
-    matrix's backward keeps the forward's sub-blocks (`chunking.gated_gram_backward`)."""
+    matrix's backward runs the forward's halving backwards (`chunking.channel_gram_backward`)."""
     return _backward("chunked", q, k, v, g, scale, initial_state, cu_seqlens, do, dstate, chunk_size)
 
 

@@ -30,10 +30,9 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (channel_gram, chunk_view, decay_rows, decay_state, exclusive_cumsum, from_chunks, gate_terms,
-                        gram_before_decay, gram_before_decay_backward, local_cumsum, pass_states,
-                        pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros, to_chunks,
-                        to_chunks_transposed, transposed)
+from ..chunking import (channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_state,
+                        output_rows, pass_states_backward, read_and_pass, reverse_cumsum, state_or_zeros,
+                        row_dot, states_after_chunks, to_chunks_transposed)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
 from ._gated_linear import states_backwards
@@ -192,46 +191,59 @@ def _chunked_backward(q, k, v, w, u, S0, do, dS, chunk_size):
     (through A and Kd) by exp(-G_j), so with the gated shares dq~, dk~ (before the bonus):
         dG_i = q_{i+1} dq~_{i+1} - k_i dk~_i   (+ sum_v Sbar_{n+1} S_{n+1} at the chunk's end, i = C)
     and dw_j = sum_{i >= j in the chunk} dG_i.
+    dA = do v^T needs nothing of the forward, so one sweep of the halving (`chunking.channel_gram_backward`
+    with the Gram) gives A, the decays exp(G') and exp(G_C - G) per channel and A's share of dq and dk at once;
+    the decayed rows' cotangents dQ', dKd then go back through those decays.
     """
     xp = array_module(q)
     T = q.shape[1]
-    qc, kc, vc, doc = (to_chunks(x, chunk_size) for x in (q, k, v, do))   # [B, H, N, C, .]
-    G = local_cumsum(to_chunks(w, chunk_size))                             # [B, H, N, C, K]
-    G_before = exclusive_cumsum(G)
-    G_last = G[:, :, :, -1]
-    to_end = G_last[:, :, :, None] - G
+    qc, kc, wc, doc = (chunk_view(x, chunk_size) for x in (q, k, w, do))  # [B, H, N, C, .], views
     v_T = to_chunks_transposed(v, chunk_size)                              # [B, H, N, V, C]: see the GLA engine
+    (dq_out, dq), (dk_out, dk), (dv_out, dv), (dw_out, dG) = (chunked_output(x, chunk_size)
+                                                              for x in (q, k, v, w))
 
-    # Recompute: the chunk-boundary states, the strictly causal scores, the bonus.
-    k_to_end = decay_rows(kc, to_end)
-    S_in, S_final = pass_states((v_T @ k_to_end).swapaxes(-1, -2), G_last, S0)
-    scores = gram_before_decay(qc, kc, G)
+    # Recompute the scores with their backward, the chunk-boundary states, the bonus.
+    through_A = channel_gram_backward(doc @ v_T, qc, kc, wc, before_decay=True, with_gram=True, out=(dq, dk))
+    from_start, to_end, chunk_decay = through_A.from_start, through_A.to_end, through_A.chunk_decay
+    q_before, k_to_end = qc * from_start, kc * to_end                       # Q', Kd
+    S_after = states_after_chunks((v_T @ k_to_end).swapaxes(-1, -2), chunk_decay, S0)   # S_{n+1}, in place
     u_c = u[:, None, None]                                                 # [H, 1, 1, K]
     bonus = (qc * u_c * kc).sum(-1, keepdims=True)                         # b_i, [B, H, N, C, 1]
 
     # The output and the state pass.
-    dscores = doc @ v_T
-    dv = scores.swapaxes(-1, -2) @ doc + bonus * doc
-    dq = decay_rows(doc @ transposed(S_in), G_before)
-    dS_read = decay_rows(qc, G_before).swapaxes(-1, -2) @ doc
-    dW, dS0 = pass_states_backward(dS_read, G_last, dS)
-    dk = decay_rows((dW @ v_T).swapaxes(-1, -2), to_end)
-    dv += k_to_end @ dW
-    dq_A, dk_A = gram_before_decay_backward(dscores, qc, kc, G)
-    dq += dq_A
-    dk = dk + dk_A
+    dS_read = q_before.swapaxes(-1, -2) @ doc                              # Q'^T do
+    dq_before = q_before                                                   # (its memory) dQ' = do S_n^T
+    xp.matmul(doc[:, :, 1:], S_after[:, :, :-1].swapaxes(-1, -2), out=dq_before[:, :, 1:])
+    dq_before[:, :, 0] = 0 if S0 is None else doc[:, :, 0] @ S0.swapaxes(-1, -2)
+    dq_before *= from_start
+    dq += dq_before
+    del dq_before, q_before
+    dW, dS0 = pass_states_backward(dS_read, None, dS, chunk_decay=chunk_decay, in_place=True)
+    del dS_read
+    xp.matmul(k_to_end, dW, out=dv)
+    dv += through_A.A.swapaxes(-1, -2) @ doc
+    dv += bonus * doc
+    del through_A
+    dk_to_end = k_to_end                                                   # (its memory) dKd = v dW^T
+    xp.matmul(dW, v_T, out=dk_to_end.swapaxes(-1, -2))
+    dk_to_end *= to_end
+    dk += dk_to_end
+    del dk_to_end, k_to_end
 
-    # The gate, from the gated shares.
-    q_terms = gate_terms(qc, dq, G)                                        # belongs to G_{i-1}
-    dG = xp.concatenate([q_terms[..., 1:, :], xp.zeros_like(q_terms[..., :1, :])], axis=-2) - gate_terms(kc, dk, G)
-    S_out = xp.concatenate([S_in[:, :, 1:], S_final[:, :, None]], axis=2)  # S_{n+1}
-    dG[:, :, :, -1] += (dW * S_out).sum(-1)
-    dw = from_chunks(reverse_cumsum(dG, 3), T)
+    # The gate, from the gated shares: q_{i+1} dq~_{i+1} belongs to G_i.
+    q_terms = xp.multiply(qc, dq, out=from_start)
+    dG[..., :-1, :] = q_terms[..., 1:, :]
+    dG[..., -1, :] = 0
+    dG -= xp.multiply(kc, dk, out=to_end)
+    del q_terms
+    dG[:, :, :, -1] += row_dot(dW, S_after)
+    reverse_cumsum(dG, 3, in_place=True)
 
     # The bonus.
-    d_bonus = xp.einsum("...v,...v->...", doc, vc)[..., None]             # db_i = v_i . do_i
+    d_bonus = xp.einsum("...v,...v->...", doc, xp.moveaxis(v_T, -1, -2))[..., None]   # db_i = v_i . do_i
     dq += d_bonus * u_c * kc
     dk += d_bonus * u_c * qc
     du = (d_bonus * qc * kc).sum(axis=(0, 2, 3))
-    return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dw, du,
+    return (output_rows(dq_out, T), output_rows(dk_out, T), output_rows(dv_out, T), output_rows(dw_out, T), du,
             None if S0 is None else dS0)
+

@@ -48,9 +48,8 @@ import numpy as np
 
 from .. import examples
 from ..backend import array_module
-from ..chunking import (channel_gram, chunk_view, chunked_output, decay_state, exclusive_cumsum,
-                        from_chunks, gated_gram, gated_gram_backward, gram_before_decay, gram_before_decay_backward,
-                        local_cumsum, reverse_cumsum, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
+from ..chunking import (channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_state,
+                        from_chunks, reverse_cumsum, state_or_zeros, to_chunks, transposed, unit_lower_inverse)
 from ..signature import Signature, Tensor
 from ..validation import check_chunk_size, check_log_gate, check_scale
 
@@ -236,7 +235,7 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
                    dG_C += sum_v dS+ * exp(G_C) S
         from (3):  d(A * E_prev) = X S^T,  dMak = X V^T (strict),  dV += Mak^T X
         from (2):  (I - Mab) U = rhs, so (the solve's adjoint) dMab = +X U^T (strict)
-        from (1):  `chunking.gated_gram_backward` and `gram_before_decay_backward` give dQ, dA, dB, dK.
+        from (1):  `chunking.channel_gram_backward`, the four grams at once, gives dQ, dA, dB, dK.
     ([dO; X] is stacked: [dRb; dMab] = [dO; X] U^T and [dRk; dMak] = [dO; X] V^T are one product each.)
     The gate, as in the delta rule: Q's rows carry exp(+G_t), A's exp(+G_{t-1}), B's and K's exp(-G_j),
     and the chunk end exp(+G_C), so with every total gradient
@@ -246,22 +245,29 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
     """
     xp = array_module(q)
     T, C = q.shape[1], chunk_size
-    qc, kc, vc, ac, bc = (to_chunks(x, C) for x in (q, k, v, a, b))     # [B, H, N, C, .]
+    qc, kc, ac, bc, wc = (chunk_view(x, C) for x in (q, k, a, b, w))   # [B, H, N, C, .], views
+    vc = to_chunks(v, C)                                                 # a copy: the right operand of products
     Bn, H, N, _, K = qc.shape
     V, dtype = vc.shape[-1], qc.dtype
-    G = local_cumsum(to_chunks(w, C))                                    # [B, H, N, C, K]
-    G_last = G[:, :, :, -1]
-    E, E_prev, E_end = xp.exp(G), xp.exp(exclusive_cumsum(G)), xp.exp(G_last[:, :, :, None] - G)
-    decay_end = xp.exp(G_last)[..., None]                                # exp(G_C) on the state's rows
 
-    # Step 0: recompute (1)-(4).
-    M_ab, M_ak = gram_before_decay(ac, bc, G), gram_before_decay(ac, kc, G)
-    R_b, R_k = gated_gram(qc, bc, G), gated_gram(qc, kc, G)
+    # Step 0: recompute (1)-(4). The four grams in one `channel_gram` call, as the forward builds them: reads
+    # before token t's decay for all four, with Q' = Q * exp(w) for Rb, Rk (exp(G_t - G_j) = exp(w_t)
+    # exp(G_{t-1} - G_j) for j < t) and their diagonals added apart. The call also gives the decayed rows
+    # A * E_prev, Q * E, B * E_end, K * E_end and exp(G_C), as products of per-token decays.
+    q_read = qc * xp.exp(wc)                                             # Q'
+    grams = channel_gram((ac, q_read), (bc, kc), wc, before_decay=True)
+    (M_ab, M_ak), (R_b, R_k) = grams.A                                   # [B, H, N, C, C] each
+    b_to_end, k_to_end = grams.y_to_end
+    decay_end = grams.chunk_decay[..., None]                             # exp(G_C) on the state's rows
+    diagonal = xp.arange(C)
+    R_b[..., diagonal, diagonal] = (qc * bc).sum(-1)
+    R_k[..., diagonal, diagonal] = (qc * kc).sum(-1)
+    rows_decayed = xp.empty((Bn, H, N, 2 * C, K), dtype)                 # [Q * E; A * E_prev] [.., 2C, K]
+    rows_decayed[..., :C, :], rows_decayed[..., C:, :] = grams.x_from_start[1], grams.x_from_start[0]
+    del grams
     T_inv = unit_lower_inverse(-M_ab)
     M_ak_V = M_ak @ vc
-    b_to_end, k_to_end = bc * E_end, kc * E_end
     written_kv = k_to_end.swapaxes(-1, -2) @ vc                          # (K * E_end)^T V
-    rows_decayed = xp.concatenate([qc * E, ac * E_prev], axis=-2)        # [Q * E; A * E_prev] [.., 2C, K]
     S_in = xp.empty((Bn, H, N + 1, K, V), dtype)
     S_in[:, :, 0] = 0 if S0 is None else S0
     U = xp.empty((Bn, H, N, C, V), dtype)
@@ -276,7 +282,7 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
 
     # Step 1: the state adjoint, backwards over chunks.
     left = xp.empty((Bn, H, N, 2 * C, V), dtype)                         # [dO; X]
-    left[..., :C, :] = to_chunks(do, C)
+    left[..., :C, :] = chunk_view(do, C)
     doc = left[..., :C, :]
     R_b_T_do = R_b.swapaxes(-1, -2) @ doc
     dS_out = xp.empty((Bn, H, N + 1, K, V), dtype)
@@ -302,24 +308,40 @@ def _chunked_backward(q, w, k, v, a, b, S0, do, dS, chunk_size):
     dvc = (R_k.swapaxes(-1, -2) @ doc + M_ak.swapaxes(-1, -2) @ X + k_to_end @ dS_out)
     at_end = ((dS_out * (S_in * decay_end)).sum(-1)
               + (b_to_end * d_b_to_end).sum(-2) + (k_to_end * d_k_to_end).sum(-2))   # [B, H, N, K]
+    del S_in, U, dS_out, dS_out_T, M_ak, R_b, R_k, rows_decayed
 
-    # (each backward applies its gram's mask itself)
-    dq_b, db_r = gated_gram_backward(d_by_U[..., :C, :], qc, bc, G)
-    dq_k, dk_r = gated_gram_backward(d_by_V[..., :C, :], qc, kc, G)
-    da_b, db_m = gram_before_decay_backward(d_by_U[..., C:, :], ac, bc, G)
-    da_k, dk_m = gram_before_decay_backward(d_by_V[..., C:, :], ac, kc, G)
-    dqc = dq_b + dq_k + by_state[..., :C, :] * E
-    dac = da_b + da_k + by_state[..., C:, :] * E_prev
-    dbc = db_r + db_m + d_b_to_end * E_end
-    dkc = dk_r + dk_m + d_k_to_end * E_end
+    # (1)'s backward, the four grams in one call as in step 0, [[dMab, dMak], [dRb, dRk]] against
+    # x = (A, Q'), y = (B, K) (strictly below the diagonal; the diagonals of Rb and Rk follow apart).
+    d_grams = xp.stack([xp.stack([d_by_U[..., C:, :], d_by_V[..., C:, :]]),
+                        xp.stack([d_by_U[..., :C, :], d_by_V[..., :C, :]])])   # [2, 2, B, H, N, C, C]
+    (dac, dq_read), (dbc, dkc) = channel_gram_backward(
+        d_grams, (ac, q_read), (bc, kc), wc, before_decay=True,
+        dx_from_start=(by_state[..., C:, :], by_state[..., :C, :]), dy_to_end=(d_b_to_end, d_k_to_end))[:2]
+    del d_grams, d_b_to_end, d_k_to_end, by_state
 
-    dG = qc * dqc - bc * dbc - kc * dkc
-    dG[..., :-1, :] += (ac * dac)[..., 1:, :]                             # A's rows carry exp(+G_{t-1})
+    # The gate, as in the delta rule: the reads A and Q' carry exp(+G_{t-1}), B and K exp(-G_j), the chunk
+    # end exp(+G_C); Q' = Q * exp(w) carries w_t itself once more:
+    #     dG_t = A_{t+1} dA_{t+1} + Q'_{t+1} dQ'_{t+1} - B_t dB_t - K_t dK_t   (+ at_end at t = C)
+    #     dw_s = sum_{t >= s} dG_t + Q'_s dQ'_s.
+    q_terms = q_read * dq_read
+    dG = xp.empty_like(dac)
+    dG[..., :-1, :] = (ac * dac)[..., 1:, :] + q_terms[..., 1:, :]
+    dG[..., -1, :] = 0
+    dG -= bc * dbc
+    dG -= kc * dkc
     dG[:, :, :, -1] += at_end
-    dw = from_chunks(reverse_cumsum(dG, 3), T)                           # dw_s = sum_{t >= s} dG_t
+    reverse_cumsum(dG, 3, in_place=True)
+    dG += q_terms
+    dw = from_chunks(dG, T)
+    # Q' = Q * exp(w), and the diagonals of Rb, Rk: dQ_t += dRb_tt B_t + dRk_tt K_t, dB_t, dK_t += ... Q_t.
+    dqc = dq_read * xp.exp(wc)
+    dRb_tt = d_by_U[..., :C, :][..., diagonal, diagonal][..., None]
+    dRk_tt = d_by_V[..., :C, :][..., diagonal, diagonal][..., None]
+    dqc += dRb_tt * bc + dRk_tt * kc
+    dbc += dRb_tt * qc
+    dkc += dRk_tt * qc
     return (from_chunks(dqc, T), dw, from_chunks(dkc, T), from_chunks(dvc, T), from_chunks(dac, T),
             from_chunks(dbc, T), dS0)
-
 
 
 def _backward(engine, r, w, k, v, a, b, do, dstate, scale, initial_state, chunk_size=None):

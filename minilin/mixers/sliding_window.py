@@ -315,11 +315,16 @@ def _chunked_backward(q, k, v, do, L, window, C):
     for d in range(D + 1):
         blocks = slice(D - d, D - d + N)
         visible = _band_tile_mask(d, N, C, D, front, window, xp)
-        W = xp.exp(xp.where(visible, qc @ kc_T[:, :, blocks], -xp.inf) - lse[..., None])
-        dS = W * (doc @ vc_T[:, :, blocks] - Dsum)
+        W = qc @ kc_T[:, :, blocks]                                     # s, then W in place
+        W -= lse[..., None]
+        xp.copyto(W, -xp.inf, where=~visible)                          # outside the band: exp(-inf) = 0
+        xp.exp(W, out=W)
+        dS = doc @ vc_T[:, :, blocks]                                  # dW, then dS in place
+        dS -= Dsum
+        dS *= W
         dqc += dS @ kc[:, :, blocks]
-        dkc[:, :, blocks] += transposed(dS) @ qc
-        dvc[:, :, blocks] += transposed(W) @ doc
+        dkc[:, :, blocks] += dS.swapaxes(-1, -2) @ qc                  # swapped views on the left: no copies
+        dvc[:, :, blocks] += W.swapaxes(-1, -2) @ doc
 
     def off_grid(x):
         x = from_chunks(x, dkc.shape[2] * C)[:, max(front, 0):max(front, 0) + total - max(-front, 0)]
