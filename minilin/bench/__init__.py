@@ -43,7 +43,8 @@ def register(subparsers) -> None:
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
     p.add_argument("--backward", action="store_true",
-                   help="time forward and forward + backward (gradients checked by finite differences first)")
+                   help="time forward and forward + backward (gradients checked first: on the CPU by finite "
+                        "differences, on the GPU against the float64 NumPy backward)")
     p.add_argument("--decode", action="store_true",
                    help="GPU only: one decode step (one token for each of N = 1, 64, 256 sequences) of Gated DeltaNet, "
                         "KDA and simple GLA against the floor of reading and writing the state once")
