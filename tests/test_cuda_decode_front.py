@@ -457,7 +457,7 @@ def host_extension(monkeypatch):
     ladder = ({"op": "decode", "version": 1, "name": "register_tiles", "float32": True, "bfloat16": True,
                "min_compute_capability": 80, "max_compute_capability": 0},)
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
-    monkeypatch.setattr(decode, "_compute_capability", lambda device: 90)
+    monkeypatch.setattr(front, "_compute_capability", lambda device: 90)
     monkeypatch.setattr(decode, "extension", lambda: types.SimpleNamespace(decode=contract_decode))
     yield
     bf16.native_dtype.cache_clear()

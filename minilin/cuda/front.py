@@ -130,6 +130,18 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dic
     raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}{hint}")
 
 
+def runnable_version(op: str, version, dtype_is_bf16: bool) -> dict:
+    """The extension's entry (a dict of `versions`) that a call of `op` with `version` (None: the default) runs on
+    the current GPU; RuntimeError naming the compute capabilities when a version asked for by number does not run
+    on it (`_version_info` raises the rest: an unknown number, the wrong dtype, nothing that runs)."""
+    capability = _compute_capability(cupy_module().cuda.Device().id)
+    info = _version_info(op, version, dtype_is_bf16, capability)
+    if not _runs_on(info, capability):
+        raise RuntimeError(f"version: {op} version {info['version']} ({info['name']}) needs compute capability "
+                           f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
+    return info
+
+
 def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, like=None, like_name: str = "q",
                 device: int | None = None):
     """One CuPy tensor argument: dtype, then shape, then contiguity, then device.
@@ -208,11 +220,7 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
-    capability = _compute_capability(cupy.cuda.Device().id)
-    info = _version_info(op, version, is_bf16, capability)
-    if not _runs_on(info, capability):
-        raise RuntimeError(f"version: {op} version {info['version']} ({info['name']}) needs compute capability "
-                           f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
+    info = runnable_version(op, version, is_bf16)
     B, T, H, K, V = (shapes[d] for d in "BTHKV")
     o = cupy.empty(v.shape, v.dtype)
     final_state = cupy.empty((B, H, K, V), cupy.float32)
