@@ -251,6 +251,19 @@ def _check_common(q, k, v, initial_state):
     return shapes
 
 
+def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, version, check_values):
+    """gated_linear and channel_gated_linear: the checks, then the launch of `op` with g [g_dims] (None only for
+    the scalar gate, g_dims "B T H": no decay)."""
+    shapes = _check_common(q, k, v, initial_state)
+    if g is not None or g_dims != "B T H":
+        check_input("g", g, g_dims, shapes, float32_only=True)
+        if check_values:
+            check_finite("g", g)
+            check_log_gate("g", g)
+    scale = check_scale(scale, shapes["K"])
+    return _launch(op, q, k, v, g, None, initial_state, scale, version, shapes)
+
+
 def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=None, check_values=True):
     """Scalar-gated linear attention on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
 
@@ -258,14 +271,30 @@ def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=Non
     version: None (`default_version`: the last rung for the dtype and this GPU) or 1, 2, 3, ... (`versions('linear')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
+    return _gated_linear("linear", "B T H", q, k, v, g, scale, initial_state, version, check_values)
+
+
+def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk,
+                version, check_values):
+    """delta_rule and channel_delta_rule: the checks, the normalize_qk pre-pass, then the launch of `op` with
+    g [g_dims] (None only for the scalar gate, g_dims "B T H": DeltaNet)."""
     shapes = _check_common(q, k, v, initial_state)
-    if g is not None:
-        check_input("g", g, "B T H", shapes, float32_only=True)
-        if check_values:
+    if g is not None or g_dims != "B T H":
+        check_input("g", g, g_dims, shapes, float32_only=True)
+    check_input("beta", beta, "B T H", shapes, float32_only=True)
+    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
+    if check_flag("normalize_qk", normalize_qk):
+        q, k = l2_normalized(q), l2_normalized(k)
+    if check_values:
+        if g is not None:
             check_finite("g", g)
             check_log_gate("g", g)
+        check_finite("beta", beta)
+        check_beta(beta, allow_neg_eigval)
+        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
+            check_key_strength(k, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
-    return _launch("linear", q, k, v, g, None, initial_state, scale, version, shapes)
+    return _launch(op, q, k, v, g, beta, initial_state, scale, version, shapes)
 
 
 def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
@@ -280,23 +309,8 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_ei
     check_values: check g <= 0, beta's range and beta |k|^2 <= 1 (<= 2 with allow_neg_eigval; `check_key_strength`)
     with device-to-host syncs; False skips them, for timing.
     """
-    shapes = _check_common(q, k, v, initial_state)
-    if g is not None:
-        check_input("g", g, "B T H", shapes, float32_only=True)
-    check_input("beta", beta, "B T H", shapes, float32_only=True)
-    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
-    if check_flag("normalize_qk", normalize_qk):
-        q, k = l2_normalized(q), l2_normalized(k)
-    if check_values:
-        if g is not None:
-            check_finite("g", g)
-            check_log_gate("g", g)
-        check_finite("beta", beta)
-        check_beta(beta, allow_neg_eigval)
-        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
-            check_key_strength(k, beta, allow_neg_eigval)
-    scale = check_scale(scale, shapes["K"])
-    return _launch("delta", q, k, v, g, beta, initial_state, scale, version, shapes)
+    return _delta_rule("delta", "B T H", q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk,
+                       version, check_values)
 
 
 def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
@@ -307,13 +321,7 @@ def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, version=
     version: None (`default_version`) or 1, 2, ... (`versions('gla')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
-    shapes = _check_common(q, k, v, initial_state)
-    check_input("g", g, "B T H K", shapes, float32_only=True)
-    if check_values:
-        check_finite("g", g)
-        check_log_gate("g", g)
-    scale = check_scale(scale, shapes["K"])
-    return _launch("gla", q, k, v, g, None, initial_state, scale, version, shapes)
+    return _gated_linear("gla", "B T H K", q, k, v, g, scale, initial_state, version, check_values)
 
 
 def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False, version=None,
@@ -327,17 +335,5 @@ def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, norm
     check_values: check g <= 0, beta in [0, 1] and beta |k|^2 <= 1 (`check_key_strength`) with device-to-host
     syncs; False skips them, for timing.
     """
-    shapes = _check_common(q, k, v, initial_state)
-    check_input("g", g, "B T H K", shapes, float32_only=True)
-    check_input("beta", beta, "B T H", shapes, float32_only=True)
-    if check_flag("normalize_qk", normalize_qk):
-        q, k = l2_normalized(q), l2_normalized(k)
-    if check_values:
-        check_finite("g", g)
-        check_log_gate("g", g)
-        check_finite("beta", beta)
-        check_beta(beta, False)
-        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
-            check_key_strength(k, beta, False)
-    scale = check_scale(scale, shapes["K"])
-    return _launch("kda", q, k, v, g, beta, initial_state, scale, version, shapes)
+    return _delta_rule("kda", "B T H K", q, k, v, g, beta, scale, initial_state, False, normalize_qk, version,
+                       check_values)
