@@ -572,7 +572,7 @@ def gram_decay(G, C: int, xp, *, strict: bool = False):
 
 
 def _channel_gram_backward(dA, x, y, G, strict):
-    """dx, dy of the per-channel `gated_gram`: the chain rule through `_channel_gram`'s sub-blocks.
+    """dx, dy of the per-channel `gated_gram`: the chain rule through `channel_gram`'s sub-blocks.
 
     The forward cut A into sub-blocks of c = SUB_CHUNK positions, (a, b) = (block of i, block of j):
     - diagonal blocks (a = b): A_ij = sum_k x_ik y_jk D_ijk with D_ijk = m_ij exp(G_ik - G_jk) formed
