@@ -348,7 +348,7 @@ def test_the_extension_lists_the_channel_ops():
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == [("gla", 3)]  # tensor cores: bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder)
-    # the other ops' ladders are where they were: decode still one version, listed after the channel ops
+    # the registry keeps op order: the channel ops before decode, which has one version
     ops = [v["op"] for v in cuda.versions()]
     assert ops.index("kda") < ops.index("decode") and [v["version"] for v in cuda.versions() if v["op"] == "decode"] == [1]
 
