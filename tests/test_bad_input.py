@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from minilin import catalog
 from minilin.mixers import attention, deltanet, gated_deltanet, gla, kda, linear_attention, mamba2, retnet
 
 B, T, H, K, V = 2, 10, 3, 4, 5
@@ -128,6 +129,17 @@ def test_chunk_size_not_positive(inputs, chunk_size):
 def test_chunk_size_not_an_integer(inputs):
     with pytest.raises(TypeError, match=r"chunk_size: expected a positive integer, got 16\.0"):
         call(gated_deltanet, inputs, chunk_size=16.0)
+
+
+@pytest.mark.parametrize("name", [n for n in catalog.names() if hasattr(catalog.module(n), "chunked_backward")])
+def test_chunked_backward_names_a_missing_chunk_size(name):
+    """chunk_size=None is bad input to every chunked backward, as to the chunked forward (not an error from
+    inside the engine)."""
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(B=1, T=6, H=2, K=4, V=4, seed=0)
+    do = np.random.default_rng(1).standard_normal(np.shape(mod.chunked(*args, **kwargs)[0]))
+    with pytest.raises(TypeError, match=r"chunk_size: expected a positive integer, got None"):
+        mod.chunked_backward(*args, do=do, chunk_size=None, **kwargs)
 
 
 def test_empty_sequence():

@@ -471,3 +471,13 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
 def parallel_backward(q, k, v, g, beta, S0, do, dS):
     """The backward of `parallel`: `chunked_backward` with one chunk holding the whole sequence."""
     return chunked_backward(q, k, v, g, beta, S0, do, dS, max(q.shape[1], 1))
+
+
+def backward(form: str, q, k, v, g, beta, S0, do, dS, chunk_size: int | None = None):
+    """The backward of one form by name, for the public modules: "recurrent", "chunked" (with chunk_size)
+    or "parallel". All three return the same gradients; they differ in how (see each)."""
+    if form == "recurrent":
+        return recurrent_backward(q, k, v, g, beta, S0, do, dS)
+    if form == "parallel":
+        return parallel_backward(q, k, v, g, beta, S0, do, dS)
+    return chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size)

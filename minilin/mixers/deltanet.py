@@ -97,11 +97,8 @@ def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normaliz
     head's gradient over its group of value heads (`heads.reduce`), then the chain rule of q and k's mapping."""
     a, q, k = _checked(*arrays, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    if form == "chunked":
-        C = check_chunk_size(chunk_size, a.shapes["T"])
-        run = varlen.chunked(_delta_rule.chunked_backward, C)
-    else:
-        run = _delta_rule.parallel_backward if form == "parallel" else _delta_rule.recurrent_backward
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
+    run = varlen.chunked(lambda *x: _delta_rule.backward(form, *x), C)
     dq, dk, dv, dg, dbeta, dS0 = varlen.backward(run,
                                                  (q, k, a.v, None, a.beta), a.state, do, dstate, a.cu_seqlens)
     dq, dk = heads.reduce(dq, a.group), heads.reduce(dk, a.group)  # each q/k head: the sum over its group
