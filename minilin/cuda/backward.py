@@ -19,8 +19,6 @@ a reverse cumulative sum of per-token terms (csrc/linear_bwd/v1_recurrent.cu der
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .. import catalog
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
