@@ -36,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=None, help="GPU: timed runs per measurement (median reported); CPU: alternating timing rounds")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
     p.add_argument("--lengths", nargs="+", type=int, metavar="T",
-                   help="GPU only: sequence lengths (default 2048 8192 32768)")
+                   help="GPU only: sequence lengths (default 2048 8192 32768; with --backward 2048 8192)")
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
     p.add_argument("--floor", action="store_true",
