@@ -8,8 +8,9 @@ The layout of FLA's `cu_seqlens` (the cumulative sequence lengths): training on 
 lengths without padding them to one length. Nothing flows between sequences: each starts from its own
 initial state (zeros when None) and ends in its own final state. That is the definition, and the NumPy
 reference computes it literally, by a loop over the sequences that calls the same form on each slice
-(`forward`, `backward`), so a packed call equals N separate calls by construction. The CUDA kernels,
-which cannot afford a loop, are checked against it.
+(`forward`, `backward`), so a packed call equals N separate calls by construction: the definition a
+kernel for packed sequences, which cannot afford the loop, is to be checked against (`minilin.cuda` takes
+no cu_seqlens).
 """
 from __future__ import annotations
 

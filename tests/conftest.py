@@ -42,3 +42,44 @@ def state_err(a, b) -> float:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def cuda_version_cases(op: str) -> list[tuple[int, str]]:
+    """(version, dtype) for every kernel version of `op` that this GPU runs, in every dtype it takes (a Hopper-only
+    version cannot be tested on an older card; minilin.cuda refuses it there); [] where minilin.cuda cannot run."""
+    from minilin import cuda
+    from minilin.cuda import front
+
+    if not cuda.available()[0]:
+        return []
+    import cupy
+
+    capability = int(cupy.cuda.Device().compute_capability)  # '90' for 9.0
+    return [(v["version"], dtype) for v in cuda.versions(op)
+            if front._runs_on(v, capability) for dtype in ("float32", "bfloat16") if v[dtype]]
+
+
+@pytest.fixture
+def poisoned_allocations():
+    """Every new CuPy allocation starts as NaN bytes (0xFF), so an output a kernel never wrote shows; nothing to do
+    where minilin.cuda cannot run."""
+    from minilin import cuda
+
+    if not cuda.available()[0]:
+        yield
+        return
+    import cupy
+
+    pool = cupy.cuda.MemoryPool()
+
+    def malloc(size):
+        memory = pool.malloc(size)
+        if size:
+            cupy.cuda.runtime.memsetAsync(memory.ptr, 0xFF, size, cupy.cuda.get_current_stream().ptr)
+        return memory
+
+    cupy.cuda.set_allocator(malloc)
+    yield
+    cupy.cuda.get_current_stream().synchronize()
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    pool.free_all_blocks()

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from minilin import catalog
 from minilin.mixers import attention, deltanet, gated_deltanet, gla, kda, linear_attention, mamba2, retnet
 
 B, T, H, K, V = 2, 10, 3, 4, 5
@@ -130,6 +131,17 @@ def test_chunk_size_not_an_integer(inputs):
         call(gated_deltanet, inputs, chunk_size=16.0)
 
 
+@pytest.mark.parametrize("name", [n for n in catalog.names() if hasattr(catalog.module(n), "chunked_backward")])
+def test_chunked_backward_names_a_missing_chunk_size(name):
+    """chunk_size=None is bad input to every chunked backward, as to the chunked forward (not an error from
+    inside the engine)."""
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(B=1, T=6, H=2, K=4, V=4, seed=0)
+    do = np.random.default_rng(1).standard_normal(np.shape(mod.chunked(*args, **kwargs)[0]))
+    with pytest.raises(TypeError, match=r"chunk_size: expected a positive integer, got None"):
+        mod.chunked_backward(*args, do=do, chunk_size=None, **kwargs)
+
+
 def test_empty_sequence():
     q, k, v = retnet.example_inputs(B, 1, H, K, V)[0]
     with pytest.raises(ValueError, match=r"q: expected at least one token \(T >= 1\), got T = 0"):
@@ -212,11 +224,11 @@ def test_float32_and_float64_mix_computes_in_float64(inputs):
     assert o.dtype == np.float64 and S.dtype == np.float64
 
 
-# --- edges found in review: each of these once returned garbage or failed with an unrelated error ---------
+# --- edge cases: refused by name (or, a chunk longer than T, clamped), never garbage or an unrelated error ---
 
 
 def test_delta_rule_refuses_keys_that_make_it_unstable():
-    """beta |k|^2 > 1 makes the transition I - beta k k^T expansive: |k| = 3 once gave outputs near 1e102."""
+    """beta |k|^2 > 1 makes the transition I - beta k k^T expansive: unchecked, |k| = 3 gives outputs near 1e102."""
     q, k, v, beta = deltanet.example_inputs(B, 64, H, K, V)[0]
     with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1 .*normalize_qk=True"):
         deltanet.chunked(q, 3 * k, v, beta)
@@ -269,7 +281,8 @@ def test_linear_attention_promotes_a_float64_state():
 
 @pytest.mark.parametrize("name", ["s4", "rwkv7", "gated_deltanet", "kda", "attention"])
 def test_a_chunk_longer_than_the_sequence_is_clamped(name):
-    """chunk_size > T runs as one chunk of T: s4 at T = 10 with chunk_size = 2048 once took 2.3 s and 1.1 GB."""
+    """chunk_size > T runs as one chunk of T (unclamped, s4 at T = 10 with chunk_size = 2048 takes 2.3 s and
+    1.1 GB)."""
     import tracemalloc
 
     from minilin import catalog
@@ -287,7 +300,7 @@ def test_a_chunk_longer_than_the_sequence_is_clamped(name):
 
 @pytest.mark.parametrize("dims, name", [((B, T, H, 0, V), "q"), ((B, T, H, K, 0), "v"), ((B, T, 0, K, V), "q")])
 def test_empty_dimensions_are_named(dims, name):
-    """K = 0 once raised ZeroDivisionError from the default scale."""
+    """K = 0 is named before the default scale K ** -0.5 would divide by zero."""
     b, t, h, kk, vv = dims
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((b, t, h, kk)), rng.standard_normal((b, t, h, kk)), rng.standard_normal((b, t, h, vv))
@@ -297,7 +310,7 @@ def test_empty_dimensions_are_named(dims, name):
 
 @pytest.mark.parametrize("H_, V_", [(0, 4), (3, 0)])
 def test_s4_with_no_channels_is_named(H_, V_):
-    """s4 with V = 0 or H = 0 (no channels) once raised a reshape error."""
+    """s4 with V = 0 or H = 0 (no channels) is named before any reshape."""
     from minilin.mixers import s4
 
     args, _ = s4.example_inputs(1, 5, H_, 4, V_)

@@ -11,11 +11,11 @@ import pytest
 
 from minilin import catalog
 from minilin import cuda as mcuda
-from minilin.cuda import front
-from conftest import rel_err
+from conftest import cuda_version_cases, rel_err
 
 OK, REASON = mcuda.available()
-pytestmark = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
+pytestmark = [pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable"),
+              pytest.mark.usefixtures("poisoned_allocations")]  # conftest.py: unwritten outputs read NaN
 if OK:
     import cupy
 
@@ -28,31 +28,10 @@ CORE_MIXERS = ["linear_attention", "simple_gla", "deltanet", "gated_deltanet"]
 
 
 def version_cases(mixer):
-    """(version, dtype) for every kernel version of the mixer's op that this GPU runs, in every dtype it takes
-    (a Hopper-only version cannot be tested on an older card; minilin.cuda refuses it there)."""
-    if not OK:
-        return []
-    capability = int(cupy.cuda.Device().compute_capability)  # '90' for 9.0
-    return [(v["version"], dtype) for v in mcuda.versions(mcuda.OPS[mixer])
-            if front._runs_on(v, capability) for dtype in ("float32", "bfloat16") if v[dtype]]
+    """(version, dtype) for every kernel version of the mixer's op that this GPU runs (`cuda_version_cases`)."""
+    return cuda_version_cases(mcuda.OPS[mixer])
 
 
-@pytest.fixture(autouse=True)
-def poisoned_allocations():
-    """Every new CuPy allocation starts as NaN bytes, so unwritten outputs show."""
-    pool = cupy.cuda.MemoryPool()
-
-    def malloc(size):
-        memory = pool.malloc(size)
-        if size:
-            cupy.cuda.runtime.memsetAsync(memory.ptr, 0xFF, size, cupy.cuda.get_current_stream().ptr)
-        return memory
-
-    cupy.cuda.set_allocator(malloc)
-    yield
-    cupy.cuda.get_current_stream().synchronize()
-    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
-    pool.free_all_blocks()
 
 
 def to_device(args, dtype: str, sequence_names):

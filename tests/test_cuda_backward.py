@@ -266,7 +266,7 @@ def host_extension(monkeypatch):
     ladder = tuple({"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
                     "min_compute_capability": 80, "max_compute_capability": 0} for op in ("linear_bwd", "delta_bwd"))
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
-    monkeypatch.setattr(mbackward, "_compute_capability", lambda device: 90)
+    monkeypatch.setattr(front, "_compute_capability", lambda device: 90)
     monkeypatch.setattr(mbackward, "extension", lambda: types.SimpleNamespace(
         backward=contract_backward, workspace_bytes=lambda *args: 0))
     yield

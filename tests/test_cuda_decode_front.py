@@ -356,7 +356,26 @@ def test_delta_rule_takes_g_before_beta(fake_cupy):
     assert first["g"] is g and first["beta"] is beta and second["g"] is g and second["beta"] is beta
     assert third["g"] is None and third["beta"] is beta
     with pytest.raises(ValueError, match=r"beta: expected shape \[B, T, H\] = \[2, 5, 3\], got \[2, 5, 3, 16\]"):
-        front.delta_rule(q, k, v, g, k)  # the old order (beta, g) is now a shape error, not a silent swap
+        front.delta_rule(q, k, v, g, k)  # beta and g swapped: a shape error, not a silent swap
+
+
+def test_channel_fronts_launch_their_ops_and_require_a_key_channel_gate(fake_cupy):
+    q, k, v, g, beta = forward_inputs()
+    g_channel = on_gpu(-np.random.default_rng(1).uniform(0.01, 1, (2, 5, 3, 16)).astype(np.float32))
+    front.channel_gated_linear(q, k, v, g_channel)
+    front.channel_delta_rule(q, k, v, g_channel, beta)
+    gla, kda = fake_cupy
+    assert gla["op"] == "gla" and gla["g"] is g_channel and gla["beta"] is None
+    assert kda["op"] == "kda" and kda["g"] is g_channel and kda["beta"] is beta
+    for call in (lambda gate: front.channel_gated_linear(q, k, v, gate),
+                 lambda gate: front.channel_delta_rule(q, k, v, gate, beta)):
+        with pytest.raises(ValueError, match=r"g: expected shape \[B, T, H, K\] = \[2, 5, 3, 16\], got \[2, 5, 3\]"):
+            call(g)
+        with pytest.raises(TypeError, match=r"g: expected a CuPy array on the GPU, got NoneType"):
+            call(None)
+        with pytest.raises(ValueError, match=r"g: expected log-space"):
+            call(on_gpu(-np.asarray(g_channel)))
+    assert len(fake_cupy) == 2
 
 
 def test_forward_normalize_qk_and_key_check(fake_cupy):
@@ -457,7 +476,7 @@ def host_extension(monkeypatch):
     ladder = ({"op": "decode", "version": 1, "name": "register_tiles", "float32": True, "bfloat16": True,
                "min_compute_capability": 80, "max_compute_capability": 0},)
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
-    monkeypatch.setattr(decode, "_compute_capability", lambda device: 90)
+    monkeypatch.setattr(front, "_compute_capability", lambda device: 90)
     monkeypatch.setattr(decode, "extension", lambda: types.SimpleNamespace(decode=contract_decode))
     yield
     bf16.native_dtype.cache_clear()

@@ -14,7 +14,7 @@ import pytest
 from minilin import cuda as mcuda
 from minilin.cuda import front
 from minilin.mixers import gla, kda
-from conftest import rel_err
+from conftest import cuda_version_cases, rel_err
 from test_cuda_front import FakeArray, fake_cupy  # noqa: F401 - fake_cupy is a fixture used below
 
 OK, REASON = mcuda.available()
@@ -32,16 +32,7 @@ SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130
 WIDE = (1, 70, 2, 256, 32)  # K = 256: the recurrent kernels' largest (8 key rows per lane); chunked refuses it
 
 
-def version_cases(op):
-    """(version, dtype) for every kernel version of `op` that this GPU runs, in every dtype it takes."""
-    if not OK:
-        return []
-    capability = int(cupy.cuda.Device().compute_capability)
-    return [(v["version"], dtype) for v in mcuda.versions(op)
-            if front._runs_on(v, capability) for dtype in ("float32", "bfloat16") if v[dtype]]
-
-
-CASES = [(op, v, d) for op in MIXERS for v, d in version_cases(op)]
+CASES = [(op, v, d) for op in MIXERS for v, d in cuda_version_cases(op)]
 
 
 def takes(op, version, shape) -> bool:
@@ -65,22 +56,6 @@ def check_case(op, version, dtype, shape, what="", **kwargs):
     assert_within(op, version, dtype, shape, run_case(op, shape, version, dtype, **kwargs), what)
 
 
-@pytest.fixture
-def poisoned():
-    """Every new CuPy allocation starts as NaN bytes, so unwritten outputs show."""
-    pool = cupy.cuda.MemoryPool()
-
-    def malloc(size):
-        memory = pool.malloc(size)
-        if size:
-            cupy.cuda.runtime.memsetAsync(memory.ptr, 0xFF, size, cupy.cuda.get_current_stream().ptr)
-        return memory
-
-    cupy.cuda.set_allocator(malloc)
-    yield
-    cupy.cuda.get_current_stream().synchronize()
-    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
-    pool.free_all_blocks()
 
 
 def inputs(op, shape, seed, *, strong=False, unit_keys=True):
@@ -203,7 +178,7 @@ def test_where_wrong_names_the_place():
 
 # ---- on the GPU: every version against the float64 reference ---------------------------------------------------
 @gpu
-@pytest.mark.usefixtures("poisoned")
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
 @pytest.mark.parametrize("op,version,dtype", CASES)
 def test_matches_reference(op, version, dtype, shape):
@@ -212,7 +187,7 @@ def test_matches_reference(op, version, dtype, shape):
 
 
 @gpu
-@pytest.mark.usefixtures("poisoned")
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("shape", [(2, 200, 2, 64, 64), (1, 1, 1, 64, 32)], ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
 @pytest.mark.parametrize("op,version,dtype", CASES)
 def test_gates_down_to_minus_20(op, version, dtype, shape):
@@ -222,22 +197,22 @@ def test_gates_down_to_minus_20(op, version, dtype, shape):
 
 
 @gpu
-@pytest.mark.usefixtures("poisoned")
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("op,version,dtype", CASES)
 def test_wide_keys(op, version, dtype):
     check_case(op, version, dtype, WIDE, with_state=True, seed=2)
 
 
 @gpu
-@pytest.mark.usefixtures("poisoned")
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("op,version,dtype", CASES)
 def test_scale_is_applied(op, version, dtype):
     check_case(op, version, dtype, (1, 90, 2, 64, 64), " (scale 0.3)", with_state=True, seed=6, scale=0.3)
 
 
 @gpu
-@pytest.mark.usefixtures("poisoned")
-@pytest.mark.parametrize("version,dtype", version_cases("kda"))
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("version,dtype", cuda_version_cases("kda"))
 def test_kda_normalize_qk(version, dtype):
     """Keys of any length, normalized by the front's pre-pass, against the reference's normalize_qk=True."""
     check_case("kda", version, dtype, (2, 100, 2, 64, 64), " (normalize_qk)", with_state=True, seed=7,
@@ -245,7 +220,7 @@ def test_kda_normalize_qk(version, dtype):
 
 
 @gpu
-@pytest.mark.usefixtures("poisoned")
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("op,version,dtype", CASES)
 def test_repeated_runs_are_identical(op, version, dtype):
     """A race shows as outputs that differ between runs on the same inputs."""
@@ -257,7 +232,7 @@ def test_repeated_runs_are_identical(op, version, dtype):
 
 
 @gpu
-@pytest.mark.usefixtures("poisoned")
+@pytest.mark.usefixtures("poisoned_allocations")
 def test_gla_versions_agree():
     """v1 (the definition) and v2 (chunked) on one long float32 input: the same function within float32's tolerance;
     and every bfloat16 version against v1 on the same bfloat16 input."""
@@ -268,7 +243,7 @@ def test_gla_versions_agree():
     assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < TOLERANCE["float32"]
     on_gpu, _ = to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "bfloat16")
     o1, s1 = mcuda.gla(*on_gpu, version=1)
-    for version, dtype in version_cases("gla"):
+    for version, dtype in cuda_version_cases("gla"):
         if dtype == "bfloat16" and version > 1:
             o, s = mcuda.gla(*on_gpu, version=version)
             assert rel_err(cupy.asnumpy(as_float32(o)), cupy.asnumpy(as_float32(o1))) < 1e-2, version
@@ -276,7 +251,7 @@ def test_gla_versions_agree():
 
 
 @gpu
-@pytest.mark.usefixtures("poisoned")
+@pytest.mark.usefixtures("poisoned_allocations")
 def test_kda_versions_agree():
     """v1 (the definition) and v2 (chunked WY) on one long float32 input, strong gates included."""
     on_gpu, _ = to_device(inputs("kda", (1, 2000, 2, 128, 128), seed=12, strong=True), "float32")
@@ -373,7 +348,7 @@ def test_the_extension_lists_the_channel_ops():
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == [("gla", 3)]  # tensor cores: bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder)
-    # the other ops' ladders are where they were: decode still one version, listed after the channel ops
+    # the registry keeps op order: the channel ops before decode, which has one version
     ops = [v["op"] for v in cuda.versions()]
     assert ops.index("kda") < ops.index("decode") and [v["version"] for v in cuda.versions() if v["op"] == "decode"] == [1]
 

@@ -1,5 +1,5 @@
-"""The reference's chunked and parallel forms run unchanged on CuPy arrays (the first GPU baseline).
-Skipped, with the reason, where CuPy or a GPU is missing."""
+"""The reference's chunked and parallel forms run unchanged on CuPy arrays (the GPU bench's "reference (CuPy)"
+row). Skipped, with the reason, where CuPy or a GPU is missing."""
 from __future__ import annotations
 
 import numpy as np

@@ -148,8 +148,8 @@ def _arrays(x):
 @pytest.mark.parametrize("name", MIXERS)
 def test_no_form_returns_memory_shared_with_its_inputs(name):
     """Outputs and states are arrays of their own: changing one in place changes no input and no other
-    output (hgrn once returned one array as both output and state, attention the caller's k and v as its
-    cache). Checked for every form, with and without a state passed in, and for step."""
+    output (the easy mistakes: hgrn's one array as both output and state, attention's cache holding the
+    caller's k and v). Checked for every form, with and without a state passed in, and for step."""
     mod = catalog.module(name)
     args, kwargs = mod.example_inputs(2, 9, 2, 4, 3, seed=5)
     calls = [(form, args, {}) for form in catalog.forms(name)]

@@ -36,14 +36,15 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=None, help="GPU: timed runs per measurement (median reported); CPU: alternating timing rounds")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
     p.add_argument("--lengths", nargs="+", type=int, metavar="T",
-                   help="GPU only: sequence lengths (default 2048 8192 32768)")
+                   help="GPU only: sequence lengths (default 2048 8192 32768; with --backward 2048 8192)")
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
     p.add_argument("--backward", action="store_true",
-                   help="time forward and forward + backward (gradients checked by finite differences first)")
+                   help="time forward and forward + backward (gradients checked first: on the CPU by finite "
+                        "differences, on the GPU against the float64 NumPy backward)")
     p.add_argument("--decode", action="store_true",
                    help="GPU only: one decode step (one token for each of N = 1, 64, 256 sequences) of Gated DeltaNet, "
                         "KDA and simple GLA against the floor of reading and writing the state once")

@@ -17,8 +17,7 @@ that drift on a shared machine hits both alike. Two times per side, each the med
   kernels against the kernels, each side's host dispatch hidden behind its previous run. The goal (minilin /
   FLA at 0.9 or less) is judged on it.
 - call ms, one call from an idle stream: each side pays its own dispatch (one checked call and one or two
-  launches for minilin, several Triton launches for FLA), which is what a lone call costs. Until 2026-11-29
-  this was the only time, and the goal was judged on it.
+  launches for minilin, several Triton launches for FLA), which is what a lone call costs.
 """
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ key channel, ops "gla" and "kda").
 
 Rows, per mixer, length and dtype:
 - reference (CuPy): minilin's NumPy chunked form running unchanged on CuPy arrays, in float32;
-- cuda vN: each kernel version that takes the dtype (v1 recurrent, v2 chunked on CUDA cores, v3 onwards
-  bf16 tensor cores, up to linear v7 and delta v9: `minilin.cuda.versions`);
+- cuda vN: each kernel version that takes the dtype and runs on the GPU (v1 recurrent, v2 chunked on CUDA
+  cores, v3 onwards bf16 tensor cores, up to linear v7, delta v10 (sm_90a builds), gla v3 and kda v2:
+  `minilin.cuda.versions`);
 - softmax SDPA: torch's scaled_dot_product_attention (causal; its own [B, H, T, D] layout) when torch is
   importable, else minilin's flash-style attention on CuPy (T <= 8192); a different function, so no error;
 - fla chunk, fla fused_recurrent: FLA's chunked kernel for the mixer and its token-by-token one, only if
@@ -26,11 +27,11 @@ implementations of one mixer, length and dtype that passed their check are timed
 default 50, the L2 cache overwritten between them; fewer for a row whose runs would exceed 1 s in a round,
 and the table gives a row's total runs when they are fewer than 50), and the median of the rounds is
 reported; the softmax baseline is timed on its own, in one round. Alternating, a drift of the
-machine falls on every column instead of on whichever was being timed: one after the other, one run once had
-linear v5 12% slower than v6 at T = 8192 where other runs had them within 1%.
+machine falls on every column instead of on whichever was being timed (timed one after the other, linear v5
+has measured 12% slower than v6 at T = 8192 in one run and within 1% of it in others).
 Columns: ms, the device time (queued runs: the host's dispatch of run i + 1 hides behind run i's kernels);
 call ms, one call from an idle stream (the ~50 us of Python checks and launch before the kernel starts are
-inside it; before 2026-11-29 this bench reported that as ms); tokens/s (B T / device time); GB/s
+inside it); tokens/s (B T / device time); GB/s
 achieved on the I/O floor (q, k, v read and o written once), with its share of the measured device copy
 bandwidth; relative error of o; speed-up over cuda v1 (recurrent), in device time.
 """

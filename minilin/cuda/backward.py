@@ -19,13 +19,11 @@ a reverse cumulative sum of per-token terms (csrc/linear_bwd/v1_recurrent.cu der
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .. import catalog
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
-from .front import (_capability_range, _check_common, _compute_capability, _dotted, _runs_on, _version_info,
-                    check_finite, check_input, check_key_strength, cupy_module, extension)
+from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension,
+                    runnable_version)
 
 
 def _check_cotangents(do, dstate, v, shapes: Shapes, check_values: bool):
@@ -45,11 +43,7 @@ def _launch(op: str, q, k, v, g, beta, initial_state, do, dstate, scale, version
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
-    capability = _compute_capability(cupy.cuda.Device().id)
-    info = _version_info(op, version, is_bf16, capability)
-    if not _runs_on(info, capability):
-        raise RuntimeError(f"version: {op} version {info['version']} ({info['name']}) needs compute capability "
-                           f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
+    info = runnable_version(op, version, is_bf16)
     B, T, H, K, V = (shapes[d] for d in "BTHKV")
     delta = op == "delta_bwd"
     dq, dk = cupy.empty((B, T, H, K), cupy.float32), cupy.empty((B, T, H, K), cupy.float32)

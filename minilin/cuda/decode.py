@@ -36,8 +36,8 @@ import numpy as np
 from ..backend import is_cupy_array
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
-from .front import (_compute_capability, _describe, _runs_on, _version_info, _dotted, _capability_range,
-                    check_finite, check_input, check_key_strength, cupy_module, extension)
+from .front import (_describe, check_finite, check_input, check_key_strength, cupy_module, extension,
+                    runnable_version)
 
 GATES = {None: 0, "scalar": 1, "channel": 2}  # the kernel's gate codes (csrc/minilin_cuda.h, GateKind)
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -122,11 +122,7 @@ def _step(delta: bool, q, k, v, g, gate, beta, *, state, scale, state_indices, i
 def _launch(delta, q, k, v, g, gate, beta, state, state_indices, in_place, out, scale, normalize_qk, version, shapes):
     cupy = cupy_module()
     is_bf16 = bf16.is_bf16(q.dtype)
-    capability = _compute_capability(cupy.cuda.Device().id)
-    info = _version_info("decode", version, is_bf16, capability)
-    if not _runs_on(info, capability):
-        raise RuntimeError(f"version: decode version {info['version']} ({info['name']}) needs compute capability "
-                           f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
+    info = runnable_version("decode", version, is_bf16)
     N, H, K, V = (shapes[d] for d in "NHKV")
     o = cupy.empty(v.shape, v.dtype) if out is None else out
     if state is not None and in_place:

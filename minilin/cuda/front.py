@@ -130,6 +130,18 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dic
     raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}{hint}")
 
 
+def runnable_version(op: str, version, dtype_is_bf16: bool) -> dict:
+    """The extension's entry (a dict of `versions`) that a call of `op` with `version` (None: the default) runs on
+    the current GPU; RuntimeError naming the compute capabilities when a version asked for by number does not run
+    on it (`_version_info` raises the rest: an unknown number, the wrong dtype, nothing that runs)."""
+    capability = _compute_capability(cupy_module().cuda.Device().id)
+    info = _version_info(op, version, dtype_is_bf16, capability)
+    if not _runs_on(info, capability):
+        raise RuntimeError(f"version: {op} version {info['version']} ({info['name']}) needs compute capability "
+                           f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
+    return info
+
+
 def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, like=None, like_name: str = "q",
                 device: int | None = None):
     """One CuPy tensor argument: dtype, then shape, then contiguity, then device.
@@ -208,11 +220,7 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
-    capability = _compute_capability(cupy.cuda.Device().id)
-    info = _version_info(op, version, is_bf16, capability)
-    if not _runs_on(info, capability):
-        raise RuntimeError(f"version: {op} version {info['version']} ({info['name']}) needs compute capability "
-                           f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
+    info = runnable_version(op, version, is_bf16)
     B, T, H, K, V = (shapes[d] for d in "BTHKV")
     o = cupy.empty(v.shape, v.dtype)
     final_state = cupy.empty((B, H, K, V), cupy.float32)
@@ -243,6 +251,19 @@ def _check_common(q, k, v, initial_state):
     return shapes
 
 
+def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, version, check_values):
+    """gated_linear and channel_gated_linear: the checks, then the launch of `op` with g [g_dims] (None only for
+    the scalar gate, g_dims "B T H": no decay)."""
+    shapes = _check_common(q, k, v, initial_state)
+    if g is not None or g_dims != "B T H":
+        check_input("g", g, g_dims, shapes, float32_only=True)
+        if check_values:
+            check_finite("g", g)
+            check_log_gate("g", g)
+    scale = check_scale(scale, shapes["K"])
+    return _launch(op, q, k, v, g, None, initial_state, scale, version, shapes)
+
+
 def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=None, check_values=True):
     """Scalar-gated linear attention on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
 
@@ -250,14 +271,30 @@ def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=Non
     version: None (`default_version`: the last rung for the dtype and this GPU) or 1, 2, 3, ... (`versions('linear')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
+    return _gated_linear("linear", "B T H", q, k, v, g, scale, initial_state, version, check_values)
+
+
+def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk,
+                version, check_values):
+    """delta_rule and channel_delta_rule: the checks, the normalize_qk pre-pass, then the launch of `op` with
+    g [g_dims] (None only for the scalar gate, g_dims "B T H": DeltaNet)."""
     shapes = _check_common(q, k, v, initial_state)
-    if g is not None:
-        check_input("g", g, "B T H", shapes, float32_only=True)
-        if check_values:
+    if g is not None or g_dims != "B T H":
+        check_input("g", g, g_dims, shapes, float32_only=True)
+    check_input("beta", beta, "B T H", shapes, float32_only=True)
+    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
+    if check_flag("normalize_qk", normalize_qk):
+        q, k = l2_normalized(q), l2_normalized(k)
+    if check_values:
+        if g is not None:
             check_finite("g", g)
             check_log_gate("g", g)
+        check_finite("beta", beta)
+        check_beta(beta, allow_neg_eigval)
+        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
+            check_key_strength(k, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
-    return _launch("linear", q, k, v, g, None, initial_state, scale, version, shapes)
+    return _launch(op, q, k, v, g, beta, initial_state, scale, version, shapes)
 
 
 def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
@@ -272,23 +309,8 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_ei
     check_values: check g <= 0, beta's range and beta |k|^2 <= 1 (<= 2 with allow_neg_eigval; `check_key_strength`)
     with device-to-host syncs; False skips them, for timing.
     """
-    shapes = _check_common(q, k, v, initial_state)
-    if g is not None:
-        check_input("g", g, "B T H", shapes, float32_only=True)
-    check_input("beta", beta, "B T H", shapes, float32_only=True)
-    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
-    if check_flag("normalize_qk", normalize_qk):
-        q, k = l2_normalized(q), l2_normalized(k)
-    if check_values:
-        if g is not None:
-            check_finite("g", g)
-            check_log_gate("g", g)
-        check_finite("beta", beta)
-        check_beta(beta, allow_neg_eigval)
-        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
-            check_key_strength(k, beta, allow_neg_eigval)
-    scale = check_scale(scale, shapes["K"])
-    return _launch("delta", q, k, v, g, beta, initial_state, scale, version, shapes)
+    return _delta_rule("delta", "B T H", q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk,
+                       version, check_values)
 
 
 def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
@@ -299,13 +321,7 @@ def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, version=
     version: None (`default_version`) or 1, 2, ... (`versions('gla')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
-    shapes = _check_common(q, k, v, initial_state)
-    check_input("g", g, "B T H K", shapes, float32_only=True)
-    if check_values:
-        check_finite("g", g)
-        check_log_gate("g", g)
-    scale = check_scale(scale, shapes["K"])
-    return _launch("gla", q, k, v, g, None, initial_state, scale, version, shapes)
+    return _gated_linear("gla", "B T H K", q, k, v, g, scale, initial_state, version, check_values)
 
 
 def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False, version=None,
@@ -319,17 +335,5 @@ def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, norm
     check_values: check g <= 0, beta in [0, 1] and beta |k|^2 <= 1 (`check_key_strength`) with device-to-host
     syncs; False skips them, for timing.
     """
-    shapes = _check_common(q, k, v, initial_state)
-    check_input("g", g, "B T H K", shapes, float32_only=True)
-    check_input("beta", beta, "B T H", shapes, float32_only=True)
-    if check_flag("normalize_qk", normalize_qk):
-        q, k = l2_normalized(q), l2_normalized(k)
-    if check_values:
-        check_finite("g", g)
-        check_log_gate("g", g)
-        check_finite("beta", beta)
-        check_beta(beta, False)
-        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
-            check_key_strength(k, beta, False)
-    scale = check_scale(scale, shapes["K"])
-    return _launch("kda", q, k, v, g, beta, initial_state, scale, version, shapes)
+    return _delta_rule("kda", "B T H K", q, k, v, g, beta, scale, initial_state, False, normalize_qk, version,
+                       check_values)

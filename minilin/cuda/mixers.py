@@ -1,7 +1,9 @@
-"""The mixers on the GPU: thin wrappers mapping each paper's parameters onto the two engines of `front`.
+"""The mixers on the GPU: thin wrappers mapping each paper's parameters onto the four engines of `front`.
 
-Same signatures as the NumPy reference (minilin/mixers/<name>.py, CONVENTIONS.md), plus `version=` (which
-kernel: None picks `default_version`, the last rung that takes the dtype and runs on this GPU) and
+Same signatures as the NumPy reference (minilin/mixers/<name>.py, CONVENTIONS.md) without `cu_seqlens` (the
+kernels take no packed sequences, and v's heads must be q's), plus `version=` (which kernel: None picks
+`default_version`, the last rung that takes the dtype and runs on this GPU, or the faster one that
+`front.FASTER_DEFAULT` names) and
 `check_values=` (value checks that cost a device sync; False for timing). All return (o, final_state) as
 CuPy arrays, the state float32.
 

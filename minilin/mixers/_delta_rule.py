@@ -11,15 +11,33 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]; o
 """
 from __future__ import annotations
 
+from .. import heads
 from ..activations import l2_normalize
 from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
                         decay_state, from_chunks, num_chunks, reverse_cumsum, segments, state_or_zeros, to_chunks,
                         transposed, unit_lower_inverse, unit_lower_solve)
+from ..validation import check_delta_keys, check_scale
+
+
+def qk_forward(a, scale, normalize_qk: bool, allow_neg_eigval: bool):
+    """The public modules' mapping of their checked q and k onto the engine's (undone by `qk_backward`):
+    q -> scale * l2_normalize(q), k -> l2_normalize(k) when normalize_qk, else q -> scale * q, k -> k, and
+    each q/k head repeated over its group of value heads (`heads.expand`). Unnormalized keys are checked
+    against the beta of each value head that reads them: beta_t |k_t|^2 <= 1 (<= 2 with allow_neg_eigval,
+    `validation.check_delta_keys`). a: the mixer's `Checked` inputs (q, k [B, T, H, K], beta [B, T, HV]);
+    normalize_qk and allow_neg_eigval already checked flags. Returns (q', k') [B, T, HV, K]."""
+    q, k = a.q, a.k
+    if normalize_qk:
+        q, k = l2_normalize(q), l2_normalize(k)
+    q, k = heads.expand(q, a.group), heads.expand(k, a.group)
+    if not normalize_qk:
+        check_delta_keys(k, a.beta, allow_neg_eigval)
+    return q * check_scale(scale, a.shapes["K"]), k
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
-    """The public modules' chain rule for their own mapping of q and k onto the engine's:
+    """The public modules' chain rule for their own mapping of q and k onto the engine's (`qk_forward`):
     q -> scale * l2_normalize(q), k -> l2_normalize(k) when normalize_qk, else q -> scale * q, k -> k
     (`activations.l2_normalize` and its backward). q, k: the raw inputs [B, T, H, K]; dq, dk: the engine's
     gradients. Returns the raw inputs' (dq, dk)."""
@@ -489,3 +507,13 @@ def chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size):
 def parallel_backward(q, k, v, g, beta, S0, do, dS):
     """The backward of `parallel`: `chunked_backward` with one chunk holding the whole sequence."""
     return chunked_backward(q, k, v, g, beta, S0, do, dS, max(q.shape[1], 1))
+
+
+def backward(form: str, q, k, v, g, beta, S0, do, dS, chunk_size: int | None = None):
+    """The backward of one form by name, for the public modules: "recurrent", "chunked" (with chunk_size)
+    or "parallel". All three return the same gradients; they differ in how (see each)."""
+    if form == "recurrent":
+        return recurrent_backward(q, k, v, g, beta, S0, do, dS)
+    if form == "parallel":
+        return parallel_backward(q, k, v, g, beta, S0, do, dS)
+    return chunked_backward(q, k, v, g, beta, S0, do, dS, chunk_size)

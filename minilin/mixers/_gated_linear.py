@@ -1,12 +1,12 @@
 """Engine: gated linear attention, the recurrence behind linear_attention, simple_gla, retnet,
-lightning, mamba2 and gla. The public modules check their inputs and map their paper's symbols onto
+lightning, mamba2, gla and hgrn2. The public modules check their inputs and map their paper's symbols onto
 this; here the inputs are already checked, cast to one dtype, and `q` already carries `scale`.
 
     S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T          S: [K, V] per (batch, head)
     o_t = S_t^T q_t
 
 `g` is None (no decay: plain linear attention), scalar ([B, T, H]: one decay per head and token,
-RetNet / Lightning / Mamba-2 / simple GLA) or per key channel ([B, T, H, K]: GLA).
+RetNet / Lightning / Mamba-2 / simple GLA) or per key channel ([B, T, H, K]: GLA, HGRN2).
 
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; state [B, H, K, V]; o [B, T, H, V].
 

@@ -28,10 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import examples, heads, varlen
-from ..activations import l2_normalize
 from ..signature import Signature, Tensor
-from ..validation import (check_beta, check_chunk_size, check_delta_keys, check_flag, check_log_gate,
-                          check_scale)
+from ..validation import check_beta, check_chunk_size, check_flag, check_log_gate, check_scale
 from . import _delta_rule
 
 SIGNATURE = Signature(
@@ -43,20 +41,14 @@ SIGNATURE = Signature(
 def _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens=None,
              step=False):
     """Checked inputs and the engine's q' = scale * q and k: L2-normalized when normalize_qk, each q/k head
-    repeated over its group of value heads (`heads.expand`), so that the keys are checked against the
-    beta of each value head that reads them."""
+    repeated over its group of value heads, the keys checked against the beta of each value head that reads
+    them (`_delta_rule.qk_forward`)."""
     a = SIGNATURE.check(q, k, v, g, beta, state=state, step=step, cu_seqlens=cu_seqlens)
     check_log_gate("g", a.g)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     check_beta(a.beta, allow_neg_eigval)
-    q, k = a.q, a.k
     normalize_qk = check_flag("normalize_qk", normalize_qk)
-    if normalize_qk:
-        q, k = l2_normalize(q), l2_normalize(k)
-    q, k = heads.expand(q, a.group), heads.expand(k, a.group)
-    if not normalize_qk:
-        check_delta_keys(k, a.beta, allow_neg_eigval)
-    return a, q * check_scale(scale, a.shapes["K"]), k
+    return (a, *_delta_rule.qk_forward(a, scale, normalize_qk, allow_neg_eigval))
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
@@ -96,11 +88,8 @@ def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normaliz
     head's gradient over its group of value heads (`heads.reduce`), then the chain rule of q and k's mapping."""
     a, q, k = _checked(*arrays, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    if form == "chunked":
-        C = check_chunk_size(chunk_size, a.shapes["T"])
-        run = varlen.chunked(_delta_rule.chunked_backward, C)
-    else:
-        run = _delta_rule.parallel_backward if form == "parallel" else _delta_rule.recurrent_backward
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
+    run = varlen.chunked(lambda *x: _delta_rule.backward(form, *x), C)
     dq, dk, dv, dg, dbeta, dS0 = varlen.backward(run,
                                                  (q, k, a.v, a.g, a.beta), a.state, do, dstate, a.cu_seqlens)
     dq, dk = heads.reduce(dq, a.group), heads.reduce(dk, a.group)  # each q/k head: the sum over its group

@@ -74,7 +74,7 @@ def _backward(form, q, k, v, g, scale, initial_state, cu_seqlens, do, dstate, ch
     q' = scale * q, so dL/dq = scale * dL/dq'."""
     a, scale, arrays = _checked(q, k, v, g, scale, initial_state, cu_seqlens)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
     run = varlen.chunked(lambda *x: _gated_linear.backward(form, *x), C)
     dq, dk, dv, dg, dS0 = varlen.backward(run, arrays, a.state, do, dstate, a.cu_seqlens)
     dq = heads.reduce(dq, a.group) * scale

@@ -71,7 +71,7 @@ def _backward(form, q, v, g, scale, initial_state, do, dstate, chunk_size=None):
     (g reaches the loss twice: as the decay, dg' from the engine, and as the key). e^g <= 1."""
     a, scale, k = _checked(q, v, g, scale, initial_state)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, k, a.v, a.g, a.state, do, dstate, C)
     dq *= scale  # the engine's dq and dg are fresh arrays
     dg -= dk * a.xp.exp(a.g)

@@ -109,7 +109,7 @@ def _backward(form, q, k, v, slope, scale, initial_state, do, dstate, chunk_size
     dslope is None when slope was not given (the default slopes are constants, not inputs)."""
     a, scale, slope = _checked(q, k, v, slope, scale, initial_state)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
     q = a.q * scale
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, q, a.k, a.v, _log_gate(q, slope), a.state, do, dstate, C)
     dslope = None if a.slope is None else -dg.sum(axis=(0, 1))

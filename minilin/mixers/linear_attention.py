@@ -102,7 +102,7 @@ def _engine_form(form, chunk_size=None):
 def _forward(form, q, k, v, feature_map, normalize, scale, initial_state, cu_seqlens, chunk_size=None):
     a, q, k, v, S0, normalize = _checked_with_signature(q, k, v, feature_map, normalize, scale, initial_state,
                                                         cu_seqlens=cu_seqlens)
-    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
     return _finish(*varlen.forward(_engine_form(form, C), (q, k, v), S0, a.cu_seqlens), normalize)
 
 
@@ -155,7 +155,7 @@ def _backward(form, q, k, v, feature_map, normalize, scale, initial_state, cu_se
                              a.xp).astype(qf.dtype, copy=False)
     do = do.astype(qf.dtype, copy=False)
     xp = a.xp
-    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
     if normalize:
         o_ext, _ = varlen.forward(_engine_form(form, C), (qf, kf, vf), S0, a.cu_seqlens)
         z = o_ext[..., -1:]

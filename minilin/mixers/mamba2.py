@@ -89,7 +89,7 @@ def _backward(form, x, dt, A, B, C, D, initial_state, dy, dstate, chunk_size=Non
     dD is None when D was not given; dinitial_state when initial_state was not."""
     a = _checked(x, dt, A, B, C, D, initial_state)
     dy, dstate = SIGNATURE.check_cotangents(a, dy, dstate)
-    chunk = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    chunk = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
     m = _mapped(a)
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, m["q"], m["k"], m["v"], m["g"], a.state, dy, dstate, chunk)
     dx = a.dt[..., None] * dv

@@ -81,7 +81,7 @@ def _backward(form, q, k, v, gamma, scale, initial_state, do, dstate, chunk_size
     gamma was not given (the default decays are constants, not inputs)."""
     a, scale, g = _checked(q, k, v, gamma, scale, initial_state)
     do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    C = None if chunk_size is None else check_chunk_size(chunk_size, a.shapes["T"])
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
     dq, dk, dv, dg, dS0 = _gated_linear.backward(form, a.q * scale, a.k, a.v, g, a.state, do, dstate, C)
     dgamma = None if a.gamma is None else dg.sum(axis=(0, 1)) / a.gamma
     dq *= scale  # the engine's dq is a fresh array

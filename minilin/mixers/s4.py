@@ -286,7 +286,7 @@ def _backward(engine, arguments, initial_state, do, dstate, chunk_size=None):
     gradient in its argument's dtype: the complex working dtype for a complex argument, the real one (and
     the real part of the packed gradient) for a real argument."""
     arrays, do, dstate = _prepare(*arguments, initial_state, cotangents=(do, dstate))
-    options = () if chunk_size is None else (check_chunk_size(chunk_size, arrays[0].shape[1]),)
+    options = (check_chunk_size(chunk_size, arrays[0].shape[1]),) if engine is _chunked_backward else ()
     grads = engine(*arrays, do, dstate, *options)
     real_dtype = arrays[0].dtype
     out = []
