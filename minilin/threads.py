@@ -1,5 +1,6 @@
 """The environment of a child process that computes on a small shared CPU: one BLAS thread and fixed malloc
-thresholds, for the commands that ask for it (`minilin train`, the tour's timing experiments).
+thresholds, for the commands that ask for it (`minilin train`, `minilin bench --device cpu`, the tour's timing
+experiments).
 
 OpenBLAS, MKL and BLIS read their thread count from the environment once, when NumPy loads them, so a process
 that has imported NumPy cannot change it (without a dependency such as threadpoolctl). A command that wants

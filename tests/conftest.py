@@ -83,3 +83,12 @@ def poisoned_allocations():
     cupy.cuda.get_current_stream().synchronize()
     cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
     pool.free_all_blocks()
+
+
+@pytest.fixture(autouse=True)
+def bench_in_process(monkeypatch):
+    """`minilin bench --device cpu` re-runs itself in a one-thread child (minilin.threads); under test it runs in
+    this process, so that capsys sees its output (tests/test_cpu_bench.py checks the re-run itself)."""
+    import minilin.bench
+
+    monkeypatch.setattr(minilin.bench, "is_one_thread", lambda: True)

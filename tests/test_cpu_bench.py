@@ -145,3 +145,19 @@ def test_gpu_rows_refuses_with_the_reason_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(mcuda, "available", lambda: (False, "CuPy sees no GPU"))
     with pytest.raises(RuntimeError, match="CuPy sees no GPU"):
         gpu.rows()
+
+
+def test_the_cpu_bench_reruns_itself_with_one_blas_thread(monkeypatch):
+    import subprocess
+
+    import minilin.bench
+    from minilin import cli
+    from minilin.threads import THREAD_VARIABLES
+
+    calls = []
+    monkeypatch.setattr(minilin.bench, "is_one_thread", lambda: False)
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env: calls.append((cmd, env)) or subprocess.CompletedProcess(cmd, 0))
+    assert cli.main(["bench", "--quick", "--device", "cpu", "--backward"]) == 0
+    (cmd, env), = calls
+    assert cmd[1:] == ["-m", "minilin", "bench", "--quick", "--device", "cpu", "--backward"]
+    assert all(env[name] == "1" for name in THREAD_VARIABLES) and "glibc.malloc" in env["GLIBC_TUNABLES"]
