@@ -26,7 +26,7 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int) -> tuple:
     if not (isinstance(cu_seqlens, np.ndarray) or is_cupy_array(cu_seqlens)):
         raise TypeError(f"cu_seqlens: expected a 1-D integer array (int32 or int64) [N + 1], got "
                         f"{type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype.kind not in "iu":
+    if cu_seqlens.dtype not in (np.int32, np.int64):  # FLA's and the kernels' offsets: no narrower or unsigned ones
         raise TypeError(f"cu_seqlens: expected an integer array (int32 or int64), got {cu_seqlens.dtype}")
     if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
         raise ValueError(f"cu_seqlens: expected a 1-D array [N + 1] with N >= 1 sequences, got shape "

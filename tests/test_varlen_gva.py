@@ -335,6 +335,8 @@ BAD = [
     (np.array([0]), ValueError, "cu_seqlens: expected a 1-D array [N + 1] with N >= 1 sequences, got shape [1]"),
     (np.array([0.0, 3.0, 8.0]), TypeError, "cu_seqlens: expected an integer array (int32 or int64), got float64"),
     (np.array([False, True]), TypeError, "cu_seqlens: expected an integer array (int32 or int64), got bool"),
+    (np.array([0, 3, 8], dtype=np.uint32), TypeError, "cu_seqlens: expected an integer array (int32 or int64), got uint32"),
+    (np.array([0, 3, 8], dtype=np.int16), TypeError, "cu_seqlens: expected an integer array (int32 or int64), got int16"),
     ([0, 3, 8], TypeError, "cu_seqlens: expected a 1-D integer array (int32 or int64) [N + 1], got list"),
     (np.array([1, 3, 8]), ValueError, "cu_seqlens: expected cu_seqlens[0] = 0, got 1"),
     (np.array([0, 3, 7]), ValueError, "cu_seqlens: expected cu_seqlens[-1] = T = 8 (every token in one sequence), got 7"),
