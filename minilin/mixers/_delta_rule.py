@@ -11,13 +11,13 @@ Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]; o
 """
 from __future__ import annotations
 
-from .. import heads
+from .. import heads, varlen
 from ..activations import l2_normalize
 from ..backend import array_module
 from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
                         decay_state, from_chunks, num_chunks, reverse_cumsum, segments, state_or_zeros, to_chunks,
                         transposed, unit_lower_inverse, unit_lower_solve)
-from ..validation import check_delta_keys, check_scale
+from ..validation import check_chunk_size, check_delta_keys, check_scale
 
 
 def qk_forward(a, scale, normalize_qk: bool, allow_neg_eigval: bool):
@@ -45,6 +45,23 @@ def qk_backward(q, k, dq, dk, scale, normalize_qk):
     if normalize_qk:
         return l2_normalize.backward(q, dq), l2_normalize.backward(k, dk)
     return dq, dk
+
+
+def module_backward(signature, mixer: str, form: str, a, q, k, g, do, dstate, scale, normalize_qk: bool,
+                    chunk_size=None):
+    """A public module's `<form>_backward` after its own check (deltanet, gated_deltanet, kda): the cotangents
+    checked (`signature.check_cotangents`), the engine's backward (per sequence with cu_seqlens:
+    `varlen.backward`), each q/k head's gradient summed over its group of value heads (`heads.reduce`), then the
+    chain rule of q and k's mapping (`qk_backward`). a: the mixer's `Checked` inputs; q, k: `qk_forward`'s;
+    g: a.g, or None (DeltaNet, whose gradients have no dg). Returns `signature.gradients(mixer)`."""
+    do, dstate = signature.check_cotangents(a, do, dstate)
+    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
+    run = varlen.chunked(lambda *x: backward(form, *x), C)
+    dq, dk, dv, dg, dbeta, dS0 = varlen.backward(run, (q, k, a.v, g, a.beta), a.state, do, dstate, a.cu_seqlens)
+    dq, dk = heads.reduce(dq, a.group), heads.reduce(dk, a.group)  # each q/k head: the sum over its group
+    dq, dk = qk_backward(a.q, a.k, dq, dk, check_scale(scale, a.shapes["K"]), normalize_qk)
+    gates = (dbeta,) if g is None else (dg, dbeta)
+    return signature.gradients(mixer)(dq, dk, dv, *gates, dS0)
 
 
 def step(q, k, v, g, beta, S):

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import examples, heads, varlen
+from .. import examples, varlen
 from ..signature import Signature, Tensor
-from ..validation import check_beta, check_chunk_size, check_flag, check_log_gate, check_scale
+from ..validation import check_beta, check_chunk_size, check_flag, check_log_gate
 from . import _delta_rule
 
 SIGNATURE = Signature(
@@ -84,17 +84,11 @@ def step(q, k, v, g, beta, *, state=None, scale=None, allow_neg_eigval=False, no
 # this module's own mapping (scale on q, and normalize_qk's L2 normalization: `_delta_rule.qk_backward`).
 
 def _backward(form, arrays, do, dstate, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens, chunk_size=None):
-    """Check, run the engine's backward (per sequence with cu_seqlens: `varlen.backward`), sum each q/k
-    head's gradient over its group of value heads (`heads.reduce`), then the chain rule of q and k's mapping."""
+    """Check, then `_delta_rule.module_backward`: the engine's backward per packed sequence, each q/k head's
+    gradient summed over its group, the chain rule of q and k's mapping."""
     a, q, k = _checked(*arrays, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens)
-    do, dstate = SIGNATURE.check_cotangents(a, do, dstate)
-    C = check_chunk_size(chunk_size, a.shapes["T"]) if form == "chunked" else None
-    run = varlen.chunked(lambda *x: _delta_rule.backward(form, *x), C)
-    dq, dk, dv, dg, dbeta, dS0 = varlen.backward(run,
-                                                 (q, k, a.v, a.g, a.beta), a.state, do, dstate, a.cu_seqlens)
-    dq, dk = heads.reduce(dq, a.group), heads.reduce(dk, a.group)  # each q/k head: the sum over its group
-    dq, dk = _delta_rule.qk_backward(a.q, a.k, dq, dk, check_scale(scale, a.shapes["K"]), normalize_qk)
-    return SIGNATURE.gradients("gated_deltanet")(dq, dk, dv, dg, dbeta, dS0)
+    return _delta_rule.module_backward(SIGNATURE, "gated_deltanet", form, a, q, k, a.g, do, dstate, scale, normalize_qk,
+                                       chunk_size)
 
 
 def recurrent_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
