@@ -18,10 +18,9 @@ Tables go to stdout; progress (what is being timed, with a count) and the choice
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
-from ..threads import compute_environment, is_one_thread
+from ..threads import is_one_thread, rerun
 
 QUICK_GPU = dict(lengths=[2048], repeats=5)  # --quick on the GPU: one length, 5 runs per measurement
 
@@ -105,7 +104,7 @@ def _run(args) -> int:
         # The CPU benches time in one BLAS thread with fixed malloc thresholds, as `minilin train` computes
         # (minilin.threads says why): a child Python with that environment runs the same command.
         argv = args.argv if "--device" in args.argv else [*args.argv, "--device", "cpu"]
-        return subprocess.run([sys.executable, "-m", "minilin", *argv], env=compute_environment()).returncode
+        return rerun(argv)
     if args.floor:
         from . import cpu_floor
 

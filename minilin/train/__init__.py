@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-from ..threads import compute_environment, is_one_thread
+from ..threads import is_one_thread, rerun
 from .loop import Run, state_bytes, train
 from .mqar import MQAR
 
@@ -107,7 +106,7 @@ def table(records) -> str:
 
 def main(args) -> int:
     if not is_one_thread():
-        return subprocess.run([sys.executable, "-m", "minilin", *args.argv], env=compute_environment()).returncode
+        return rerun(args.argv)
     try:
         runs = runs_of(args)
         if args.plot:
