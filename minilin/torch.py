@@ -127,20 +127,12 @@ def _to_numpy(x: torch.Tensor, dtype) -> np.ndarray:
     return x.detach().to(torch.float64 if dtype == np.float64 else torch.float32).contiguous().numpy()
 
 
-def _cpu_forward(mixer: str, arrays: dict, scale, allow_neg_eigval: bool):
-    module = catalog.module(mixer)
+def _cpu_call(form: str, mixer: str, arrays: dict, scale, allow_neg_eigval: bool, **cotangents):
+    """minilin.mixers.<mixer>.<form> ("chunked" or "chunked_backward", with do= and dstate=) on NumPy arrays."""
     options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
     positional = [arrays[n] for n in ("q", "k", "v", *GATES[mixer])]
-    return module.chunked(*positional, scale=scale, initial_state=arrays.get("initial_state"),
-                          chunk_size=CPU_CHUNK_SIZE, **options)
-
-
-def _cpu_backward(mixer: str, arrays: dict, do, dstate, scale, allow_neg_eigval: bool):
-    module = catalog.module(mixer)
-    options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
-    positional = [arrays[n] for n in ("q", "k", "v", *GATES[mixer])]
-    return module.chunked_backward(*positional, do=do, dstate=dstate, scale=scale,
-                                   initial_state=arrays.get("initial_state"), chunk_size=CPU_CHUNK_SIZE, **options)
+    return getattr(catalog.module(mixer), form)(*positional, scale=scale, initial_state=arrays.get("initial_state"),
+                                                chunk_size=CPU_CHUNK_SIZE, **cotangents, **options)
 
 
 # ------------------------------------------------------------------------------------------------ autograd
@@ -165,7 +157,7 @@ class _Mixer(torch.autograd.Function):
                 return _to_torch(o, q.dtype), _to_torch(state, torch.float32)
         dtype = _numpy_dtype(q)
         arrays = {n: _to_numpy(x, dtype) for n, x in inputs.items() if x is not None}
-        o, state = _cpu_forward(mixer, arrays, scale, allow_neg_eigval)
+        o, state = _cpu_call("chunked", mixer, arrays, scale, allow_neg_eigval)
         return torch.from_numpy(o).to(q.dtype), torch.from_numpy(state).to(torch.float32)
 
     @staticmethod
@@ -186,9 +178,8 @@ class _Mixer(torch.autograd.Function):
         else:
             dtype = _numpy_dtype(q)
             arrays = {n: _to_numpy(x, dtype) for n, x in saved.items()}
-            grads = _cpu_backward(ctx.mixer, arrays, _to_numpy(do, dtype),
-                                  None if dstate is None else _to_numpy(dstate, dtype), ctx.scale,
-                                  ctx.allow_neg_eigval)
+            grads = _cpu_call("chunked_backward", ctx.mixer, arrays, ctx.scale, ctx.allow_neg_eigval,
+                              do=_to_numpy(do, dtype), dstate=None if dstate is None else _to_numpy(dstate, dtype))
             grads = {n: torch.from_numpy(np.ascontiguousarray(getattr(grads, f"d{n}"))).to(ctx.dtypes[n])
                      for n in ctx.names}
         return (None, None, None, *(grads.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")))
