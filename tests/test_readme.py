@@ -19,10 +19,12 @@ def quick_start() -> str:
 
 
 def test_python_examples_run():
+    """In order, in one namespace, as a reader pastes them into one session (a later one builds on an earlier)."""
     blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
     assert blocks, "the README has no Python example"
+    session: dict = {}
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "README.md", "exec"), session)
 
 
 def test_quick_start_is_what_ci_runs():
