@@ -68,7 +68,7 @@ def test_against_fla_refuses_with_a_reason_where_it_cannot_run(argv, capsys):
     assert "fla" in (captured.out + captured.err)
 
 
-def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=None):
+def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=None, ours_raises=None, **compare):
     """against_fla._compare with every GPU piece replaced by NumPy stand-ins: its control flow, on a CPU."""
     import sys
     import types
@@ -85,10 +85,16 @@ def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=No
     ref = (rng.standard_normal((1, 8, 1, 4)), rng.standard_normal((1, 1, 4, 4)))
     ours = (ref[0] * (1 + our_error), ref[1])
     theirs = (ref[0] * (1 + fla_error), ref[1])
-    monkeypatch.setattr(gpu, "make_inputs", lambda mixer, T, seed: {})
+    monkeypatch.setattr(gpu, "make_inputs", lambda mixer, T, seed, problem=None, with_state=False: {})
     monkeypatch.setattr(gpu, "reference", lambda mixer, inputs, dtype: ref)
     monkeypatch.setattr(mcuda, "default_version", lambda op, dtype_is_bf16=True: 6)
-    monkeypatch.setattr(gpu, "cuda_call", lambda mixer, inputs, dtype, version: lambda: ours)
+
+    def run_ours():
+        if ours_raises:
+            raise ours_raises
+        return ours
+
+    monkeypatch.setattr(gpu, "cuda_call", lambda mixer, inputs, dtype, version: run_ours)
 
     def fla_call(mixer, inputs, dtype):
         if fla_raises:
@@ -99,7 +105,7 @@ def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=No
     timings = iter([1.0, 2.0] * against_fla.ROUNDS)
     monkeypatch.setattr(gpu_timing, "median_ms", lambda fn, **kw: gpu_timing.Timing(next(timings), 50,
                                                                                       call_ms=4.0))
-    return against_fla.compare("gated_deltanet", 64, repeats=50), freed
+    return against_fla.compare("gated_deltanet", 64, repeats=50, **compare), freed
 
 
 def test_against_fla_times_both_sides_alternately_when_both_are_right(monkeypatch):
@@ -115,6 +121,43 @@ def test_against_fla_times_nothing_when_a_side_is_wrong_or_fails(monkeypatch, ca
     row, freed = _fake_comparison(monkeypatch, **kwargs)
     assert "ratio" not in row and freed
     assert ("FLA failed: RuntimeError" in row["note"]) if case == "fla raises" else row["note"].startswith("WRONG")
+
+
+def test_against_fla_reports_a_size_minilin_does_not_take_and_times_nothing(monkeypatch):
+    error = ValueError("minilin._cuda: linear_v8_split_sequence: K must be 64 or 128, got K=256")
+    row, freed = _fake_comparison(monkeypatch, ours_raises=error, problem=dict(B=8, H=32, K=256, V=256),
+                                  with_state=True)
+    assert "ratio" not in row and freed and row["note"].startswith("minilin: not supported (")
+    assert (row["B"], row["H"], row["K"], row["V"], row["initial_state"]) == (8, 32, 256, 256, True)
+
+
+def test_grid_is_flas_shapes_and_all_adds_the_head_dims():
+    from minilin.bench import against_fla
+
+    assert against_fla.grid_shapes("fla") == list(against_fla.GRID) and len(against_fla.GRID) == 8
+    every = against_fla.grid_shapes("all")
+    assert len(every) == len(set(every)) and set(against_fla.GRID) <= set(every)
+    assert {(1, 32768, 16, 64, 64), (1, 32768, 16, 128, 64), (1, 32768, 16, 128, 256)} <= set(every)
+
+
+def test_grid_table_has_a_row_per_shape_and_a_column_per_mixer():
+    from minilin.bench import against_fla
+
+    shape = dict(B=1, T=32768, H=16, K=128, V=128)
+    rows = [dict(shape, mixer="simple_gla", minilin_version=8, minilin_ms=0.5, fla_ms=0.625, ratio=0.8),
+            dict(shape, mixer="deltanet", minilin_version=10, minilin_ms=1.0, fla_ms=1.0, ratio=1.0),
+            dict(shape, K=256, V=256, mixer="simple_gla", note="minilin: not supported (K must be 64 or 128)")]
+    lines = against_fla.format_grid(rows, ["simple_gla", "deltanet"]).splitlines()
+    assert lines[0] == "| B, T, H, K, V | simple_gla | deltanet |" and len(lines) == 4
+    assert lines[2] == "| 1, 32768, 16, 128, 128 | 0.80 (v8, 0.500 / 0.625 ms) | **1.00** (v10, 1.000 / 1.000 ms) |"
+    assert lines[3] == "| 1, 32768, 16, 256, 256 | minilin: not supported | - |"
+
+
+def test_grid_needs_against_fla(capsys):
+    from minilin import cli
+
+    assert cli.main(["bench", "--grid"]) == 2
+    assert "--against fla" in capsys.readouterr().err
 
 
 def test_fla_call_names_the_forms_it_knows():

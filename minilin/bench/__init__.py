@@ -9,6 +9,8 @@
                                     forward and forward + backward per mixer and form (bench/cpu_backward.py)
     minilin bench --device gpu      the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
+    minilin bench --against fla --grid
+                                    the same at FLA's benchmark shapes and at long context
     minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
     minilin bench --backward [--against fla]
                                     the CUDA forward and forward + backward, FLA's beside them (bench/gpu_backward.py)
@@ -41,6 +43,9 @@ def register(subparsers) -> None:
                    help="GPU only: sequence lengths (default 2048 8192 32768; with --backward 2048 8192)")
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
+    p.add_argument("--grid", nargs="?", const="fla", choices=["fla", "all"], default=None,
+                   help="with --against fla: FLA's benchmark shapes and one long sequence instead of --lengths "
+                        "(bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256")
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
@@ -83,6 +88,8 @@ def _run(args) -> int:
             print(said, file=sys.stderr, flush=True)
     if args.against and args.device == "cpu":
         return _refuse("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
+    if args.grid and args.against != "fla":
+        return _refuse("--grid is a grid of shapes for --against fla: add --against fla")
     if args.chunk_sizes and not args.floor:
         return _refuse("--chunk-sizes goes with --floor (the chunked forms run at their default chunk size otherwise)")
     if args.lengths and args.device == "cpu":

@@ -18,6 +18,12 @@ that drift on a shared machine hits both alike. Two times per side, each the med
   FLA at 0.9 or less) is judged on it.
 - call ms, one call from an idle stream: each side pays its own dispatch (one checked call and one or two
   launches for minilin, several Triton launches for FLA), which is what a lone call costs.
+
+`--grid` runs the same comparison over GRID instead: FLA's own benchmark shapes (its
+benchmarks/ops/registry.py SHAPE_CONFIGS) and one long sequence, an initial state given to both sides; `--grid
+all` adds K = V = 64 and K = 128 with V = 64 and 256 at each (B, T, H). It prints one table, a row per shape
+and a column per mixer (minilin / FLA device time, minilin's version), and --json writes every comparison.
+A shape minilin's kernels do not take (K above 128) is reported as such and not timed.
 """
 from __future__ import annotations
 
@@ -30,6 +36,18 @@ MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
 DTYPE = "bfloat16"
 ROUNDS = 3
 GOAL = 0.9  # minilin's time over FLA's
+# (B, T, H, K, V): FLA's SHAPE_CONFIGS, then one sequence at long and short context.
+GRID = ((1, 8192, 96, 128, 128), (2, 16384, 16, 128, 128), (4, 2048, 16, 128, 128), (4, 4096, 64, 128, 128),
+        (8, 1024, 8, 64, 64), (8, 2048, 32, 256, 256), (1, 32768, 16, 128, 128), (1, 2048, 16, 128, 128))
+GRID_HEAD_DIMS = ((64, 64), (128, 64), (128, 256))  # --grid all: these (K, V) too, at each grid (B, T, H)
+
+
+def grid_shapes(which: str) -> list[tuple]:
+    """GRID, or with which == "all" GRID and GRID_HEAD_DIMS at every (B, T, H) of it, without repeats."""
+    shapes = list(GRID)
+    if which == "all":
+        shapes += [(B, T, H, K, V) for B, T, H, _, _ in GRID for K, V in GRID_HEAD_DIMS]
+    return list(dict.fromkeys(shapes))
 
 
 def fla_version() -> str | None:
@@ -40,28 +58,34 @@ def fla_version() -> str | None:
     return getattr(fla, "__version__", "unknown version")
 
 
-def compare(mixer: str, T: int, repeats: int) -> dict:
-    """One (mixer, T): errors of both, then alternating timings. Returns a flat dict (JSON row); a side that
-    fails or misses the tolerance is reported in its "note" and nothing is timed."""
+def compare(mixer: str, T: int, repeats: int, problem: dict | None = None, with_state: bool = False) -> dict:
+    """One (mixer, T) at `problem`'s B, H, K, V (default bench/gpu.py's PROBLEM): errors of both, then
+    alternating timings. Returns a flat dict (JSON row); a side that fails or misses the tolerance is reported
+    in its "note" and nothing is timed."""
     import cupy
 
     try:
-        return _compare(mixer, T, repeats)
+        return _compare(mixer, T, repeats, problem or gpu.PROBLEM, with_state)
     finally:  # this length's arrays are gone with _compare's frame; hand their memory back
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _compare(mixer: str, T: int, repeats: int) -> dict:
+def _compare(mixer: str, T: int, repeats: int, problem: dict, with_state: bool) -> dict:
     import cupy
 
     from .. import catalog, cuda
 
-    inputs = gpu.make_inputs(mixer, T, seed=T)
+    inputs = gpu.make_inputs(mixer, T, seed=T, problem=problem, with_state=with_state)
     ref_o, ref_state = gpu.reference(mixer, inputs, cupy.float64)
     version = cuda.default_version(cuda.OPS[mixer], DTYPE == "bfloat16")  # what a user's call would run
-    row = {"mixer": mixer, "T": T, "dtype": DTYPE, "minilin_version": version}
+    row = {"mixer": mixer, "T": T, **{d: problem[d] for d in "BHKV"}, "initial_state": with_state, "dtype": DTYPE,
+           "minilin_version": version}
     ours = gpu.cuda_call(mixer, inputs, DTYPE, version)
-    our_o, our_state = gpu.cuda_out_as_float(ours())
+    try:
+        our_o, our_state = gpu.cuda_out_as_float(ours())
+    except ValueError as error:  # a size the kernels do not take: say so, time nothing
+        row["note"] = f"minilin: not supported ({error})"[:300]
+        return row
     row.update(minilin_error=catalog.relative_error(our_o, ref_o),
                minilin_state_error=catalog.relative_error(our_state, ref_state))
     try:
@@ -112,6 +136,26 @@ def format_table(rows: list[dict], copy_gbs: float) -> str:
     return "\n".join(lines)
 
 
+def format_grid(rows: list[dict], mixers: list[str]) -> str:
+    """One row per shape, one column per mixer: minilin / FLA device time (minilin's version), or why not."""
+    lines = ["| B, T, H, K, V | " + " | ".join(mixers) + " |", "| --- |" + " ---: |" * len(mixers)]
+    shapes = list(dict.fromkeys((r["B"], r["T"], r["H"], r["K"], r["V"]) for r in rows))
+    for shape in shapes:
+        cells = []
+        for mixer in mixers:
+            r = next((r for r in rows if r["mixer"] == mixer and (r["B"], r["T"], r["H"], r["K"], r["V"]) == shape),
+                     None)
+            if r is None:
+                cells.append("-")
+            elif "ratio" in r:
+                cells.append(f"{'**' if r['ratio'] > GOAL else ''}{r['ratio']:.2f}{'**' if r['ratio'] > GOAL else ''}"
+                             f" (v{r['minilin_version']}, {r['minilin_ms']:.3f} / {r['fla_ms']:.3f} ms)")
+            else:
+                cells.append(r.get("note", "-").split(" (")[0])
+        lines.append(f"| {', '.join(map(str, shape))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(args) -> int:
     from ..cuda import available
 
@@ -134,6 +178,8 @@ def main(args) -> int:
     info = gpu.machine()
     info["fla"] = version
     copy_gbs = copy_bandwidth_gbs()
+    if getattr(args, "grid", None):
+        return main_grid(args, mixers, repeats, info, copy_gbs)
     print(f"minilin bench --against fla: {info['gpu']}, {info['date']}, FLA {version}, torch {info.get('torch')}, "
           f"CuPy {info['cupy']}; B={gpu.PROBLEM['B']} H={gpu.PROBLEM['H']} K={gpu.PROBLEM['K']} "
           f"V={gpu.PROBLEM['V']}, {DTYPE}; per round the median of {repeats} queued runs (and of {SINGLE_CALLS} "
@@ -151,3 +197,28 @@ def main(args) -> int:
         write_json(args.json, {"against": "fla", "machine": info, "copy_bandwidth_gbs": copy_gbs,
                                "problem": gpu.PROBLEM, "rows": rows})
     return 1 if any("ratio" not in r for r in rows) else 0
+
+
+def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float) -> int:
+    """--grid: every mixer at every grid shape, initial state given, one table (rows: shapes)."""
+    shapes = grid_shapes(args.grid)
+    print(f"minilin bench --against fla --grid {args.grid}: {info['gpu']}, {info['date']}, FLA {info['fla']}, "
+          f"torch {info.get('torch')}, CuPy {info['cupy']}; {DTYPE}, initial state given; device time, per round "
+          f"the median of {repeats} queued runs, reported the median over {ROUNDS} alternating rounds; cells: "
+          f"minilin / FLA (bold above {GOAL})", flush=True)
+    rows = []
+    total = len(shapes) * len(mixers)
+    for i, (B, T, H, K, V) in enumerate(shapes):
+        for j, mixer in enumerate(mixers):
+            row = compare(mixer, T, repeats, problem=dict(B=B, H=H, K=K, V=V), with_state=True)
+            state = (f"{row['minilin_ms']:.3f} vs {row['fla_ms']:.3f} ms ({row['ratio']:.2f})" if "ratio" in row
+                     else row["note"])
+            print(f"  [{i * len(mixers) + j + 1}/{total}] {mixer} B={B} T={T} H={H} K={K} V={V}: {state}",
+                  file=sys.stderr, flush=True)
+            rows.append(row)
+    print(format_grid(rows, mixers))
+    if args.json:
+        write_json(args.json, {"against": "fla", "grid": args.grid, "machine": info, "copy_bandwidth_gbs": copy_gbs,
+                               "rows": rows})
+    failed = [r for r in rows if "ratio" not in r and not r.get("note", "").startswith("minilin: not supported")]
+    return 1 if failed else 0

@@ -75,14 +75,15 @@ class Row:
 
 
 # ---- inputs ------------------------------------------------------------------------------------------------
-def make_inputs(mixer: str, T: int, seed: int) -> dict:
-    """Fresh random float32 CuPy inputs on the bfloat16 grid, in each mixer's valid range (as minilin.examples)."""
+def make_inputs(mixer: str, T: int, seed: int, problem: dict | None = None, with_state: bool = False) -> dict:
+    """Fresh random float32 CuPy inputs on the bfloat16 grid, in each mixer's valid range (as minilin.examples),
+    at `problem`'s B, H, K, V (default PROBLEM); with_state adds a float32 "initial_state" [B, H, K, V]."""
     import cupy
 
     from ..cuda import from_bf16, to_bf16
     from ..cuda.bf16 import UNIT_KEY_SCALE
 
-    B, H, K, V = (PROBLEM[d] for d in "BHKV")
+    B, H, K, V = ((problem or PROBLEM)[d] for d in "BHKV")
     rng = cupy.random.default_rng(seed)
     on_grid = lambda x: from_bf16(to_bf16(x))  # noqa: E731
     out = {"q": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
@@ -96,12 +97,14 @@ def make_inputs(mixer: str, T: int, seed: int) -> dict:
         out["g"] = rng.uniform(-1.0, -0.01, shape, dtype=cupy.float32)
     if "beta" in TENSORS[mixer]:
         out["beta"] = rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32)
+    if with_state:
+        out["initial_state"] = 0.5 * rng.standard_normal((B, H, K, V), dtype=cupy.float32)
     return {name: on_grid(x) if name in SEQUENCE else x for name, x in out.items()}
 
 
-def io_floor_bytes(T: int, dtype: str) -> int:
+def io_floor_bytes(T: int, dtype: str, problem: dict | None = None) -> int:
     """q, k, v read once and o written once."""
-    B, H, K, V = (PROBLEM[d] for d in "BHKV")
+    B, H, K, V = ((problem or PROBLEM)[d] for d in "BHKV")
     return B * T * H * (2 * K + 2 * V) * (2 if dtype == "bfloat16" else 4)
 
 
@@ -109,7 +112,9 @@ def io_floor_bytes(T: int, dtype: str) -> int:
 def reference(mixer: str, inputs: dict, dtype):
     """minilin's chunked form (the NumPy reference) on CuPy arrays cast to `dtype`."""
     mod = catalog.module(mixer)
-    return mod.chunked(*(inputs[n].astype(dtype) for n in TENSORS[mixer]))
+    state = inputs.get("initial_state")
+    return mod.chunked(*(inputs[n].astype(dtype) for n in TENSORS[mixer]),
+                       initial_state=None if state is None else state.astype(dtype))
 
 
 def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
@@ -118,7 +123,8 @@ def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
 
     fn = getattr(cuda, mixer)
     args = [cuda.to_bf16(inputs[n]) if dtype == "bfloat16" and n in SEQUENCE else inputs[n] for n in TENSORS[mixer]]
-    return lambda: fn(*args, version=version, check_values=False)
+    state = inputs.get("initial_state")
+    return lambda: fn(*args, initial_state=state, version=version, check_values=False)
 
 
 FLA_FORMS = ("chunk", "fused_recurrent")  # FLA's chunked kernel, and its recurrent one (token by token)
@@ -142,7 +148,9 @@ def fla_call(mixer: str, inputs: dict, dtype: str, form: str = "chunk"):
         return torch.as_tensor(x, device="cuda")
 
     t = {n: to_torch(inputs[n], n) for n in TENSORS[mixer]}
-    common = dict(scale=PROBLEM["K"] ** -0.5, output_final_state=True)
+    common = dict(scale=inputs["q"].shape[-1] ** -0.5, output_final_state=True)
+    if "initial_state" in inputs:
+        common["initial_state"] = to_torch(inputs["initial_state"], "initial_state")
     if mixer == "simple_gla":
         from fla.ops import simple_gla as ops
         kernel = ops.chunk_simple_gla if form == "chunk" else ops.fused_recurrent_simple_gla
