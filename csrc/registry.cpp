@@ -3,6 +3,8 @@
 // (a whole sequence, forward, one decay per head), "gla" and "kda" (a whole sequence, forward, one decay per key
 // channel: GLA, and the delta rule with it, Kimi Delta Attention), "decode" (one token for each of N sequences, both
 // families), "linear_bwd" and "delta_bwd" (a whole sequence, backward):
+//   linear v8      split_sequence: v7 on segments of each sequence at once, the segments' start states put back
+//                  by a short pass and added to the outputs, so that few (batch, head) pairs still fill the card.
 //   gla v1         recurrent: linear v1 with a decay per key channel, g [B, T, H, K] staged a row per token.
 //   gla v2         chunked: 64-token chunks on CUDA cores, the decays through references inside the chunk so that
 //                  only non-positive numbers are exponentiated.
@@ -19,7 +21,7 @@
 
 namespace minilin {
 
-extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7;
+extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7, linear_v8;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
 extern const Version gla_v1, gla_v2, gla_v3;
@@ -32,6 +34,7 @@ extern const Version linear_bwd_v1, delta_bwd_v1;
 
 const std::vector<Version>& versions() {
   static const std::vector<Version> all = {linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7,
+                                                linear_v8,
                                                 delta_v1,  delta_v2,  delta_v3,  delta_v4,  delta_v5,  delta_v6,  delta_v7, delta_v8,
                                                 delta_v9,
 #ifdef MINILIN_SM90A

@@ -83,6 +83,26 @@ def test_matches_reference(mixer, version, dtype, shape):
     assert err_state < tol, f"{mixer} v{version} {dtype} {shape}: final state error {err_state:.2e} >= {tol}"
 
 
+# (B, T, H, K, V) where linear v8 splits each sequence (few blocks for the card; T / P >= 1024 tokens): P = 2 with
+# 20-chunk segments (a short last run of the correction's 8 chunks), the most segments at K = 64 and K = 128, and
+# V = 256 (two of the correction's 128-column blocks).
+SPLIT_SHAPES = [(2, 2560, 1, 128, 64), (1, 4096, 2, 64, 64), (1, 8192, 2, 128, 128), (1, 4096, 1, 128, 256)]
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("mixer", ["linear_attention", "simple_gla", "mamba2"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["no_h0", "h0"])
+def test_split_sequence_matches_reference(mixer, shape, with_state):
+    """linear v8 where it does split (a workspace for the segments' states), against float64 and against v7."""
+    if (8, "bfloat16") not in version_cases(mixer):
+        pytest.skip("linear v8 needs compute capability 9.0")
+    assert mcuda.extension().workspace_bytes("linear", 8, *shape) > 0, f"v8 does not split at {shape}"
+    for version in (8, 7):
+        err_o, err_state = run_case(mixer, shape, version, "bfloat16", with_state, seed=5)
+        assert err_o < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: output error {err_o:.2e}"
+        assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
+
+
 @pytest.mark.parametrize("mixer,version,dtype",
                          [(m, v, d) for m in ("retnet", "lightning", "mamba2") for v, d in version_cases(m)])
 def test_wrappers_match_reference(mixer, version, dtype):

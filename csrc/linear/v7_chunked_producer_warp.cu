@@ -127,6 +127,18 @@ void forward(const Problem& p) {
                          linear_chunked_producer_warp<128>, Layout<128>::kBytes);
 }
 
+// Blocks of this kernel that one SM holds at once, at K = 64 or 128 (linear v8 sizes its split by it).
+int resident_blocks_per_sm(int K) {
+  const auto kernel = K == 64 ? linear_chunked_producer_warp<64> : linear_chunked_producer_warp<128>;
+  const size_t smem = K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
+  const char* name = "linear_v7_chunked_producer_warp";
+  allow_shared_memory(kernel, smem, name);
+  int blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem), name,
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return blocks;
+}
+
 }  // namespace linear_producer
 
 extern const Version linear_v7 = {
