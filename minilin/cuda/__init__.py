@@ -12,11 +12,12 @@ definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf1
 twice the warps and fewer barriers, then each op's later steps (linear v5 and delta v6: each fragment loaded
 once in the first phase; delta v5: the WY step solved by 16 x 16 blocks; linear v6 and delta v7: each k-step's
 fragments loaded one step ahead; linear v7 and delta v8: one producer warp loads for 16 compute warps, Hopper
-only; delta v9: v8 with the WY solve's block products on tensor cores in 3xTF32; delta v10: the chunk on Hopper's
-warpgroup tensor cores, wgmma, in sm_90a builds only); the default is the highest that the build holds, that
-takes the input dtype and that runs on the GPU's compute capability (float32: 2; bfloat16 on Hopper: linear 7,
-delta 10, or 9 in a build without sm_90a code; below 9.0, in a build for it: linear 6, delta 7; above 9.0, from
-the compute_90 PTX: linear 7, delta 9). GLA and Kimi Delta Attention, whose decay is one per key channel, run the
+only; linear v8: v7 on segments of each sequence at once where few (batch, head) pairs would leave the GPU idle,
+v7 itself elsewhere; delta v9: v8 with the WY solve's block products on tensor cores in 3xTF32; delta v10: the
+chunk on Hopper's warpgroup tensor cores, wgmma, in sm_90a builds only); the default is the highest that the
+build holds, that takes the input dtype and that runs on the GPU's compute capability (float32: 2; bfloat16 on
+Hopper: linear 8, delta 10, or 9 in a build without sm_90a code; below 9.0, in a build for it: linear 6, delta
+7; above 9.0, from the compute_90 PTX: linear 8, delta 9). GLA and Kimi Delta Attention, whose decay is one per key channel, run the
 ops "gla" (1 = recurrent, the float32 default; 2 = chunked on CUDA cores; 3 = chunked on bf16 tensor cores, the
 bfloat16 default) and "kda" (1 = recurrent, the default; 2 = chunked WY form on CUDA cores): there the default is
 the fastest measured version, not the last rung (front.FASTER_DEFAULT). `versions()` lists them with what each one
