@@ -103,6 +103,34 @@ def test_split_sequence_matches_reference(mixer, shape, with_state):
         assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
 
 
+GROUPED_MIXERS = ["linear_attention", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda"]
+
+
+@pytest.mark.parametrize("mixer", GROUPED_MIXERS)
+@pytest.mark.parametrize("layout", ["grouped", "packed", "grouped+packed"])
+def test_grouped_heads_and_packed_sequences_match_reference(mixer, layout):
+    """HV = 2 H value heads and / or three packed sequences (one of them 1 token, one past a chunk), the default
+    bf16 kernel against the NumPy chunked form given the same layout, in float64."""
+    B, T, HV, K, V = (1, 300, 4, 64, 64) if "packed" in layout else (2, 130, 4, 64, 64)
+    group = 2 if "grouped" in layout else 1
+    mod = catalog.module(mixer)
+    args, kwargs = mod.example_inputs(B, T, HV, K, V, seed=11)
+    names = list(mod.SIGNATURE.names)
+    args = [np.ascontiguousarray(a[:, :, ::group]) if n in ("q", "k") else a for n, a in zip(names, args)]
+    if mcuda.OPS[mixer] in ("delta", "kda"):
+        args[1] = args[1] * mcuda.bf16.UNIT_KEY_SCALE
+    gpu, host = to_device(args, "bfloat16", {0, 1, 2})
+    cu = np.array([0, 1, 120, 300], np.int32) if "packed" in layout else None
+    N = 3 if cu is not None else B
+    state0 = np.random.default_rng(12).standard_normal((N, HV, K, V)).astype(np.float32) * 0.5
+    ref_o, ref_state = mod.chunked(*host, **kwargs, initial_state=state0.astype(np.float64), cu_seqlens=cu)
+    o, state = getattr(mcuda, mixer)(*gpu, **kwargs, initial_state=cupy.asarray(state0),
+                                     cu_seqlens=None if cu is None else cupy.asarray(cu))
+    assert o.shape == ref_o.shape and state.shape == ref_state.shape == (N, HV, K, V)
+    err_o, err_state = rel_err(cupy.asnumpy(as_float32(o)), ref_o), rel_err(cupy.asnumpy(state), ref_state)
+    assert err_o < TOLERANCE["bfloat16"] and err_state < TOLERANCE["bfloat16"], (layout, err_o, err_state)
+
+
 @pytest.mark.parametrize("mixer,version,dtype",
                          [(m, v, d) for m in ("retnet", "lightning", "mamba2") for v, d in version_cases(m)])
 def test_wrappers_match_reference(mixer, version, dtype):
@@ -176,7 +204,7 @@ def test_bad_inputs_raise(fn):
         call(*args(k=mcuda.to_bf16(k)))
     with pytest.raises(ValueError, match="q: expected a C-contiguous"):
         call(*args(q=cupy.concatenate([q, q], axis=1)[:, ::2]))
-    with pytest.raises(ValueError, match=r"v: expected shape \[B, T, H, V\] = \[2, 100, 3, V\]"):
+    with pytest.raises(ValueError, match=r"v: expected shape \[B, T, HV, V\] = \[2, 100, HV, V\]"):
         call(*args(v=v[:, :50]))
     with pytest.raises(TypeError, match="g: expected float32"):
         call(*args(g=g.astype(cupy.float16)))

@@ -300,15 +300,40 @@ def test_the_front_returns_the_reference_gradients_by_name(host_extension, mixer
         assert rel_err(np.asarray(got, np.float64), ref[name]) < 1e-5, name  # dg: the front's reverse sum
 
 
+@pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
+def test_the_front_takes_grouped_heads_and_packed_sequences(host_extension, mixer):
+    """HV = 2 H value heads and two packed sequences, through the front and the stand-in extension, against the
+    mixer's NumPy chunked_backward given the same layout (minilin.heads, minilin.varlen)."""
+    delta, gated = mixer in ("gated_deltanet", "deltanet"), mixer in ("simple_gla", "gated_deltanet")
+    x = inputs(1, 9, 4, 8, 4, seed=6, gated=gated, delta=delta, with_state=False)
+    x = {n: None if a is None else a.astype(np.float32).astype(np.float64) for n, a in x.items()}
+    x["q"], x["k"] = (np.ascontiguousarray(x[n][:, :, ::2]) for n in ("q", "k"))  # H = 2 q/k heads for HV = 4
+    rng = np.random.default_rng(7)
+    S0, dS = (rng.standard_normal((2, 4, 8, 4)).astype(np.float32).astype(np.float64) for _ in range(2))
+    cu = np.array([0, 4, 9], np.int64)
+    names = ["q", "k", "v"] + (["g"] if gated else []) + (["beta"] if delta else [])
+    mod = {"simple_gla": simple_gla, "linear_attention": linear_attention, "gated_deltanet": gated_deltanet,
+           "deltanet": deltanet}[mixer]
+    ref = mod.chunked_backward(*(x[n] for n in names), do=x["do"], dstate=dS, initial_state=S0, cu_seqlens=cu,
+                               chunk_size=4)
+    grads = getattr(mcuda, f"{mixer}_backward")(*(on_host_gpu(x[n]) for n in names), do=on_host_gpu(x["do"]),
+                                                dstate=on_host_gpu(dS), initial_state=on_host_gpu(S0), cu_seqlens=cu)
+    assert grads._fields == ref._fields
+    for name in grads._fields:
+        want, got = getattr(ref, name), getattr(grads, name)
+        assert got.shape == want.shape, name
+        assert rel_err(np.asarray(got, np.float64), want) < 1e-5, name
+
+
 def test_bad_cotangents_name_do_and_dstate(host_extension):
     x = inputs(2, 5, 2, 8, 4, seed=4, delta=True)
     q, k, v, g, beta = (on_host_gpu(x[n]) for n in ("q", "k", "v", "g", "beta"))
     do, dS = on_host_gpu(x["do"]), on_host_gpu(x["dS"])
-    with pytest.raises(ValueError, match=r"do: expected shape \[B, T, H, V\] = \[2, 5, 2, 4\], got \[2, 5, 2\]"):
+    with pytest.raises(ValueError, match=r"do: expected shape \[B, T, HV, V\] = \[2, 5, 2, 4\], got \[2, 5, 2\]"):
         mcuda.gated_deltanet_backward(q, k, v, g, beta, do=do[..., 0])
     with pytest.raises(TypeError, match=r"do: expected the dtype of v \(float32\), got uint16"):
         mcuda.gated_deltanet_backward(q, k, v, g, beta, do=np.zeros(do.shape, np.uint16).view(HostArray))
-    with pytest.raises(ValueError, match=r"dstate: expected shape \[B, H, K, V\] = \[2, 2, 8, 4\], got \[2, 2, 4, 8\]"):
+    with pytest.raises(ValueError, match=r"dstate: expected shape \[B, HV, K, V\] = \[2, 2, 8, 4\], got \[2, 2, 4, 8\]"):
         mcuda.simple_gla_backward(q, k, v, g, do=do, dstate=on_host_gpu(np.zeros((2, 2, 4, 8))))
     with pytest.raises(ValueError, match=r"do: expected finite values"):
         mcuda.simple_gla_backward(q, k, v, g, do=on_host_gpu(np.full(do.shape, np.nan)))
@@ -375,6 +400,26 @@ def test_kernels_match_the_float64_backward(mixer, dtype, shape):
         assert got.dtype == cupy.float32 and got.shape == ref[name].shape, name
         err = rel_err(cupy.asnumpy(got), ref[name])
         assert err < tol, f"{mixer} {dtype} {shape} {name}: {err:.2e} >= {tol}"
+
+
+@gpu
+@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
+def test_kernels_take_grouped_heads_and_packed_sequences(mixer):
+    """HV = 2 H and three packed sequences through the backward kernels, float32, against the NumPy backward."""
+    delta, mod = mixer == "gated_deltanet", {"simple_gla": simple_gla, "gated_deltanet": gated_deltanet}[mixer]
+    x = inputs(1, 150, 4, 32, 32, seed=8, gated=True, delta=delta, with_state=False)
+    x["q"], x["k"] = (np.ascontiguousarray(x[n][:, :, ::2]) for n in ("q", "k"))
+    rng = np.random.default_rng(9)
+    S0, dS = (rng.standard_normal((3, 4, 32, 32)) for _ in range(2))
+    cu = np.array([0, 1, 70, 150], np.int64)
+    names = ["q", "k", "v", "g"] + (["beta"] if delta else [])
+    ref = mod.chunked_backward(*(x[n] for n in names), do=x["do"], dstate=dS, initial_state=S0, cu_seqlens=cu)
+    f32 = lambda a: cupy.asarray(a, dtype=cupy.float32)  # noqa: E731
+    grads = getattr(mcuda, f"{mixer}_backward")(*(f32(x[n]) for n in names), do=f32(x["do"]), dstate=f32(dS),
+                                                initial_state=f32(S0), cu_seqlens=cupy.asarray(cu))
+    for name in grads._fields:
+        want, got = getattr(ref, name), cupy.asnumpy(getattr(grads, name))
+        assert got.shape == want.shape and rel_err(got, want) < TOLERANCE["float32"], name
 
 
 @gpu

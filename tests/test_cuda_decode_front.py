@@ -89,8 +89,9 @@ def fake_cupy(monkeypatch):
                              in_place=in_place, out=out, scale=scale, normalize_qk=normalize_qk, sizes=shapes.sizes))
         return "launched", "new states"
 
-    def record_forward(op, q, k, v, g, beta, initial_state, scale, version, shapes):
-        launched.append(dict(op=op, q=q, k=k, g=g, beta=beta, sizes=shapes.sizes))
+    def record_forward(op, q, k, v, g, beta, initial_state, scale, version, cu_seqlens):
+        sizes = dict(zip("BTHK", q.shape), V=v.shape[-1])  # q and k as launched: with v's heads
+        launched.append(dict(op=op, q=q, k=k, g=g, beta=beta, sizes=sizes, cu_seqlens=cu_seqlens))
         return "launched"
 
     monkeypatch.setattr(decode, "_launch", record_step)
@@ -355,7 +356,7 @@ def test_delta_rule_takes_g_before_beta(fake_cupy):
     first, second, third = fake_cupy
     assert first["g"] is g and first["beta"] is beta and second["g"] is g and second["beta"] is beta
     assert third["g"] is None and third["beta"] is beta
-    with pytest.raises(ValueError, match=r"beta: expected shape \[B, T, H\] = \[2, 5, 3\], got \[2, 5, 3, 16\]"):
+    with pytest.raises(ValueError, match=r"beta: expected shape \[B, T, HV\] = \[2, 5, 3\], got \[2, 5, 3, 16\]"):
         front.delta_rule(q, k, v, g, k)  # beta and g swapped: a shape error, not a silent swap
 
 
@@ -369,7 +370,7 @@ def test_channel_fronts_launch_their_ops_and_require_a_key_channel_gate(fake_cup
     assert kda["op"] == "kda" and kda["g"] is g_channel and kda["beta"] is beta
     for call in (lambda gate: front.channel_gated_linear(q, k, v, gate),
                  lambda gate: front.channel_delta_rule(q, k, v, gate, beta)):
-        with pytest.raises(ValueError, match=r"g: expected shape \[B, T, H, K\] = \[2, 5, 3, 16\], got \[2, 5, 3\]"):
+        with pytest.raises(ValueError, match=r"g: expected shape \[B, T, HV, K\] = \[2, 5, 3, 16\], got \[2, 5, 3\]"):
             call(g)
         with pytest.raises(TypeError, match=r"g: expected a CuPy array on the GPU, got NoneType"):
             call(None)

@@ -14,6 +14,8 @@ import pytest
 from minilin import cuda as mcuda
 from minilin.cuda import bf16, front
 
+UNPATCHED_LAUNCH = front._launch  # the fixture below records launches instead; one test needs the real loop
+
 
 def test_import_needs_neither_cupy_nor_the_extension():
     ok, reason = mcuda.available()
@@ -57,7 +59,14 @@ def fake_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", module)
     bf16.native_dtype.cache_clear()
     launched = []
-    monkeypatch.setattr(front, "_launch", lambda op, *args: launched.append((op, args[-1].sizes)) or "launched")
+    def record(op, q, k, v, g, beta, initial_state, scale, version, cu_seqlens):  # q and k as launched: v's heads
+        launched.append((op, dict(zip("BTHK", q.shape), V=v.shape[-1])))
+        return "launched"
+
+    module.repeat = lambda x, repeats, axis: FakeArray(np.repeat(x._data, repeats, axis=axis), x.device.id)
+    module.empty = lambda shape, dtype: FakeArray(np.full(shape, np.nan, dtype))
+    module.concatenate = lambda parts, axis: FakeArray(np.concatenate([p._data for p in parts], axis=axis))
+    monkeypatch.setattr(front, "_launch", record)
     yield launched
     bf16.native_dtype.cache_clear()
 
@@ -84,11 +93,11 @@ def test_valid_inputs_reach_the_launch(fake_cupy):
     ("q float64", TypeError, r"q: expected float32 or bfloat16 .*got float64"),
     ("k other dtype", TypeError, r"k: expected the dtype of q \(float32\), got uint16"),
     ("g bf16 bits", TypeError, r"g: expected float32 \(gates, beta and states are kept in float32\), got uint16"),
-    ("v short", ValueError, r"v: expected shape \[B, T, H, V\] = \[2, 10, 3, V\], got \[2, 9, 3, 8\]"),
-    ("beta rank", ValueError, r"beta: expected shape \[B, T, H\] = \[2, 10, 3\], got \[2, 10\]"),
+    ("v short", ValueError, r"v: expected shape \[B, T, HV, V\] = \[2, 10, HV, V\], got \[2, 9, 3, 8\]"),
+    ("beta rank", ValueError, r"beta: expected shape \[B, T, HV\] = \[2, 10, 3\], got \[2, 10\]"),
     ("q strided", ValueError, r"q: expected a C-contiguous array"),
     ("k other device", ValueError, r"k: expected an array on the current device 0, got one on device 1"),
-    ("state shape", ValueError, r"initial_state: expected shape \[B, H, K, V\] = \[2, 3, 16, 8\], got \[2, 3, 8, 16\]"),
+    ("state shape", ValueError, r"initial_state: expected shape \[B, HV, K, V\] = \[2, 3, 16, 8\], got \[2, 3, 8, 16\]"),
     ("empty sequence", ValueError, r"q: expected at least one token"),
     ("scale", TypeError, r"scale: expected a finite real number"),
     ("allow_neg_eigval", TypeError, r"allow_neg_eigval: expected True or False"),
@@ -190,3 +199,81 @@ def test_an_unknown_version_names_what_this_build_has(monkeypatch):
     monkeypatch.setattr(front, "extension", lambda: types.SimpleNamespace(cuda_arch="sm_90a,compute_90"))
     with pytest.raises(ValueError, match=r"version: expected one of \[1\] for delta, got 10$"):
         front._version_info("delta", 10, True, 90)
+
+
+# ---- grouped value heads and packed sequences ----------------------------------------------------------------
+def test_grouped_value_heads_launch_with_q_and_k_repeated(fake_cupy, monkeypatch):
+    """v with HV = 2 H heads: the kernels see q and k with each head repeated twice (heads.expand)."""
+    q, k, _, _, _ = arrays(H=2)
+    _, _, v, g, beta = arrays(H=4)
+    seen = []
+    monkeypatch.setattr(front, "_launch", lambda op, q, k, *rest: seen.append((q, k)) or "launched")
+    assert front.gated_linear(q, k, v, g, check_values=False) == "launched"
+    assert front.delta_rule(q, k, v, g, beta, check_values=False) == "launched"
+    for q_seen, k_seen in seen:
+        assert q_seen.shape == (2, 10, 4, 16)
+        np.testing.assert_array_equal(q_seen._data[:, :, 2], q._data[:, :, 1])
+        np.testing.assert_array_equal(k_seen._data, np.repeat(k._data, 2, axis=2))
+
+
+def test_value_heads_must_be_a_multiple_of_the_query_heads(fake_cupy):
+    q, k, _, _, _ = arrays(H=2)
+    _, _, v, g, _ = arrays(H=3)
+    with pytest.raises(ValueError, match=r"v: expected a number of heads HV that is a multiple of q's and k's "
+                                         r"H = 2 \(grouped value heads\), got HV = 3"):
+        front.gated_linear(q, k, v, g, check_values=False)
+
+
+def test_packed_sequences_are_checked_and_reach_the_launch(fake_cupy, monkeypatch):
+    q, k, v, g, beta = arrays(B=1)
+    cu = np.array([0, 4, 10], np.int32)
+    seen = []
+    monkeypatch.setattr(front, "_launch", lambda *args: seen.append(args[-1]) or "launched")
+    state = FakeArray(np.zeros((2, 3, 16, 8), np.float32))
+    assert front.delta_rule(q, k, v, g, beta, initial_state=state, cu_seqlens=cu, check_values=False) == "launched"
+    assert seen == [(0, 4, 10)]
+    with pytest.raises(ValueError, match=r"initial_state: expected shape \[N, HV, K, V\] = \[2, 3, 16, 8\], got "
+                                         r"\[1, 3, 16, 8\]"):
+        front.gated_linear(q, k, v, g, initial_state=FakeArray(np.zeros((1, 3, 16, 8), np.float32)), cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"cu_seqlens: expected cu_seqlens\[-1\] = T = 10"):
+        front.gated_linear(q, k, v, g, cu_seqlens=np.array([0, 4, 9]))
+    q2, k2, v2, g2, _ = arrays(B=2)
+    with pytest.raises(ValueError, match=r"cu_seqlens: expected B = 1"):
+        front.gated_linear(q2, k2, v2, g2, cu_seqlens=cu)
+
+
+def test_a_packed_call_launches_once_per_sequence_on_its_slices(fake_cupy, monkeypatch):
+    """front._launch with offsets: one launch per sequence, each writing its slice of o and its row of the states."""
+    q, k, v, g, _ = arrays(B=1)
+    calls = []
+
+    def launch_one(op, info, q, k, v, g, beta, initial_state, scale, o, final_state):
+        calls.append((q.shape[1], g.shape[1], initial_state.shape, o.shape, final_state.shape))
+        o._data[...] = q.shape[1]  # each sequence's slice of the one output array, written in place
+        final_state._data[...] = q.shape[1]
+
+    monkeypatch.setattr(front, "_launch_one", launch_one)
+    monkeypatch.setattr(front, "runnable_version", lambda op, version, is_bf16: {"version": 8})
+    h0 = FakeArray(np.zeros((2, 3, 16, 8), np.float32))
+    o, state = UNPATCHED_LAUNCH("linear", q, k, v, g, None, h0, 0.25, None, (0, 4, 10))
+    assert calls == [(4, 4, (1, 3, 16, 8), (1, 4, 3, 8), (1, 3, 16, 8)), (6, 6, (1, 3, 16, 8), (1, 6, 3, 8), (1, 3, 16, 8))]
+    assert (o._data[:, :4] == 4).all() and (o._data[:, 4:] == 6).all()
+    assert (state._data[0] == 4).all() and (state._data[1] == 6).all()
+
+
+def test_backward_of_packed_sequences_joins_each_sequences_gradients(monkeypatch):
+    from minilin.cuda import backward
+
+    offsets = (0, 3, 7)
+    arrays_ = (np.arange(7.0).reshape(1, 7, 1), None)
+    state = np.array([[10.0], [20.0]])
+
+    def run(x, absent, initial_state, do, dstate):
+        assert absent is None and do.shape[1] == x.shape[1] and initial_state.shape == (1, 1)
+        return 2 * x, None, initial_state + dstate
+
+    monkeypatch.setattr(backward, "cupy_module", lambda: types.SimpleNamespace(concatenate=np.concatenate))
+    dx, dabsent, dstate0 = backward._per_sequence(run, arrays_, state, np.ones((1, 7, 1)), np.ones((2, 1)), offsets)
+    np.testing.assert_array_equal(dx, 2 * arrays_[0])
+    assert dabsent is None
+    np.testing.assert_array_equal(dstate0, [[11.0], [21.0]])

@@ -296,7 +296,7 @@ def test_bad_inputs_raise(op):
         return [x if j == i else a for j, a in enumerate(args)]
 
     q, k, v, g = args[:4]
-    with pytest.raises(ValueError, match=r"g: expected shape \[B, T, H, K\] = \[2, 100, 3, 64\], got \[2, 100, 3\]"):
+    with pytest.raises(ValueError, match=r"g: expected shape \[B, T, HV, K\] = \[2, 100, 3, 64\], got \[2, 100, 3\]"):
         call(*replaced(3, cupy.ascontiguousarray(g[..., 0])))
     with pytest.raises(TypeError, match="g: expected float32"):
         call(*replaced(3, g.astype(cupy.float16)))
@@ -306,7 +306,7 @@ def test_bad_inputs_raise(op):
         call(*replaced(3, cupy.where(g < -0.5, cupy.float32(np.nan), g)))
     with pytest.raises(TypeError, match="k: expected the dtype of q"):
         call(*replaced(1, mcuda.to_bf16(k)))
-    with pytest.raises(ValueError, match=r"v: expected shape \[B, T, H, V\] = \[2, 100, 3, V\]"):
+    with pytest.raises(ValueError, match=r"v: expected shape \[B, T, HV, V\] = \[2, 100, HV, V\]"):
         call(*replaced(2, v[:, :50]))
     with pytest.raises(ValueError, match="initial_state: expected shape"):
         call(*args, initial_state=cupy.zeros((2, 3, 64, 32), cupy.float32))
@@ -405,12 +405,12 @@ def test_the_channel_ops_reach_their_launch(fake_cupy):  # noqa: F811 - the fixt
 
 
 @pytest.mark.parametrize("op, case, error, message", [
-    ("gla", "g per head", ValueError, r"g: expected shape \[B, T, H, K\] = \[2, 10, 3, 16\], got \[2, 10, 3\]"),
-    ("kda", "g per head", ValueError, r"g: expected shape \[B, T, H, K\] = \[2, 10, 3, 16\], got \[2, 10, 3\]"),
+    ("gla", "g per head", ValueError, r"g: expected shape \[B, T, HV, K\] = \[2, 10, 3, 16\], got \[2, 10, 3\]"),
+    ("kda", "g per head", ValueError, r"g: expected shape \[B, T, HV, K\] = \[2, 10, 3, 16\], got \[2, 10, 3\]"),
     ("gla", "g bf16 bits", TypeError, r"g: expected float32 \(gates, beta and states are kept in float32\)"),
-    ("kda", "beta per channel", ValueError, r"beta: expected shape \[B, T, H\] = \[2, 10, 3\], got \[2, 10, 3, 16\]"),
+    ("kda", "beta per channel", ValueError, r"beta: expected shape \[B, T, HV\] = \[2, 10, 3\], got \[2, 10, 3, 16\]"),
     ("gla", "empty sequence", ValueError, r"q: expected at least one token"),
-    ("kda", "state shape", ValueError, r"initial_state: expected shape \[B, H, K, V\] = \[2, 3, 16, 8\]"),
+    ("kda", "state shape", ValueError, r"initial_state: expected shape \[B, HV, K, V\] = \[2, 3, 16, 8\]"),
 ])
 def test_the_channel_ops_name_the_bad_argument(fake_cupy, op, case, error, message):  # noqa: F811 - the fixture
     q, k, v, g, beta = fake_arrays(T=0 if case == "empty sequence" else 10)

@@ -6,10 +6,12 @@
     tuples (SIGNATURE.gradients), one field d<name> per array the forward takes.
 
 The forward's arguments come first, as the forward takes them, then do and dstate by keyword (dstate None: zeros).
-Shapes: q, k [B, T, H, K]; v and do [B, T, H, V] (do in v's dtype: float32 or bfloat16); g, beta [B, T, H] float32;
-initial_state and dstate [B, H, K, V] float32. Every gradient comes back float32 (CuPy), whatever the inputs' dtype:
-dq, dk [B, T, H, K]; dv [B, T, H, V]; dg, dbeta [B, T, H]; dinitial_state [B, H, K, V], or None for an array that was
-not given (g, initial_state).
+Shapes: q, k [B, T, H, K]; v and do [B, T, HV, V] (do in v's dtype: float32 or bfloat16); g, beta [B, T, HV] float32;
+initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). Every gradient comes back float32
+(CuPy), whatever the inputs' dtype: dq, dk [B, T, H, K]; dv [B, T, HV, V]; dg, dbeta [B, T, HV]; dinitial_state as
+initial_state, or None for an array that was not given (g, initial_state). Grouped value heads and packed sequences
+as the forward (front.py): q and k repeated to HV heads, and a q/k head's gradient the sum over its value heads
+(`heads.reduce`); one backward launch per sequence, each sequence's gradients its own.
 
 Kernels (csrc/linear_bwd/, csrc/delta_bwd/, `versions('linear_bwd')`, `versions('delta_bwd')`): v1 is the definition
 run backwards (the state's adjoint in registers, token by token). For the gated linear family the gate's gradient
@@ -19,32 +21,34 @@ a reverse cumulative sum of per-token terms (csrc/linear_bwd/v1_recurrent.cu der
 """
 from __future__ import annotations
 
-from .. import catalog
+from .. import catalog, heads
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
-from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension,
+from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension, grouped,
                     runnable_version)
 
 
-def _check_cotangents(do, dstate, v, shapes: Shapes, check_values: bool):
-    """do [B, T, H, V] in v's dtype, dstate [B, H, K, V] float32 or None; finite when check_values."""
-    check_input("do", do, "B T H V", shapes, float32_only=False, like=v, like_name="v")
+def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values: bool):
+    """do [B, T, HV, V] in v's dtype, dstate [B, HV, K, V] ([N, HV, K, V] when packed) float32 or None; finite
+    when check_values."""
+    check_input("do", do, "B T HV V", shapes, float32_only=False, like=v, like_name="v")
     if dstate is not None:
-        check_input("dstate", dstate, "B H K V", shapes, float32_only=True)
+        check_input("dstate", dstate, "N HV K V" if packed else "B HV K V", shapes, float32_only=True)
     if check_values:
         check_finite("do", bf16.as_float32(do))
         if dstate is not None:
             check_finite("dstate", dstate)
 
 
-def _launch(op: str, q, k, v, g, beta, initial_state, do, dstate, scale, version, shapes: Shapes):
-    """Run backward `version` of `op` ('linear_bwd' or 'delta_bwd'); returns float32 (dq, dk, dv, dg, dbeta, dh0, ht),
-    None for what the op does not make here (the linear family's dg, which the caller forms from dq and dk)."""
+def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, scale):
+    """Run backward version `info` of `op` ('linear_bwd' or 'delta_bwd') over checked arrays, q and k with v's
+    heads; returns float32 (dq, dk, dv, dg, dbeta, dh0, ht), None for what the op does not make here (the linear
+    family's dg, which the caller forms from dq and dk)."""
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
-    info = runnable_version(op, version, is_bf16)
-    B, T, H, K, V = (shapes[d] for d in "BTHKV")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
     delta = op == "delta_bwd"
     dq, dk = cupy.empty((B, T, H, K), cupy.float32), cupy.empty((B, T, H, K), cupy.float32)
     dv = cupy.empty((B, T, H, V), cupy.float32)
@@ -77,84 +81,122 @@ def linear_gate_gradient(q, k, dq, dk, dstate, final_state):
     return cupy.ascontiguousarray(cupy.cumsum(term[:, ::-1], axis=1)[:, ::-1], dtype=cupy.float32)
 
 
-def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initial_state=None, version=None,
-                          check_values=True):
+def _per_sequence(run, arrays, initial_state, do, dstate, offsets):
+    """run(*arrays, initial_state, do, dstate) -> a tuple of gradients, per token ([1, T_n, ...]) and last the
+    initial state's ([1, ...]), None for an absent one; for each sequence alone with offsets (the tuple of
+    cu_seqlens), the pieces joined (along T, and along N for the last), else one call."""
+    if offsets is None:
+        return run(*arrays, initial_state, do, dstate)
+    cupy = cupy_module()
+    state_of = lambda x, n: None if x is None else x[n:n + 1]  # noqa: E731
+    pieces = []
+    for n, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
+        tokens = slice(start, end)
+        pieces.append(run(*(None if x is None else x[:, tokens] for x in arrays), state_of(initial_state, n),
+                          do[:, tokens], state_of(dstate, n)))
+    joined = []
+    for i, first in enumerate(pieces[0]):
+        axis = 0 if i == len(pieces[0]) - 1 else 1
+        joined.append(None if first is None else cupy.concatenate([p[i] for p in pieces], axis=axis))
+    return tuple(joined)
+
+
+def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
+                          version=None, check_values=True):
     """Gradients of the scalar-gated linear recurrence (front.gated_linear): (dq, dk, dv, dg, dinitial_state), all
     float32, dg None without g and dinitial_state None without initial_state.
 
     check_values: g <= 0, do and dstate finite (device-to-host syncs); False skips them."""
-    shapes = _check_common(q, k, v, initial_state)
+    shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
     if g is not None:
-        check_input("g", g, "B T H", shapes, float32_only=True)
-    _check_cotangents(do, dstate, v, shapes, check_values)
+        check_input("g", g, "B T HV", shapes, float32_only=True)
+    _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
     if check_values and g is not None:
         check_finite("g", g)
         check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
-    dq, dk, dv, _, _, dh0, ht = _launch("linear_bwd", q, k, v, g, None, initial_state, do, dstate, scale, version,
-                                        shapes)
-    dg = None if g is None else linear_gate_gradient(q, k, dq, dk, dstate, ht)
-    return dq, dk, dv, dg, dh0
+    info = runnable_version("linear_bwd", version, bf16.is_bf16(q.dtype))
+    q_rep, k_rep = grouped(q, k, shapes)
+
+    def one(q, k, v, g, initial_state, do, dstate):
+        dq, dk, dv, _, _, dh0, ht = _launch("linear_bwd", info, q, k, v, g, None, initial_state, do, dstate, scale)
+        dg = None if g is None else linear_gate_gradient(q, k, dq, dk, dstate, ht)
+        return dq, dk, dv, dg, dh0
+
+    dq, dk, dv, dg, dh0 = _per_sequence(one, (q_rep, k_rep, v, g), initial_state, do, dstate, offsets)
+    group = shapes["HV"] // shapes["H"]
+    return heads.reduce(dq, group), heads.reduce(dk, group), dv, dg, dh0
 
 
-def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False,
-                        version=None, check_values=True):
+def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
+                        allow_neg_eigval=False, version=None, check_values=True):
     """Gradients of the (gated) delta rule (front.delta_rule): (dq, dk, dv, dg, dbeta, dinitial_state), all float32,
     dg None without g (DeltaNet) and dinitial_state None without initial_state.
 
     check_values: g <= 0, beta's range, beta |k|^2 within its bound, do and dstate finite (device-to-host syncs)."""
-    shapes = _check_common(q, k, v, initial_state)
+    shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
     if g is not None:
-        check_input("g", g, "B T H", shapes, float32_only=True)
-    check_input("beta", beta, "B T H", shapes, float32_only=True)
-    _check_cotangents(do, dstate, v, shapes, check_values)
+        check_input("g", g, "B T HV", shapes, float32_only=True)
+    check_input("beta", beta, "B T HV", shapes, float32_only=True)
+    _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
+    q_rep, k_rep = grouped(q, k, shapes)
     if check_values:
         if g is not None:
             check_finite("g", g)
             check_log_gate("g", g)
         check_finite("beta", beta)
         check_beta(beta, allow_neg_eigval)
-        check_key_strength(k, beta, allow_neg_eigval)
+        check_key_strength(k_rep, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
-    dq, dk, dv, dg, dbeta, dh0, _ = _launch("delta_bwd", q, k, v, g, beta, initial_state, do, dstate, scale, version,
-                                            shapes)
-    return dq, dk, dv, dg, dbeta, dh0
+    info = runnable_version("delta_bwd", version, bf16.is_bf16(q.dtype))
+
+    def one(q, k, v, g, beta, initial_state, do, dstate):
+        dq, dk, dv, dg, dbeta, dh0, _ = _launch("delta_bwd", info, q, k, v, g, beta, initial_state, do, dstate, scale)
+        return dq, dk, dv, dg, dbeta, dh0
+
+    dq, dk, dv, dg, dbeta, dh0 = _per_sequence(one, (q_rep, k_rep, v, g, beta), initial_state, do, dstate, offsets)
+    group = shapes["HV"] // shapes["H"]
+    return heads.reduce(dq, group), heads.reduce(dk, group), dv, dg, dbeta, dh0
 
 
 def _gradients(mixer: str):
     return catalog.module(mixer).SIGNATURE.gradients(mixer)
 
 
-def linear_attention_backward(q, k, v, *, do, dstate=None, scale=None, initial_state=None, version=None,
-                              check_values=True):
+def linear_attention_backward(q, k, v, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
+                              version=None, check_values=True):
     """Linear attention's gradients (identity feature map): LinearAttentionGradients(dq, dk, dv, dinitial_state)."""
     dq, dk, dv, _, dh0 = gated_linear_backward(q, k, v, None, do=do, dstate=dstate, scale=scale,
-                                               initial_state=initial_state, version=version, check_values=check_values)
+                                               initial_state=initial_state, cu_seqlens=cu_seqlens, version=version,
+                                               check_values=check_values)
     return _gradients("linear_attention")(dq=dq, dk=dk, dv=dv, dinitial_state=dh0)
 
 
-def simple_gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, version=None,
+def simple_gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, version=None,
                         check_values=True):
-    """Simple GLA's gradients: SimpleGlaGradients(dq, dk, dv, dg, dinitial_state), float32. g [B, T, H]."""
+    """Simple GLA's gradients: SimpleGlaGradients(dq, dk, dv, dg, dinitial_state), float32. g [B, T, HV]."""
     dq, dk, dv, dg, dh0 = gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
-                                                initial_state=initial_state, version=version, check_values=check_values)
+                                                initial_state=initial_state, cu_seqlens=cu_seqlens, version=version,
+                                                check_values=check_values)
     return _gradients("simple_gla")(dq=dq, dk=dk, dv=dv, dg=dg, dinitial_state=dh0)
 
 
-def deltanet_backward(q, k, v, beta, *, do, dstate=None, scale=None, initial_state=None, allow_neg_eigval=False,
-                      version=None, check_values=True):
+def deltanet_backward(q, k, v, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
+                      allow_neg_eigval=False, version=None, check_values=True):
     """DeltaNet's gradients: DeltanetGradients(dq, dk, dv, dbeta, dinitial_state), float32."""
     dq, dk, dv, _, dbeta, dh0 = delta_rule_backward(q, k, v, None, beta, do=do, dstate=dstate, scale=scale,
-                                                    initial_state=initial_state, allow_neg_eigval=allow_neg_eigval,
+                                                    initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                                    allow_neg_eigval=allow_neg_eigval,
                                                     version=version, check_values=check_values)
     return _gradients("deltanet")(dq=dq, dk=dk, dv=dv, dbeta=dbeta, dinitial_state=dh0)
 
 
-def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None,
+def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                             allow_neg_eigval=False, version=None, check_values=True):
     """Gated DeltaNet's gradients: GatedDeltanetGradients(dq, dk, dv, dg, dbeta, dinitial_state), float32."""
     dq, dk, dv, dg, dbeta, dh0 = delta_rule_backward(q, k, v, g, beta, do=do, dstate=dstate, scale=scale,
-                                                     initial_state=initial_state, allow_neg_eigval=allow_neg_eigval,
+                                                     initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                                     allow_neg_eigval=allow_neg_eigval,
                                                      version=version, check_values=check_values)
     return _gradients("gated_deltanet")(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dinitial_state=dh0)

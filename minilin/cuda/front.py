@@ -7,8 +7,12 @@
                                                (GLA; the op "gla")
     channel_delta_rule(q, k, v, g, beta, ...)  delta_rule with that decay (Kimi Delta Attention; the op "kda")
 
-Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H] (the channel engines' g
-[B, T, H, K]); initial_state and the returned state [B, H, K, V]; o [B, T, H, V].
+Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (the channel engines' g
+[B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
+layout; HV a multiple of H groups the value heads (`minilin.heads`): the kernels read one q/k head per value
+head, so q and k are first repeated to HV heads (`heads.expand`, one copy of each). cu_seqlens [N + 1] with
+B = 1 packs N sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]): one launch per
+sequence, each on its own slice of the arrays, so a packed call costs what N calls cost.
 Dtypes: q, k, v all float32 or all bfloat16 (native or uint16 bits, see `bf16`); g, beta and the state
 float32 (accumulation is float32 throughout); o comes back in the dtype of v.
 
@@ -23,6 +27,7 @@ import functools
 
 import numpy as np
 
+from .. import heads, varlen
 from ..backend import is_cupy_array
 from ..activations import l2_normalize
 from ..validation import KEY_NORM_SLACK, Shapes, check_beta, check_flag, check_log_gate, check_scale
@@ -216,14 +221,13 @@ def l2_normalized(x):
     return bf16.like(l2_normalize(bf16.as_float32(x)), x)
 
 
-def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Shapes):
+def _launch_one(op: str, info: dict, q, k, v, g, beta, initial_state, scale, o, final_state):
+    """One launch of version `info` of `op` over checked arrays (q and k with v's heads), writing o and final_state
+    (preallocated, C-contiguous: whole arrays or one sequence's slices)."""
     cupy = cupy_module()
     cuda = extension()
-    is_bf16 = bf16.is_bf16(q.dtype)
-    info = runnable_version(op, version, is_bf16)
-    B, T, H, K, V = (shapes[d] for d in "BTHKV")
-    o = cupy.empty(v.shape, v.dtype)
-    final_state = cupy.empty((B, H, K, V), cupy.float32)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
     workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
     # Scratch bytes from CuPy's pool, without an array around them (a few microseconds less per call); held
     # here until the launch is queued, after which the pool may hand them to later work on the same stream.
@@ -235,56 +239,99 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, shapes: Sh
     cuda.forward(op, info["version"], address(q), address(k), address(v), address(g), address(beta),
                  address(initial_state), address(o), address(final_state),
                  workspace.ptr if workspace is not None else 0, workspace_size,
-                 B, T, H, K, V, float(scale), 1 if is_bf16 else 0, cupy.cuda.get_current_stream().ptr)
+                 B, T, H, K, V, float(scale), 1 if bf16.is_bf16(q.dtype) else 0, cupy.cuda.get_current_stream().ptr)
+
+
+def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, cu_seqlens=None):
+    """(o, final state) of `op` over checked arrays; q and k already have v's heads. cu_seqlens: the checked
+    offsets (a tuple), one launch per sequence on its slice of the arrays (B = 1, so each slice along T is
+    contiguous), or None for one launch."""
+    cupy = cupy_module()
+    info = runnable_version(op, version, bf16.is_bf16(q.dtype))
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = cupy.empty(v.shape, v.dtype)
+    if cu_seqlens is None:
+        final_state = cupy.empty((B, H, K, V), cupy.float32)
+        _launch_one(op, info, q, k, v, g, beta, initial_state, scale, o, final_state)
+        return o, final_state
+    final_state = cupy.empty((len(cu_seqlens) - 1, H, K, V), cupy.float32)
+    for n, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+        tokens = slice(start, end)
+        _launch_one(op, info, q[:, tokens], k[:, tokens], v[:, tokens], None if g is None else g[:, tokens],
+                    None if beta is None else beta[:, tokens],
+                    None if initial_state is None else initial_state[n:n + 1], scale, o[:, tokens],
+                    final_state[n:n + 1])
     return o, final_state
 
 
-def _check_common(q, k, v, initial_state):
+def _check_common(q, k, v, initial_state, cu_seqlens=None):
+    """q, k [B, T, H, K], v [B, T, HV, V] (HV a multiple of H), initial_state [B, HV, K, V] ([N, HV, K, V] with
+    cu_seqlens). Returns (shapes, the offsets as a tuple or None)."""
     shapes = Shapes()
     q = check_input("q", q, "B T H K", shapes, float32_only=False)
     check_input("k", k, "B T H K", shapes, float32_only=False, like=q)
-    check_input("v", v, "B T H V", shapes, float32_only=False, like=q)
-    if initial_state is not None:
-        check_input("initial_state", initial_state, "B H K V", shapes, float32_only=True)
+    check_input("v", v, "B T HV V", shapes, float32_only=False, like=q)
+    if shapes["HV"] % shapes["H"]:
+        raise ValueError(f"v: expected a number of heads HV that is a multiple of q's and k's H = {shapes['H']} "
+                         f"(grouped value heads), got HV = {shapes['HV']}")
     if shapes["T"] < 1:
         raise ValueError(f"q: expected at least one token (T >= 1), got T = {shapes['T']}")
-    return shapes
+    offsets = None
+    if cu_seqlens is not None:
+        offsets = varlen.check_cu_seqlens(cu_seqlens, shapes["B"], shapes["T"])
+        shapes.sizes["N"] = len(offsets) - 1
+    if initial_state is not None:
+        check_input("initial_state", initial_state, "N HV K V" if offsets else "B HV K V", shapes,
+                    float32_only=True)
+    return shapes, offsets
 
 
-def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, version, check_values):
+def grouped(q, k, shapes: Shapes):
+    """q and k with each head repeated HV / H times (`heads.expand`; unchanged when HV = H), as the kernels read
+    them: one q/k head per value head."""
+    group = shapes["HV"] // shapes["H"]
+    return heads.expand(q, group), heads.expand(k, group)
+
+
+def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, cu_seqlens, version, check_values):
     """gated_linear and channel_gated_linear: the checks, then the launch of `op` with g [g_dims] (None only for
-    the scalar gate, g_dims "B T H": no decay)."""
-    shapes = _check_common(q, k, v, initial_state)
-    if g is not None or g_dims != "B T H":
+    the scalar gate, g_dims "B T HV": no decay)."""
+    shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
+    if g is not None or g_dims != "B T HV":
         check_input("g", g, g_dims, shapes, float32_only=True)
         if check_values:
             check_finite("g", g)
             check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
-    return _launch(op, q, k, v, g, None, initial_state, scale, version, shapes)
+    q, k = grouped(q, k, shapes)
+    return _launch(op, q, k, v, g, None, initial_state, scale, version, offsets)
 
 
-def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, version=None, check_values=True):
-    """Scalar-gated linear attention on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
+def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, cu_seqlens=None, version=None,
+                 check_values=True):
+    """Scalar-gated linear attention on the GPU. Returns (o [B, T, HV, V], final state [B, HV, K, V] float32;
+    [N, HV, K, V] with cu_seqlens).
 
-    g: None (no decay) or [B, T, H] float32 log-decays <= 0. scale: default K ** -0.5.
+    g: None (no decay) or [B, T, HV] float32 log-decays <= 0. scale: default K ** -0.5.
     version: None (`default_version`: the last rung for the dtype and this GPU) or 1, 2, 3, ... (`versions('linear')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
-    return _gated_linear("linear", "B T H", q, k, v, g, scale, initial_state, version, check_values)
+    return _gated_linear("linear", "B T HV", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values)
 
 
-def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk,
-                version, check_values):
+def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, allow_neg_eigval,
+                normalize_qk, version, check_values):
     """delta_rule and channel_delta_rule: the checks, the normalize_qk pre-pass, then the launch of `op` with
-    g [g_dims] (None only for the scalar gate, g_dims "B T H": DeltaNet)."""
-    shapes = _check_common(q, k, v, initial_state)
-    if g is not None or g_dims != "B T H":
+    g [g_dims] (None only for the scalar gate, g_dims "B T HV": DeltaNet)."""
+    shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
+    if g is not None or g_dims != "B T HV":
         check_input("g", g, g_dims, shapes, float32_only=True)
-    check_input("beta", beta, "B T H", shapes, float32_only=True)
+    check_input("beta", beta, "B T HV", shapes, float32_only=True)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     if check_flag("normalize_qk", normalize_qk):
         q, k = l2_normalized(q), l2_normalized(k)
+    q, k = grouped(q, k, shapes)
     if check_values:
         if g is not None:
             check_finite("g", g)
@@ -294,14 +341,15 @@ def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, al
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
             check_key_strength(k, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
-    return _launch(op, q, k, v, g, beta, initial_state, scale, version, shapes)
+    return _launch(op, q, k, v, g, beta, initial_state, scale, version, offsets)
 
 
-def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
-               version=None, check_values=True):
-    """The (gated) delta rule on the GPU. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
+def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False,
+               normalize_qk=False, version=None, check_values=True):
+    """The (gated) delta rule on the GPU. Returns (o [B, T, HV, V], final state [B, HV, K, V] float32; [N, HV, K, V]
+    with cu_seqlens).
 
-    g: None (DeltaNet) or [B, T, H] float32 log-decays <= 0 (Gated DeltaNet). beta: [B, T, H] float32 in [0, 1]
+    g: None (DeltaNet) or [B, T, HV] float32 log-decays <= 0 (Gated DeltaNet). beta: [B, T, HV] float32 in [0, 1]
     ([0, 2] with allow_neg_eigval). Keys should be L2-normalized: normalize_qk=True divides q and k by
     sqrt(|x|^2 + 1e-6) first (`activations.l2_normalize`, FLA's use_qk_l2norm_in_kernel), in a CuPy pre-pass
     (float32, bfloat16 inputs rounded to bfloat16 again: one more read and write of q and k). version: see
@@ -309,31 +357,32 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_ei
     check_values: check g <= 0, beta's range and beta |k|^2 <= 1 (<= 2 with allow_neg_eigval; `check_key_strength`)
     with device-to-host syncs; False skips them, for timing.
     """
-    return _delta_rule("delta", "B T H", q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk,
-                       version, check_values)
+    return _delta_rule("delta", "B T HV", q, k, v, g, beta, scale, initial_state, cu_seqlens, allow_neg_eigval,
+                       normalize_qk, version, check_values)
 
 
-def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
+def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None,
+                         check_values=True):
     """Linear attention with a decay per key channel (GLA) on the GPU: S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,
     o_t = scale S_t^T q_t. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
 
-    g: [B, T, H, K] float32 log-decays <= 0, one per key channel. scale: default K ** -0.5.
+    g: [B, T, HV, K] float32 log-decays <= 0, one per key channel. scale: default K ** -0.5.
     version: None (`default_version`) or 1, 2, ... (`versions('gla')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
-    return _gated_linear("gla", "B T H K", q, k, v, g, scale, initial_state, version, check_values)
+    return _gated_linear("gla", "B T HV K", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values)
 
 
-def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False, version=None,
-                       check_values=True):
+def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, normalize_qk=False,
+                       version=None, check_values=True):
     """The delta rule with a decay per key channel (Kimi Delta Attention) on the GPU: S' = diag(exp(g_t)) S_{t-1},
     S_t = S' + beta_t k_t (v_t - S'^T k_t)^T, o_t = scale S_t^T q_t. Returns (o [B, T, H, V], final state
     [B, H, K, V] float32).
 
-    g: [B, T, H, K] float32 log-decays <= 0; beta: [B, T, H] float32 in [0, 1]. normalize_qk: as `delta_rule`
+    g: [B, T, HV, K] float32 log-decays <= 0; beta: [B, T, HV] float32 in [0, 1]. normalize_qk: as `delta_rule`
     (a CuPy pre-pass dividing q and k by sqrt(|x|^2 + 1e-6)). version: see `versions('kda')`.
     check_values: check g <= 0, beta in [0, 1] and beta |k|^2 <= 1 (`check_key_strength`) with device-to-host
     syncs; False skips them, for timing.
     """
-    return _delta_rule("kda", "B T H K", q, k, v, g, beta, scale, initial_state, False, normalize_qk, version,
-                       check_values)
+    return _delta_rule("kda", "B T HV K", q, k, v, g, beta, scale, initial_state, cu_seqlens, False, normalize_qk,
+                       version, check_values)

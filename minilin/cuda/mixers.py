@@ -1,7 +1,8 @@
 """The mixers on the GPU: thin wrappers mapping each paper's parameters onto the four engines of `front`.
 
-Same signatures as the NumPy reference (minilin/mixers/<name>.py, CONVENTIONS.md) without `cu_seqlens` (the
-kernels take no packed sequences, and v's heads must be q's), plus `version=` (which kernel: None picks
+Same signatures as the NumPy reference (minilin/mixers/<name>.py, CONVENTIONS.md), grouped value heads and
+`cu_seqlens` included where the reference takes them (linear attention, simple GLA, GLA, DeltaNet, Gated
+DeltaNet, KDA: front.py says how), plus `version=` (which kernel: None picks
 `default_version`, the last rung that takes the dtype and runs on this GPU, or the faster one that
 `front.FASTER_DEFAULT` names) and
 `check_values=` (value checks that cost a device sync; False for timing). All return (o, final_state) as
@@ -34,22 +35,22 @@ from .front import (channel_delta_rule, channel_gated_linear, check_finite, chec
                     gated_linear)
 
 
-def linear_attention(q, k, v, *, scale=None, initial_state=None, version=None, check_values=True):
+def linear_attention(q, k, v, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
     """Linear attention (identity feature map: apply phi to q and k first). o_t = scale S_t^T q_t."""
-    return gated_linear(q, k, v, None, scale=scale, initial_state=initial_state, version=version,
-                        check_values=check_values)
+    return gated_linear(q, k, v, None, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                        version=version, check_values=check_values)
 
 
-def simple_gla(q, k, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
-    """Scalar-gated linear attention: g [B, T, H] float32, log-space decays <= 0."""
-    return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version,
-                        check_values=check_values)
+def simple_gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
+    """Scalar-gated linear attention: g [B, T, HV] float32, log-space decays <= 0."""
+    return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                        version=version, check_values=check_values)
 
 
-def gla(q, k, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
-    """Gated Linear Attention: g [B, T, H, K] float32, log-space decays <= 0, one per key channel."""
-    return channel_gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version,
-                                check_values=check_values)
+def gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
+    """Gated Linear Attention: g [B, T, HV, K] float32, log-space decays <= 0, one per key channel."""
+    return channel_gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                version=version, check_values=check_values)
 
 
 def _per_head_gate(name, values, shape, H: int, check_values: bool, transform):
@@ -159,26 +160,27 @@ def mamba2(x, dt, A, B, C, D=None, *, initial_state=None, version=None, check_va
     return mamba2_skip(y, x32, D, x), state
 
 
-def deltanet(q, k, v, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
-             version=None, check_values=True):
-    """DeltaNet: the delta rule without decay. beta [B, T, H] float32 in [0, 1] (or [0, 2]).
+def deltanet(q, k, v, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False,
+             normalize_qk=False, version=None, check_values=True):
+    """DeltaNet: the delta rule without decay. beta [B, T, HV] float32 in [0, 1] (or [0, 2]).
     normalize_qk: L2-normalize q and k first (front.delta_rule)."""
-    return delta_rule(q, k, v, None, beta, scale=scale, initial_state=initial_state,
+    return delta_rule(q, k, v, None, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                       allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk, version=version,
                       check_values=check_values)
 
 
-def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, allow_neg_eigval=False, normalize_qk=False,
-                   version=None, check_values=True):
-    """Gated DeltaNet: decay exp(g_t) first, then the delta rule. g, beta [B, T, H] float32.
+def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False,
+                   normalize_qk=False, version=None, check_values=True):
+    """Gated DeltaNet: decay exp(g_t) first, then the delta rule. g, beta [B, T, HV] float32.
     normalize_qk: L2-normalize q and k first (front.delta_rule)."""
-    return delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+    return delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                       allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk, version=version,
                       check_values=check_values)
 
 
-def kda(q, k, v, g, beta, *, scale=None, initial_state=None, normalize_qk=False, version=None, check_values=True):
-    """Kimi Delta Attention: decay diag(exp(g_t)) first, then the delta rule. g [B, T, H, K], beta [B, T, H]
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, normalize_qk=False, version=None,
+        check_values=True):
+    """Kimi Delta Attention: decay diag(exp(g_t)) first, then the delta rule. g [B, T, HV, K], beta [B, T, HV]
     float32, beta in [0, 1] (as minilin.mixers.kda). normalize_qk: L2-normalize q and k first (front.delta_rule)."""
-    return channel_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state, normalize_qk=normalize_qk,
-                              version=version, check_values=check_values)
+    return channel_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                              normalize_qk=normalize_qk, version=version, check_values=check_values)
