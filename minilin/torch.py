@@ -6,15 +6,19 @@
 Importable only where PyTorch is installed; minilin never depends on it. Three functions, FLA 0.6.0's names
 and arguments (the ones FLA has and minilin does not raise a ValueError naming the argument):
 
-    chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False)
+    chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                     cu_seqlens=None)
     chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                     use_qk_l2norm_in_kernel=False)
+                     use_qk_l2norm_in_kernel=False, cu_seqlens=None)
     chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, allow_neg_eigval=False)
+                           use_qk_l2norm_in_kernel=False, allow_neg_eigval=False, cu_seqlens=None)
 
-Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, H, V], g and beta [B, T, H] (g the log decay,
-<= 0), g_gamma [H] (one log decay per head, RetNet's), initial_state [B, H, K, V]. Returns (o [B, T, H, V] in
-q's dtype, final state [B, H, K, V] float32, or None without output_final_state).
+Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, HV, V] (HV = H, or a multiple of it: grouped
+value heads), g and beta [B, T, HV] (g the log decay, <= 0), g_gamma [HV] (one log decay per head, RetNet's),
+initial_state [B, HV, K, V]. Returns (o [B, T, HV, V] in q's dtype, final state [B, HV, K, V] float32, or None
+without output_final_state). cu_seqlens [N + 1] (int32 or int64, any device) with B = 1 packs N sequences along T,
+the states then [N, HV, K, V]; FLA's cu_seqlens_cpu, a host copy of it, is accepted and not needed (minilin reads
+the offsets on the host once either way).
 
 Where the work runs, by the tensors' device:
 - CUDA tensors: minilin.cuda's kernels, the forward's default version and the backward `<mixer>_backward`,
@@ -90,18 +94,19 @@ def _torch_stream(device):
         return cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
 
 
-def _gpu_forward(mixer: str, arrays: dict, scale, allow_neg_eigval: bool):
+def _gpu_forward(mixer: str, arrays: dict, scale, allow_neg_eigval: bool, cu_seqlens):
     from . import cuda
 
     options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
-    return getattr(cuda, mixer)(**arrays, scale=scale, **options)
+    return getattr(cuda, mixer)(**arrays, scale=scale, cu_seqlens=cu_seqlens, **options)
 
 
-def _gpu_backward(mixer: str, arrays: dict, do, dstate, scale, allow_neg_eigval: bool):
+def _gpu_backward(mixer: str, arrays: dict, do, dstate, scale, allow_neg_eigval: bool, cu_seqlens):
     from . import cuda
 
     options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
-    return getattr(cuda, f"{mixer}_backward")(**arrays, do=do, dstate=dstate, scale=scale, **options)
+    return getattr(cuda, f"{mixer}_backward")(**arrays, do=do, dstate=dstate, scale=scale, cu_seqlens=cu_seqlens,
+                                              **options)
 
 
 def _cupy_arrays(inputs: dict) -> dict:
@@ -127,12 +132,22 @@ def _to_numpy(x: torch.Tensor, dtype) -> np.ndarray:
     return x.detach().to(torch.float64 if dtype == np.float64 else torch.float32).contiguous().numpy()
 
 
-def _cpu_call(form: str, mixer: str, arrays: dict, scale, allow_neg_eigval: bool, **cotangents):
+def _cpu_call(form: str, mixer: str, arrays: dict, scale, allow_neg_eigval: bool, cu_seqlens, **cotangents):
     """minilin.mixers.<mixer>.<form> ("chunked" or "chunked_backward", with do= and dstate=) on NumPy arrays."""
     options = {"allow_neg_eigval": allow_neg_eigval} if mixer in DELTA else {}
     positional = [arrays[n] for n in ("q", "k", "v", *GATES[mixer])]
     return getattr(catalog.module(mixer), form)(*positional, scale=scale, initial_state=arrays.get("initial_state"),
-                                                chunk_size=CPU_CHUNK_SIZE, **cotangents, **options)
+                                                cu_seqlens=cu_seqlens, chunk_size=CPU_CHUNK_SIZE, **cotangents,
+                                                **options)
+
+
+def _offsets(cu_seqlens):
+    """FLA's cu_seqlens (a torch integer tensor, on any device) as a NumPy array for minilin's checks, or None."""
+    if cu_seqlens is None:
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens: expected a torch.Tensor of int32 or int64 offsets, got {type(cu_seqlens).__name__}")
+    return cu_seqlens.detach().cpu().numpy()
 
 
 # ------------------------------------------------------------------------------------------------ autograd
@@ -141,10 +156,10 @@ class _Mixer(torch.autograd.Function):
     gradients of L = <do, o> + <dstate, final state> (a final state no one used has dstate = None)."""
 
     @staticmethod
-    def forward(ctx, mixer, scale, allow_neg_eigval, q, k, v, g, beta, initial_state):
+    def forward(ctx, mixer, scale, allow_neg_eigval, cu_seqlens, q, k, v, g, beta, initial_state):
         inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state}
         inputs = {n: inputs[n] for n in ("q", "k", "v", *GATES[mixer], "initial_state")}
-        ctx.mixer, ctx.scale, ctx.allow_neg_eigval = mixer, scale, allow_neg_eigval
+        ctx.mixer, ctx.scale, ctx.allow_neg_eigval, ctx.cu_seqlens = mixer, scale, allow_neg_eigval, cu_seqlens
         ctx.set_materialize_grads(False)  # an output no loss used has no cotangent: None, not zeros
         ctx.names = tuple(n for n, x in inputs.items() if x is not None)
         ctx.dtypes = {n: x.dtype for n, x in inputs.items() if x is not None}
@@ -153,11 +168,11 @@ class _Mixer(torch.autograd.Function):
             import cupy
 
             with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), _torch_stream(q.device):
-                o, state = _gpu_forward(mixer, _cupy_arrays(inputs), scale, allow_neg_eigval)
+                o, state = _gpu_forward(mixer, _cupy_arrays(inputs), scale, allow_neg_eigval, cu_seqlens)
                 return _to_torch(o, q.dtype), _to_torch(state, torch.float32)
         dtype = _numpy_dtype(q)
         arrays = {n: _to_numpy(x, dtype) for n, x in inputs.items() if x is not None}
-        o, state = _cpu_call("chunked", mixer, arrays, scale, allow_neg_eigval)
+        o, state = _cpu_call("chunked", mixer, arrays, scale, allow_neg_eigval, cu_seqlens)
         return torch.from_numpy(o).to(q.dtype), torch.from_numpy(state).to(torch.float32)
 
     @staticmethod
@@ -165,7 +180,7 @@ class _Mixer(torch.autograd.Function):
         saved = dict(zip(ctx.names, ctx.saved_tensors))
         q = saved["q"]
         if do is None:  # only the final state was used
-            do = torch.zeros(*q.shape[:3], saved["v"].shape[-1], dtype=saved["v"].dtype, device=q.device)
+            do = torch.zeros(saved["v"].shape, dtype=saved["v"].dtype, device=q.device)
         if q.is_cuda:
             import cupy
 
@@ -173,16 +188,16 @@ class _Mixer(torch.autograd.Function):
                 arrays = _cupy_arrays(saved)
                 grads = _gpu_backward(ctx.mixer, arrays, _to_cupy(do.to(q.dtype)),
                                       None if dstate is None else _to_cupy(dstate.float()), ctx.scale,
-                                      ctx.allow_neg_eigval)
+                                      ctx.allow_neg_eigval, ctx.cu_seqlens)
                 grads = {n: _to_torch(getattr(grads, f"d{n}"), ctx.dtypes[n]) for n in ctx.names}
         else:
             dtype = _numpy_dtype(q)
             arrays = {n: _to_numpy(x, dtype) for n, x in saved.items()}
-            grads = _cpu_call("chunked_backward", ctx.mixer, arrays, ctx.scale, ctx.allow_neg_eigval,
+            grads = _cpu_call("chunked_backward", ctx.mixer, arrays, ctx.scale, ctx.allow_neg_eigval, ctx.cu_seqlens,
                               do=_to_numpy(do, dtype), dstate=None if dstate is None else _to_numpy(dstate, dtype))
             grads = {n: torch.from_numpy(np.ascontiguousarray(getattr(grads, f"d{n}"))).to(ctx.dtypes[n])
                      for n in ctx.names}
-        return (None, None, None, *(grads.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")))
+        return (None, None, None, None, *(grads.get(n) for n in ("q", "k", "v", "g", "beta", "initial_state")))
 
 
 def _check_tensors(**tensors):
@@ -195,12 +210,13 @@ def _check_tensors(**tensors):
             raise ValueError(f"{name}: expected a tensor on q's device {device}, got one on {x.device}")
 
 
-def _run(mixer, q, k, v, g=None, beta=None, *, scale, initial_state, output_final_state, normalize_qk=False,
-         allow_neg_eigval=False):
+def _run(mixer, q, k, v, g=None, beta=None, *, scale, initial_state, output_final_state, cu_seqlens,
+         normalize_qk=False, allow_neg_eigval=False):
     _check_tensors(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    offsets = _offsets(cu_seqlens)
     if normalize_qk:
         q, k = _l2_normalize(q), _l2_normalize(k)
-    o, state = _Mixer.apply(mixer, scale, bool(allow_neg_eigval), q, k, v, g, beta, initial_state)
+    o, state = _Mixer.apply(mixer, scale, bool(allow_neg_eigval), offsets, q, k, v, g, beta, initial_state)
     return o, (state if output_final_state else None)
 
 
@@ -209,33 +225,29 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     """Simple GLA, S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (minilin.mixers.simple_gla); no gate
     at all (g and g_gamma None) is linear attention. g [B, T, H] or g_gamma [H], log decays <= 0."""
     _refuse("state_v_first", state_v_first, False)
-    _refuse("cu_seqlens", cu_seqlens)
-    _refuse("cu_seqlens_cpu", cu_seqlens_cpu)
     for name in kwargs:
         _refuse(name, kwargs[name])
     if g is not None and g_gamma is not None:
         raise ValueError("g, g_gamma: expected at most one of them, got both")
     if g_gamma is not None:
-        if not isinstance(g_gamma, torch.Tensor) or g_gamma.shape != (q.shape[2],):
-            raise ValueError(f"g_gamma: expected shape [H] = [{q.shape[2]}], got "
+        if not isinstance(g_gamma, torch.Tensor) or g_gamma.shape != (v.shape[2],):
+            raise ValueError(f"g_gamma: expected shape [HV] = [{v.shape[2]}], got "
                              f"{list(getattr(g_gamma, 'shape', [type(g_gamma).__name__]))}")
-        g = g_gamma.to(torch.float32).expand(*q.shape[:3])
+        g = g_gamma.to(torch.float32).expand(*v.shape[:3])
     if g is None:
         return _run("linear_attention", q, k, v, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     return _run("simple_gla", q, k, v, g, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state)
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                      use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
-    """DeltaNet, S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T (minilin.mixers.deltanet); beta [B, T, H]."""
-    _refuse("cu_seqlens", cu_seqlens)
-    _refuse("cu_seqlens_cpu", cu_seqlens_cpu)
+    """DeltaNet, S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T (minilin.mixers.deltanet); beta [B, T, HV]."""
     for name in kwargs:
         _refuse(name, kwargs[name])
     return _run("deltanet", q, k, v, None, beta, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state, normalize_qk=use_qk_l2norm_in_kernel)
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, normalize_qk=use_qk_l2norm_in_kernel)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -243,12 +255,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                            state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
                            cp_context=None, **kwargs):
     """Gated DeltaNet, S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
-    (minilin.mixers.gated_deltanet); g, beta [B, T, H]; allow_neg_eigval: beta in [0, 2]."""
+    (minilin.mixers.gated_deltanet); g, beta [B, T, HV]; allow_neg_eigval: beta in [0, 2]. chunk_indices, FLA's
+    precomputed chunk table for cu_seqlens, is accepted and not needed."""
     for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                        ("state_v_first", state_v_first), ("cu_seqlens", cu_seqlens),
-                        ("cu_seqlens_cpu", cu_seqlens_cpu), ("chunk_indices", chunk_indices),
-                        ("cp_context", cp_context), *kwargs.items()):
+                        ("state_v_first", state_v_first), ("cp_context", cp_context), *kwargs.items()):
         _refuse(name, value, False if name in ("use_beta_sigmoid_in_kernel", "state_v_first") else None)
     return _run("gated_deltanet", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state, normalize_qk=use_qk_l2norm_in_kernel,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, normalize_qk=use_qk_l2norm_in_kernel,
                 allow_neg_eigval=allow_neg_eigval)

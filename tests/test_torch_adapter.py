@@ -134,6 +134,34 @@ def test_cpu_float32_inputs_give_float32_gradients():
     assert o.dtype == torch.float32 and all(d.dtype == torch.float32 for d in grads)
 
 
+@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
+def test_cpu_grouped_heads_and_packed_sequences_equal_each_sequence_alone(mixer):
+    """HV = 2 H value heads and two packed sequences: outputs, final states and every gradient equal the naive
+    recurrence run on each sequence alone with q and k repeated per value head (torch's autograd through it)."""
+    delta = mixer == "gated_deltanet"
+    a = inputs(B=1, T=23, H=4, K=8, V=5, seed=4, delta=delta, state=False)
+    q, k = (a[n].detach()[:, :, ::2].clone().requires_grad_(True) for n in ("q", "k"))  # H = 2 for HV = 4
+    h0 = torch.tensor(np.random.default_rng(5).standard_normal((2, 4, 8, 5)), requires_grad=True)
+    cu = torch.tensor([0, 9, 23])
+    beta = a["beta"] if delta else None
+    if delta:
+        o, S = mt.chunk_gated_delta_rule(q, k, a["v"], a["g"], beta, initial_state=h0, output_final_state=True,
+                                         cu_seqlens=cu)
+    else:
+        o, S = mt.chunk_simple_gla(q, k, a["v"], a["g"], initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    parts = [naive(q.repeat_interleave(2, 2)[:, s:e], k.repeat_interleave(2, 2)[:, s:e], a["v"][:, s:e],
+                   a["g"][:, s:e], None if beta is None else beta[:, s:e], initial_state=h0[n:n + 1])
+             for n, (s, e) in enumerate([(0, 9), (9, 23)])]
+    o_ref, S_ref = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 0)
+    assert o.shape == (1, 23, 4, 5) and S.shape == (2, 4, 8, 5)
+    assert torch.allclose(o, o_ref, atol=1e-10) and torch.allclose(S.double(), S_ref, atol=1e-6)
+    leaves = [q, k, a["v"], a["g"], h0] + ([beta] if delta else [])
+    grads = torch.autograd.grad(loss_of(o, S.double()), leaves)
+    grads_ref = torch.autograd.grad(loss_of(o_ref, S_ref), leaves)
+    for name, d, d_ref in zip(["q", "k", "v", "g", "initial_state", "beta"], grads, grads_ref):
+        assert torch.allclose(d.double(), d_ref, atol=1e-5 * d_ref.abs().max().item()), name
+
+
 def test_bad_input_is_named():
     a = inputs(delta=True)
     with pytest.raises(ValueError, match="cu_seqlens"):
