@@ -21,6 +21,8 @@ from minilin import cuda as mcuda
 from minilin.cuda import backward as mbackward
 from minilin.cuda import bf16, front
 from minilin.mixers import deltanet, gated_deltanet, linear_attention, simple_gla
+from minilin.mixers.lightning import default_slope as lightning_default_slope
+from minilin.mixers.retnet import default_gamma as retnet_default_gamma
 from conftest import rel_err
 
 OK, REASON = mcuda.available()
@@ -323,6 +325,48 @@ def test_the_front_takes_grouped_heads_and_packed_sequences(host_extension, mixe
         want, got = getattr(ref, name), getattr(grads, name)
         assert got.shape == want.shape, name
         assert rel_err(np.asarray(got, np.float64), want) < 1e-5, name
+
+
+@pytest.mark.parametrize("mixer", ["retnet", "lightning", "mamba2"])
+@pytest.mark.parametrize("given", [True, False], ids=["parameters given", "defaults"])
+def test_the_mapped_mixers_gradients_through_the_front(host_extension, monkeypatch, mixer, given):
+    """RetNet, Lightning and Mamba-2 map onto the scalar-gated recurrence; their GPU backward is the kernel's plus
+    the chain rule of the mapping. Through the stand-in extension, against the NumPy chunked_backward (float64 on
+    float32 values), with the per-head parameter (gamma, slope; Mamba-2's D) given or left to its default."""
+    from minilin import catalog
+    from minilin.cuda import mixers as cuda_mixers
+
+    monkeypatch.setattr(cuda_mixers, "_default_per_head", lambda name, H, device: on_host_gpu(
+        (retnet_default_gamma if name == "gamma" else lightning_default_slope)(H)))
+    mod = catalog.module(mixer)
+    args, kwargs = mod.example_inputs(2, 9, 3, 8, 4, seed=13)
+    args = [a.astype(np.float32).astype(np.float64) for a in args]
+    rng = np.random.default_rng(14)
+    if mixer == "mamba2":
+        x, dt, A, B, C, D = args
+        P, N = x.shape[-1], B.shape[-1]
+        args = [x, dt, A, B, C, D if given else None]
+        S0 = rng.standard_normal((2, 3, N, P)).astype(np.float32).astype(np.float64)
+        options = {}
+    else:
+        S0 = rng.standard_normal((2, 3, 8, 4)).astype(np.float32).astype(np.float64)
+        name = "gamma" if mixer == "retnet" else "slope"
+        value = rng.uniform(0.5, 0.99, 3) if mixer == "retnet" else rng.uniform(0.01, 0.5, 3)
+        options = {name: value.astype(np.float32).astype(np.float64)} if given else {}
+    do = rng.standard_normal(args[0].shape[:3] + (args[2].shape[-1] if mixer != "mamba2" else args[0].shape[-1],))
+    dS = rng.standard_normal(S0.shape)
+    ref = mod.chunked_backward(*args, do=do, dstate=dS, initial_state=S0, **options, chunk_size=4)
+    grads = getattr(mcuda, f"{mixer}_backward")(*(None if a is None else on_host_gpu(a) for a in args),
+                                                do=on_host_gpu(do), dstate=on_host_gpu(dS),
+                                                initial_state=on_host_gpu(S0),
+                                                **{n: on_host_gpu(v) for n, v in options.items()})
+    assert grads._fields == ref._fields
+    for field in grads._fields:
+        want, got = getattr(ref, field), getattr(grads, field)
+        if want is None:
+            assert got is None, field
+            continue
+        assert got.shape == want.shape and rel_err(np.asarray(got, np.float64), want) < 1e-5, field
 
 
 def test_bad_cotangents_name_do_and_dstate(host_extension):

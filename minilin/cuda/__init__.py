@@ -36,7 +36,8 @@ says how to get what is missing (`minilin doctor` lists what was found).
 """
 from .. import catalog
 from .backward import (delta_rule_backward, deltanet_backward, gated_deltanet_backward, gated_linear_backward,
-                       linear_attention_backward, simple_gla_backward)
+                       lightning_backward, linear_attention_backward, mamba2_backward, retnet_backward,
+                       simple_gla_backward)
 from .bf16 import from_bf16, native_dtype, to_bf16
 from .decode import delta_rule_step, gated_linear_step
 from .front import channel_delta_rule, channel_gated_linear, default_version, delta_rule, extension, gated_linear, versions
@@ -48,8 +49,8 @@ __all__ = ["available", "channel_delta_rule", "channel_gated_linear", "default_v
            "deltanet_backward", "deltanet_step", "extension", "from_bf16", "gated_deltanet", "gated_deltanet_backward",
            "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla", "gla_step", "kda",
            "kda_step",
-           "lightning", "lightning_step", "linear_attention", "linear_attention_backward", "linear_attention_step",
-           "mamba2", "mamba2_step", "native_dtype", "retnet", "retnet_step", "simple_gla", "simple_gla_backward",
+           "lightning", "lightning_backward", "lightning_step", "linear_attention", "linear_attention_backward", "linear_attention_step",
+           "mamba2", "mamba2_backward", "mamba2_step", "native_dtype", "retnet", "retnet_backward", "retnet_step", "simple_gla", "simple_gla_backward",
            "simple_gla_step", "to_bf16", "versions"]
 
 # Which op each GPU mixer's forward runs on, "linear" (scalar-gated linear family), "delta", or their per-channel-gated

@@ -2,8 +2,10 @@
 
     gated_linear_backward(q, k, v, g=None, *, do, dstate=None, ...)  -> (dq, dk, dv, dg, dinitial_state)
     delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, ...)   -> (dq, dk, dv, dg, dbeta, dinitial_state)
-    simple_gla_backward, linear_attention_backward, gated_deltanet_backward, deltanet_backward: the mixers' named
-    tuples (SIGNATURE.gradients), one field d<name> per array the forward takes.
+    simple_gla_backward, linear_attention_backward, retnet_backward, lightning_backward, mamba2_backward,
+    gated_deltanet_backward, deltanet_backward: the mixers' named tuples (SIGNATURE.gradients), one field d<name> per
+    array the forward takes (RetNet's, Lightning's and Mamba-2's through the chain rule of their mapping onto the
+    scalar-gated recurrence, as their NumPy backward takes it).
 
 The forward's arguments come first, as the forward takes them, then do and dstate by keyword (dstate None: zeros).
 Shapes: q, k [B, T, H, K]; v and do [B, T, HV, V] (do in v's dtype: float32 or bfloat16); g, beta [B, T, HV] float32;
@@ -26,6 +28,7 @@ from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_s
 from . import bf16
 from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension, grouped,
                     runnable_version)
+from .mixers import lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, retnet_log_gate
 
 
 def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values: bool):
@@ -200,3 +203,51 @@ def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, in
                                                      allow_neg_eigval=allow_neg_eigval,
                                                      version=version, check_values=check_values)
     return _gradients("gated_deltanet")(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dinitial_state=dh0)
+
+
+def retnet_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial_state=None, version=None,
+                    check_values=True):
+    """RetNet's gradients: RetnetGradients(dq, dk, dv, dgamma, dinitial_state), float32. The forward runs the
+    recurrence with g_t = log gamma_h at every token, so dgamma_h = sum_{b, t} dg_{b,t,h} / gamma_h (None when
+    gamma was not given: the default decays are constants)."""
+    check_input("q", q, "B T H K", Shapes(), float32_only=False)
+    g = retnet_log_gate(gamma, q.shape[:3], q.shape[2], check_values)
+    dq, dk, dv, dg, dh0 = gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
+                                                initial_state=initial_state, version=version, check_values=check_values)
+    dgamma = None if gamma is None else dg.sum(axis=(0, 1)) / gamma
+    return _gradients("retnet")(dq=dq, dk=dk, dv=dv, dgamma=dgamma, dinitial_state=dh0)
+
+
+def lightning_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, initial_state=None, version=None,
+                       check_values=True):
+    """Lightning Attention's gradients: LightningGradients(dq, dk, dv, dslope, dinitial_state), float32. The
+    forward's g_t = -slope_h at every token, so dslope_h = -sum_{b, t} dg_{b,t,h} (None without slope)."""
+    check_input("q", q, "B T H K", Shapes(), float32_only=False)
+    g = lightning_log_gate(slope, q.shape[:3], q.shape[2], check_values)
+    dq, dk, dv, dg, dh0 = gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
+                                                initial_state=initial_state, version=version, check_values=check_values)
+    dslope = None if slope is None else -dg.sum(axis=(0, 1))
+    return _gradients("lightning")(dq=dq, dk=dk, dv=dv, dslope=dslope, dinitial_state=dh0)
+
+
+def mamba2_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None, version=None, check_values=True):
+    """Mamba-2's gradients: Mamba2Gradients(dx, ddt, dA, dB, dC, dD, dinitial_state), float32. The forward is the
+    scalar-gated recurrence under q = C, k = B, v = dt x, g = dt A, scale = 1, then y = o + D x; its chain rule:
+        dC = dq,  dB = dk,  dx = dt dv (+ D dy),  ddt = sum_p dv_p x_p + A dg,  dA_h = sum_{b,t} dt dg,
+        dD_h = sum_{b,t,p} dy x     (dD None without D).
+    do is the cotangent of y [B, T, H, P], in x's dtype."""
+    shapes = Shapes()
+    mamba2_check(x, dt, A, B, C, D, shapes, "B T H")
+    if check_values:
+        mamba2_check_values(dt, A)
+    v, g, x32 = mamba2_mapping(x, dt, A)
+    dC, dB, dv, dg, dh0 = gated_linear_backward(C, B, v, g, do=do, dstate=dstate, scale=1.0,
+                                                initial_state=initial_state, version=version, check_values=check_values)
+    dy = bf16.as_float32(do)
+    dx = dt[..., None] * dv
+    if D is not None:
+        dx += D[:, None] * dy
+    ddt = (dv * x32).sum(-1) + A * dg
+    dA = (dt * dg).sum(axis=(0, 1))
+    dD = None if D is None else (dy * x32).sum(axis=(0, 1, 3))
+    return _gradients("mamba2")(dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, dD=dD, dinitial_state=dh0)
