@@ -49,10 +49,10 @@ constexpr int kMaxSegments = 16;
 constexpr int kRunChunks = 16;       // the correction's chunks per block, sharing one load of S_p (8: 2%, 4: 7% slower)
 constexpr int kWarps = 8;            // correction: warp w rows 16 (w % 4) .., columns half w / 4 of the block's
 constexpr int kThreads = 32 * kWarps;
-// The cost model's constants, measured on the H200: v7 takes ~2.9 us per chunk and block at K = 128 (0.373 ms
-// for chains of 128 chunks in one wave) and ~1.6 at K = 64 (0.155 ms for 64); the correction moves q once and o
-// twice at ~2 TB/s; the three added launches cost ~15 us.
-constexpr double kChunkUs[2] = {1.6, 2.9};
+// The cost model's constants, from H200 measurements: v7 takes ~2.9 us per chunk and block at K = 128 (0.373 ms
+// for chains of 128 chunks in one wave) and ~2.4 at K = 64 (0.155 ms for chains of 64); the correction moves q
+// once and o twice at ~2 TB/s (0.20 ms for 402 MB); the three added launches are a guess of ~15 us.
+constexpr double kChunkUs[2] = {2.4, 2.9};
 constexpr double kCorrectionBytesPerUs = 2.0e6;
 constexpr double kAddedLaunchesUs = 15.0;
 
