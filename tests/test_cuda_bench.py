@@ -153,6 +153,39 @@ def test_grid_table_has_a_row_per_shape_and_a_column_per_mixer():
     assert lines[3] == "| 1, 32768, 16, 256, 256 | minilin: not supported | - |"
 
 
+def test_grid_runs_every_mixer_at_every_shape_with_an_initial_state(monkeypatch, capsys, tmp_path):
+    import argparse
+    import json
+
+    from minilin.bench import against_fla
+
+    calls = []
+
+    def fake_compare(mixer, T, repeats, problem=None, with_state=False):
+        calls.append((mixer, T, problem["B"], problem["K"], with_state))
+        row = dict(problem, mixer=mixer, T=T, initial_state=with_state, minilin_version=8)
+        if problem["K"] == 256:
+            return dict(row, note="minilin: not supported (K must be 64 or 128)")
+        return dict(row, minilin_ms=1.0, fla_ms=2.0, ratio=0.5)
+
+    monkeypatch.setattr(against_fla, "compare", fake_compare)
+    info = {"gpu": "a GPU", "date": "today", "fla": "0.6.0", "cupy": "14"}
+    out = tmp_path / "grid.json"
+    args = argparse.Namespace(grid="fla", json=str(out))
+    assert against_fla.main_grid(args, ["simple_gla", "deltanet"], 20, info, 4000.0) == 0  # unsupported is no failure
+    assert len(calls) == 2 * len(against_fla.GRID) and all(c[-1] for c in calls)
+    captured = capsys.readouterr()
+    assert "[16/16] deltanet B=1 T=2048" in captured.err and "| 8, 2048, 32, 256, 256 | minilin: not supported |" in captured.out
+    assert len(json.loads(out.read_text())["rows"]) == 16
+
+    def wrong(*args, **kwargs):  # a checked-and-wrong row, as compare reports one: a note, nothing timed
+        return {k: v for k, v in fake_compare(*args, **kwargs).items() if not k.endswith(("_ms", "ratio"))} | {
+            "note": "WRONG (tolerance 0.01): not timed"}
+
+    monkeypatch.setattr(against_fla, "compare", wrong)
+    assert against_fla.main_grid(argparse.Namespace(grid="fla", json=None), ["deltanet"], 20, info, 4000.0) == 1
+
+
 def test_grid_needs_against_fla(capsys):
     from minilin import cli
 
