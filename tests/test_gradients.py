@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minilin import catalog
+from minilin import catalog, chunking
 import directional
 from conftest import rel_err
 
@@ -35,8 +35,9 @@ def has_array_state(name) -> bool:
 
 
 def call(mod, form, args, kwargs, chunk_size, **extra):
+    """mod.<form>(*args, ...), the chunk size passed to the chunked forms, forward and backward."""
     options = dict(kwargs, **extra)
-    if form == "chunked":
+    if form in ("chunked", "chunked_backward"):
         options["chunk_size"] = chunk_size
     return getattr(mod, form)(*args, **options)
 
@@ -117,6 +118,23 @@ def test_backward_forms_agree_for_several_chunk_sizes(name):
             for n, g in ref.items():
                 err = directional_err(got[n], g)
                 assert err < 1e-10, f"{name}.{form}_backward (chunk {C}) vs recurrent_backward: d{n} error {err:.2e}"
+
+
+@pytest.mark.parametrize("tokens", [1, 24])
+@pytest.mark.parametrize("name", [n for n in CAUSAL if "chunked" in backward_forms(n)])
+def test_chunked_backward_agrees_segment_by_segment(name, tokens, monkeypatch):
+    """The chunked backward takes the sequence a segment at a time, as the forward does (SEGMENT_TOKENS = 512 by
+    default, more than these tests' T): with segments of one chunk and of 24 tokens (not a multiple of the
+    chunk), with and without an initial state, every gradient still equals the recurrent backward's."""
+    monkeypatch.setattr(chunking, "SEGMENT_TOKENS", tokens)
+    for with_state in (True, False):
+        mod, sig, inputs, kwargs, do, dstate = setup(name, 2, 45, 2, 6, 5, with_state, seed=10 + tokens)
+        ref = grads_by_name(run_backward(mod, sig, "recurrent", inputs, kwargs, do, dstate, 16), inputs)
+        for C in (5, 16):
+            got = grads_by_name(run_backward(mod, sig, "chunked", inputs, kwargs, do, dstate, C), inputs)
+            for n, g in ref.items():
+                err = directional_err(got[n], g)
+                assert err < 1e-10, f"{name}.chunked_backward (chunk {C}, segments of {tokens}): d{n} error {err:.2e}"
 
 
 def directional_err(a, b) -> float:
