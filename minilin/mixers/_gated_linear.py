@@ -181,8 +181,57 @@ def recurrent_backward(q, k, v, g, S0, do, dS):
     return dq, dk, dv, dg, (None if S0 is None else Sbar)
 
 
+def segment_final_state(k, v, g, S0):
+    """The state after a stretch of L tokens, from the state S0 entering it (None: zeros), in one product:
+        S_end = Diag(exp(G_L)) S0 + sum_t Diag(exp(G_L - G_t)) k_t v_t^T
+              = Diag(exp(G_L)) S0 + (k * exp(G_L - G))^T v
+    with G the stretch's cumulative gate (summed in float64; G_L its last entry, so every exponent is <= 0).
+    k [B, L, H, K], v [B, L, H, V], g None / [B, L, H] / [B, L, H, K]; returns [B, H, K, V]."""
+    xp = array_module(k)
+    keys = k
+    if g is not None:
+        G = xp.cumsum(g, axis=1, dtype=xp.float64)
+        G_L = G[:, -1:]
+        to_end = xp.exp(G_L - G).astype(k.dtype)
+        keys = k * (to_end[..., None] if g.ndim == 3 else to_end)
+    S = keys.transpose(0, 2, 3, 1) @ v.transpose(0, 2, 1, 3)             # [B, H, K, L] @ [B, H, L, V]
+    if S0 is not None:
+        S += decay_state(S0, None if g is None else G_L[:, 0].astype(k.dtype))
+    return S
+
+
 def chunked_backward(q, k, v, g, S0, do, dS, chunk_size):
-    """The chunked form's backward, chunk-parallel like `chunked`: (dq, dk, dv, dg, dS0).
+    """The chunked form's backward: (dq, dk, dv, dg, dS0), taken a segment at a time as `chunked` is.
+
+    The backward of one segment (`_chunked_backward_segment`, chunk-parallel) makes temporaries as large as
+    the segment; over the whole sequence at once they would be tens of MB and stream from main memory. The
+    chain rule across segments: first the state entering every segment, forwards (`segment_final_state`, one
+    product per segment), then the segments last to first, each one's backward given the state entering it
+    and the adjoint of the state leaving it (dS for the last segment); the adjoint of its entering state
+    that it returns is the adjoint leaving the segment before, and the first segment's is dS0. With CuPy, or
+    a sequence of one segment, this is one call of the segment's backward.
+    """
+    xp = array_module(q)
+    spans = segments(q.shape[1], chunk_size, xp)
+    if len(spans) == 1:
+        return _chunked_backward_segment(q, k, v, g, S0, do, dS, chunk_size)
+    entering = [S0]
+    for span in spans[:-1]:
+        entering.append(segment_final_state(k[:, span], v[:, span], None if g is None else g[:, span], entering[-1]))
+    dq, dk, dv = xp.empty(q.shape, q.dtype), xp.empty(k.shape, k.dtype), xp.empty(v.shape, v.dtype)
+    dg = None if g is None else xp.empty(g.shape, q.dtype)
+    adjoint = dS
+    for span, S_in in zip(reversed(spans), reversed(entering)):
+        cut = (lambda x: None if x is None else x[:, span])  # noqa: E731
+        dq[:, span], dk[:, span], dv[:, span], dg_span, adjoint = _chunked_backward_segment(
+            q[:, span], k[:, span], v[:, span], cut(g), S_in, do[:, span], adjoint, chunk_size)
+        if dg is not None:
+            dg[:, span] = dg_span
+    return dq, dk, dv, dg, adjoint
+
+
+def _chunked_backward_segment(q, k, v, g, S0, do, dS, chunk_size):
+    """The chunked form's backward on one stretch of tokens, chunk-parallel like `chunked`: (dq, dk, dv, dg, dS0).
 
     The forward, per chunk n (C tokens, G the chunk-local cumulative gate, G_C its last entry, S_n the
     state entering the chunk):
