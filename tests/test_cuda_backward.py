@@ -369,6 +369,48 @@ def test_the_mapped_mixers_gradients_through_the_front(host_extension, monkeypat
         assert got.shape == want.shape and rel_err(np.asarray(got, np.float64), want) < 1e-5, field
 
 
+def test_the_mapped_mixers_name_their_own_arguments(host_extension):
+    """RetNet's and Lightning's decay is one per head of q, so v must have q's heads (as in NumPy); Mamba-2's
+    cotangents and states are checked in its own names ([B, H, N, P], x's dtype), not the recurrence's."""
+    rng = np.random.default_rng(15)
+    q, k = (on_host_gpu(rng.standard_normal((1, 5, 2, 4))) for _ in range(2))
+    v_grouped, do_grouped = (on_host_gpu(rng.standard_normal((1, 5, 4, 3))) for _ in range(2))
+    for mixer in ("retnet", "lightning"):
+        with pytest.raises(ValueError, match=r"v: expected shape \[B, T, H, V\] = \[1, 5, 2, V\], got \[1, 5, 4, 3\]"):
+            getattr(mcuda, f"{mixer}_backward")(q, k, v_grouped, do=do_grouped)
+        with pytest.raises(ValueError, match=r"v: expected shape \[B, T, H, V\]"):
+            getattr(mcuda, mixer)(q, k, v_grouped)
+    from minilin.mixers import mamba2
+
+    args = [on_host_gpu(a) for a in mamba2.example_inputs(1, 6, 2, 4, 3, seed=16)[0]]
+    do = on_host_gpu(rng.standard_normal((1, 6, 2, 3)))
+    with pytest.raises(ValueError, match=r"initial_state: expected shape \[B, H, N, P\] = \[1, 2, 4, 3\], got \[1, 2, 3, 4\]"):
+        mcuda.mamba2_backward(*args, do=do, initial_state=on_host_gpu(np.zeros((1, 2, 3, 4))))
+    with pytest.raises(ValueError, match=r"dstate: expected shape \[B, H, N, P\]"):
+        mcuda.mamba2_backward(*args, do=do, dstate=on_host_gpu(np.zeros((1, 2, 3, 4))))
+    with pytest.raises(TypeError, match=r"do: expected the dtype of x \(float32\), got uint16"):
+        mcuda.mamba2_backward(*args, do=np.zeros(do.shape, np.uint16).view(HostArray))
+
+
+@pytest.mark.parametrize("mixer", ["deltanet", "gated_deltanet"])
+def test_normalize_qk_through_the_front(host_extension, mixer):
+    """normalize_qk: the kernel's gradients of the normalized q and k carried back through the normalization,
+    against the NumPy chunked_backward given normalize_qk (keys of any length: the normalization bounds them)."""
+    x = inputs(2, 7, 3, 8, 4, seed=17, gated=mixer == "gated_deltanet", delta=True, with_state=True)
+    x = {n: None if a is None else a.astype(np.float32).astype(np.float64) for n, a in x.items()}
+    x["k"] = x["k"] * np.random.default_rng(18).uniform(0.5, 3.0, x["k"].shape[:3] + (1,))  # not unit keys
+    names = ["q", "k", "v"] + (["g"] if mixer == "gated_deltanet" else []) + ["beta"]
+    mod = {"deltanet": deltanet, "gated_deltanet": gated_deltanet}[mixer]
+    ref = mod.chunked_backward(*(x[n] for n in names), do=x["do"], dstate=x["dS"], initial_state=x["S0"],
+                               normalize_qk=True, chunk_size=4)
+    grads = getattr(mcuda, f"{mixer}_backward")(*(on_host_gpu(x[n]) for n in names), do=on_host_gpu(x["do"]),
+                                                dstate=on_host_gpu(x["dS"]), initial_state=on_host_gpu(x["S0"]),
+                                                normalize_qk=True)
+    for name in grads._fields:
+        want, got = getattr(ref, name), getattr(grads, name)
+        assert rel_err(np.asarray(got, np.float64), want) < 1e-5, name
+
+
 def test_bad_cotangents_name_do_and_dstate(host_extension):
     x = inputs(2, 5, 2, 8, 4, seed=4, delta=True)
     q, k, v, g, beta = (on_host_gpu(x[n]) for n in ("q", "k", "v", "g", "beta"))

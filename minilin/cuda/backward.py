@@ -24,11 +24,13 @@ a reverse cumulative sum of per-token terms (csrc/linear_bwd/v1_recurrent.cu der
 from __future__ import annotations
 
 from .. import catalog, heads
+from ..activations import l2_normalize
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
 from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension, grouped,
-                    runnable_version)
-from .mixers import lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, retnet_log_gate
+                    l2_normalized, runnable_version)
+from .mixers import (lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, per_head_shapes,
+                     retnet_log_gate)
 
 
 def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values: bool):
@@ -132,10 +134,13 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
 
 
 def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
-                        allow_neg_eigval=False, version=None, check_values=True):
+                        allow_neg_eigval=False, normalize_qk=False, version=None, check_values=True):
     """Gradients of the (gated) delta rule (front.delta_rule): (dq, dk, dv, dg, dbeta, dinitial_state), all float32,
     dg None without g (DeltaNet) and dinitial_state None without initial_state.
 
+    normalize_qk: as the forward, q and k divided by r = sqrt(|x|^2 + 1e-6) first; the kernel's gradients with
+    respect to the normalized y = x / r are then carried back by dx = (dy - y (y . dy)) / r
+    (`activations.l2_normalize`), in float32.
     check_values: g <= 0, beta's range, beta |k|^2 within its bound, do and dstate finite (device-to-host syncs)."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
     if g is not None:
@@ -143,14 +148,16 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
     check_input("beta", beta, "B T HV", shapes, float32_only=True)
     _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
-    q_rep, k_rep = grouped(q, k, shapes)
+    normalize_qk = check_flag("normalize_qk", normalize_qk)
+    q_rep, k_rep = grouped(*((l2_normalized(q), l2_normalized(k)) if normalize_qk else (q, k)), shapes)
     if check_values:
         if g is not None:
             check_finite("g", g)
             check_log_gate("g", g)
         check_finite("beta", beta)
         check_beta(beta, allow_neg_eigval)
-        check_key_strength(k_rep, beta, allow_neg_eigval)
+        if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
+            check_key_strength(k_rep, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
     info = runnable_version("delta_bwd", version, bf16.is_bf16(q.dtype))
 
@@ -160,7 +167,10 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
 
     dq, dk, dv, dg, dbeta, dh0 = _per_sequence(one, (q_rep, k_rep, v, g, beta), initial_state, do, dstate, offsets)
     group = shapes["HV"] // shapes["H"]
-    return heads.reduce(dq, group), heads.reduce(dk, group), dv, dg, dbeta, dh0
+    dq, dk = heads.reduce(dq, group), heads.reduce(dk, group)
+    if normalize_qk:
+        dq, dk = l2_normalize.backward(bf16.as_float32(q), dq), l2_normalize.backward(bf16.as_float32(k), dk)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 def _gradients(mixer: str):
@@ -186,21 +196,21 @@ def simple_gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_stat
 
 
 def deltanet_backward(q, k, v, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
-                      allow_neg_eigval=False, version=None, check_values=True):
+                      allow_neg_eigval=False, normalize_qk=False, version=None, check_values=True):
     """DeltaNet's gradients: DeltanetGradients(dq, dk, dv, dbeta, dinitial_state), float32."""
     dq, dk, dv, _, dbeta, dh0 = delta_rule_backward(q, k, v, None, beta, do=do, dstate=dstate, scale=scale,
                                                     initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                                    allow_neg_eigval=allow_neg_eigval,
+                                                    allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk,
                                                     version=version, check_values=check_values)
     return _gradients("deltanet")(dq=dq, dk=dk, dv=dv, dbeta=dbeta, dinitial_state=dh0)
 
 
 def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
-                            allow_neg_eigval=False, version=None, check_values=True):
+                            allow_neg_eigval=False, normalize_qk=False, version=None, check_values=True):
     """Gated DeltaNet's gradients: GatedDeltanetGradients(dq, dk, dv, dg, dbeta, dinitial_state), float32."""
     dq, dk, dv, dg, dbeta, dh0 = delta_rule_backward(q, k, v, g, beta, do=do, dstate=dstate, scale=scale,
                                                      initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                                     allow_neg_eigval=allow_neg_eigval,
+                                                     allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk,
                                                      version=version, check_values=check_values)
     return _gradients("gated_deltanet")(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dinitial_state=dh0)
 
@@ -210,7 +220,7 @@ def retnet_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial
     """RetNet's gradients: RetnetGradients(dq, dk, dv, dgamma, dinitial_state), float32. The forward runs the
     recurrence with g_t = log gamma_h at every token, so dgamma_h = sum_{b, t} dg_{b,t,h} / gamma_h (None when
     gamma was not given: the default decays are constants)."""
-    check_input("q", q, "B T H K", Shapes(), float32_only=False)
+    per_head_shapes(q, v)
     g = retnet_log_gate(gamma, q.shape[:3], q.shape[2], check_values)
     dq, dk, dv, dg, dh0 = gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
                                                 initial_state=initial_state, version=version, check_values=check_values)
@@ -222,7 +232,7 @@ def lightning_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, init
                        check_values=True):
     """Lightning Attention's gradients: LightningGradients(dq, dk, dv, dslope, dinitial_state), float32. The
     forward's g_t = -slope_h at every token, so dslope_h = -sum_{b, t} dg_{b,t,h} (None without slope)."""
-    check_input("q", q, "B T H K", Shapes(), float32_only=False)
+    per_head_shapes(q, v)
     g = lightning_log_gate(slope, q.shape[:3], q.shape[2], check_values)
     dq, dk, dv, dg, dh0 = gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
                                                 initial_state=initial_state, version=version, check_values=check_values)
@@ -238,6 +248,10 @@ def mamba2_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=No
     do is the cotangent of y [B, T, H, P], in x's dtype."""
     shapes = Shapes()
     mamba2_check(x, dt, A, B, C, D, shapes, "B T H")
+    check_input("do", do, "B T H P", shapes, float32_only=False, like=x, like_name="x")  # in Mamba-2's names,
+    for name, state in (("initial_state", initial_state), ("dstate", dstate)):        # before the mapping's
+        if state is not None:
+            check_input(name, state, "B H N P", shapes, float32_only=True)
     if check_values:
         mamba2_check_values(dt, A)
     v, g, x32 = mamba2_mapping(x, dt, A)

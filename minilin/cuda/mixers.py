@@ -94,16 +94,24 @@ def lightning_log_gate(slope, shape, H: int, check_values: bool):
     return _per_head_gate("slope", slope, shape, H, check_values, lambda s: -s)
 
 
+def per_head_shapes(q, v) -> None:
+    """RetNet's and Lightning's q [B, T, H, K] and v [B, T, H, V], checked before their gate [B, T, H] is built
+    from q's heads: one decay per head, and no grouped value heads (the NumPy forms take none either)."""
+    shapes = Shapes()
+    check_input("q", q, "B T H K", shapes, float32_only=False)
+    check_input("v", v, "B T H V", shapes, float32_only=False)
+
+
 def retnet(q, k, v, *, gamma=None, scale=None, initial_state=None, version=None, check_values=True):
     """RetNet's retention: a fixed decay gamma_h per head (gamma [H] float32 in (0, 1]), g = log gamma."""
-    check_input("q", q, "B T H K", Shapes(), float32_only=False)
+    per_head_shapes(q, v)
     g = retnet_log_gate(gamma, q.shape[:3], q.shape[2], check_values)
     return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version, check_values=False)
 
 
 def lightning(q, k, v, *, slope=None, scale=None, initial_state=None, version=None, check_values=True):
     """Lightning Attention: a fixed decay exp(-s_h) per head (slope [H] float32 >= 0), g = -slope."""
-    check_input("q", q, "B T H K", Shapes(), float32_only=False)
+    per_head_shapes(q, v)
     g = lightning_log_gate(slope, q.shape[:3], q.shape[2], check_values)
     return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, version=version, check_values=False)
 
