@@ -17,8 +17,9 @@ Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, HV, V] (HV = H
 value heads), g and beta [B, T, HV] (g the log decay, <= 0), g_gamma [HV] (one log decay per head, RetNet's),
 initial_state [B, HV, K, V]. Returns (o [B, T, HV, V] in q's dtype, final state [B, HV, K, V] float32, or None
 without output_final_state). cu_seqlens [N + 1] (int32 or int64, any device) with B = 1 packs N sequences along T,
-the states then [N, HV, K, V]; FLA's cu_seqlens_cpu, a host copy of it, is accepted and not needed (minilin reads
-the offsets on the host once either way).
+the states then [N, HV, K, V]; FLA's cu_seqlens_cpu (a host copy of it) and chunk_indices (a table made from it)
+are accepted beside cu_seqlens and not needed: minilin reads the offsets on the host once either way, and refuses
+either one without cu_seqlens or a cu_seqlens_cpu that differs from it.
 
 Where the work runs, by the tensors' device:
 - CUDA tensors: minilin.cuda's kernels, the forward's default version and the backward `<mixer>_backward`,
@@ -141,13 +142,22 @@ def _cpu_call(form: str, mixer: str, arrays: dict, scale, allow_neg_eigval: bool
                                                 **options)
 
 
-def _offsets(cu_seqlens):
-    """FLA's cu_seqlens (a torch integer tensor, on any device) as a NumPy array for minilin's checks, or None."""
+def _offsets(cu_seqlens, cu_seqlens_cpu=None, chunk_indices=None):
+    """FLA's cu_seqlens (a torch integer tensor, on any device) as a NumPy array for minilin's checks, or None.
+    cu_seqlens_cpu and chunk_indices, FLA's helpers derived from it, only beside it (and the host copy equal)."""
     if cu_seqlens is None:
+        for name, helper in (("cu_seqlens_cpu", cu_seqlens_cpu), ("chunk_indices", chunk_indices)):
+            if helper is not None:
+                raise ValueError(f"{name}: given without cu_seqlens, which minilin reads the sequences from "
+                                 f"(expected cu_seqlens, or neither)")
         return None
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens: expected a torch.Tensor of int32 or int64 offsets, got {type(cu_seqlens).__name__}")
-    return cu_seqlens.detach().cpu().numpy()
+    offsets = cu_seqlens.detach().cpu().numpy()
+    if cu_seqlens_cpu is not None and not np.array_equal(np.asarray(cu_seqlens_cpu.detach().cpu()), offsets):
+        raise ValueError(f"cu_seqlens_cpu: expected the same offsets as cu_seqlens {offsets.tolist()}, got "
+                         f"{cu_seqlens_cpu.tolist()}")
+    return offsets
 
 
 # ------------------------------------------------------------------------------------------------ autograd
@@ -211,9 +221,9 @@ def _check_tensors(**tensors):
 
 
 def _run(mixer, q, k, v, g=None, beta=None, *, scale, initial_state, output_final_state, cu_seqlens,
-         normalize_qk=False, allow_neg_eigval=False):
+         cu_seqlens_cpu=None, chunk_indices=None, normalize_qk=False, allow_neg_eigval=False):
     _check_tensors(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
-    offsets = _offsets(cu_seqlens)
+    offsets = _offsets(cu_seqlens, cu_seqlens_cpu, chunk_indices)
     if normalize_qk:
         q, k = _l2_normalize(q), _l2_normalize(k)
     o, state = _Mixer.apply(mixer, scale, bool(allow_neg_eigval), offsets, q, k, v, g, beta, initial_state)
@@ -223,7 +233,7 @@ def _run(mixer, q, k, v, g=None, beta=None, *, scale, initial_state, output_fina
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
                      state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Simple GLA, S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (minilin.mixers.simple_gla); no gate
-    at all (g and g_gamma None) is linear attention. g [B, T, H] or g_gamma [H], log decays <= 0."""
+    at all (g and g_gamma None) is linear attention. g [B, T, HV] or g_gamma [HV], log decays <= 0."""
     _refuse("state_v_first", state_v_first, False)
     for name in kwargs:
         _refuse(name, kwargs[name])
@@ -236,9 +246,9 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         g = g_gamma.to(torch.float32).expand(*v.shape[:3])
     if g is None:
         return _run("linear_attention", q, k, v, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     return _run("simple_gla", q, k, v, g, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
@@ -247,7 +257,8 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
     for name in kwargs:
         _refuse(name, kwargs[name])
     return _run("deltanet", q, k, v, None, beta, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state, cu_seqlens=cu_seqlens, normalize_qk=use_qk_l2norm_in_kernel)
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                normalize_qk=use_qk_l2norm_in_kernel)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -255,11 +266,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                            state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
                            cp_context=None, **kwargs):
     """Gated DeltaNet, S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
-    (minilin.mixers.gated_deltanet); g, beta [B, T, HV]; allow_neg_eigval: beta in [0, 2]. chunk_indices, FLA's
-    precomputed chunk table for cu_seqlens, is accepted and not needed."""
+    (minilin.mixers.gated_deltanet); g, beta [B, T, HV]; allow_neg_eigval: beta in [0, 2]."""
     for name, value in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
                         ("state_v_first", state_v_first), ("cp_context", cp_context), *kwargs.items()):
         _refuse(name, value, False if name in ("use_beta_sigmoid_in_kernel", "state_v_first") else None)
     return _run("gated_deltanet", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state, cu_seqlens=cu_seqlens, normalize_qk=use_qk_l2norm_in_kernel,
-                allow_neg_eigval=allow_neg_eigval)
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                chunk_indices=chunk_indices, normalize_qk=use_qk_l2norm_in_kernel, allow_neg_eigval=allow_neg_eigval)

@@ -162,6 +162,20 @@ def test_cpu_grouped_heads_and_packed_sequences_equal_each_sequence_alone(mixer)
         assert torch.allclose(d.double(), d_ref, atol=1e-5 * d_ref.abs().max().item()), name
 
 
+def test_flas_cu_seqlens_helpers_need_cu_seqlens_and_must_agree_with_it():
+    a = inputs(B=1, delta=True, state=False)
+    call = lambda **kw: mt.chunk_gated_delta_rule(a["q"], a["k"], a["v"], a["g"], a["beta"], **kw)  # noqa: E731
+    with pytest.raises(ValueError, match="cu_seqlens_cpu: given without cu_seqlens"):
+        call(cu_seqlens_cpu=torch.tensor([0, 10, 37]))
+    with pytest.raises(ValueError, match="chunk_indices: given without cu_seqlens"):
+        call(chunk_indices=torch.tensor([[0, 0]]))
+    with pytest.raises(ValueError, match=r"cu_seqlens_cpu: expected the same offsets as cu_seqlens \[0, 10, 37\]"):
+        call(cu_seqlens=torch.tensor([0, 10, 37]), cu_seqlens_cpu=torch.tensor([0, 12, 37]))
+    o, _ = call(cu_seqlens=torch.tensor([0, 10, 37]), cu_seqlens_cpu=torch.tensor([0, 10, 37]))
+    o_alone, _ = call(cu_seqlens=torch.tensor([0, 10, 37]))
+    assert torch.equal(o, o_alone)
+
+
 def test_bad_input_is_named():
     a = inputs(delta=True)
     with pytest.raises(ValueError, match="cu_seqlens"):
