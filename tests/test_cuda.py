@@ -84,7 +84,7 @@ def test_matches_reference(mixer, version, dtype, shape):
 
 
 # (B, T, H, K, V) where linear v8 splits each sequence (few blocks for the card; T / P >= 1024 tokens): P = 2 with
-# 20-chunk segments (a short last run of the correction's 8 chunks), the most segments at K = 64 and K = 128, and
+# 20-chunk segments (a short last run of the correction's 16 chunks), the most segments at K = 64 and K = 128, and
 # V = 256 (two of the correction's 128-column blocks).
 SPLIT_SHAPES = [(2, 2560, 1, 128, 64), (1, 4096, 2, 64, 64), (1, 8192, 2, 128, 128), (1, 4096, 1, 128, 256)]
 

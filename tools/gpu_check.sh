@@ -10,7 +10,8 @@
 # the environment (by hand: `pip install --no-deps --no-index --target /tmp/fla .whl/*.whl`, then
 # `PYTHONPATH=/tmp/fla minilin bench --against fla`).
 # Knobs: PYTEST_ARGS (e.g. "-n 8"), BENCH_LENGTHS ("8192"), BENCH_MIXERS ("gated_deltanet"), SKIP_BENCH=1,
-# SKIP_TESTS=1, SKIP_FLA=1, FLA_LENGTHS, FLA_MIXERS, and BUILD_ / TEST_ / BENCH_ / FLA_TIMEOUT (seconds;
+# SKIP_TESTS=1, SKIP_FLA=1, FLA_LENGTHS, FLA_MIXERS, FLA_GRID ("fla" or "all": the grid of shapes instead of the
+# lengths; FLA's first calls at each shape compile and autotune, minutes), and BUILD_ / TEST_ / BENCH_ / FLA_TIMEOUT (seconds;
 # BENCH_TIMEOUT is per mixer). With FLA's rows the whole script takes more than 10 minutes; to split it,
 # run it once per part with the other parts' SKIP_ set.
 set -uo pipefail
@@ -88,7 +89,8 @@ PYEOF
 fi
 if [ -z "${SKIP_FLA:-}" ] && "$PY" -c "import fla" 2>/dev/null; then
   timeout "${FLA_TIMEOUT:-300}" "$PY" -m minilin bench --against fla --json "$OUT/against_fla.json" \
-    ${FLA_LENGTHS:+--lengths $FLA_LENGTHS} ${FLA_MIXERS:+--mixers $FLA_MIXERS} 2>"$OUT/against_fla_progress.log" \
+    ${FLA_GRID:+--grid $FLA_GRID} ${FLA_LENGTHS:+--lengths $FLA_LENGTHS} ${FLA_MIXERS:+--mixers $FLA_MIXERS} \
+    2>"$OUT/against_fla_progress.log" \
     | tee "$OUT/against_fla.md"
   echo "against fla: exit ${PIPESTATUS[0]}"
 fi

@@ -8,7 +8,7 @@
 // and let G_t be the cumulative log-gate inside t's segment (g summed from the segment's first token to t).
 // Run from a zero state, segment p gives outputs o^loc and a final state L_p; from its true start state S_p,
 //   o_t = o^loc_t + scale exp(G_t) S_p^T q_t,          S_{p+1} = exp(G_end(p)) S_p + L_p,   S_0 = h0.
-// Four launches:
+// Four launches (three without g):
 //   1. v7 on the [B P, Ts, H, .] view of the same arrays (segments are contiguous runs of rows), no start
 //      state, its final states L_p into the workspace;
 //   2. chunk_gates: the sum of g over every 64-token chunk, one warp per (batch, chunk, head);
@@ -23,8 +23,8 @@
 // Launch 4 skips segment 0 when there is no h0. The segments are chosen per shape (choose_segments): P = 1
 // (plain v7) unless the predicted time of v7's shorter chains plus the correction's traffic is lower.
 #include <algorithm>
+#include <deque>
 #include <mutex>
-#include <vector>
 
 #include "../common/device.cuh"
 #include "../common/launch.cuh"
@@ -57,7 +57,8 @@ constexpr double kCorrectionBytesPerUs = 2.0e6;
 constexpr double kAddedLaunchesUs = 15.0;
 
 // ---- the choice of P ---------------------------------------------------------------------------------------
-// Per device: its SM count and v7's resident blocks per SM at K = 64 and 128, asked once.
+// Per device: its SM count and v7's resident blocks per SM at K = 64 and 128, asked once (a deque: growing it for
+// another device leaves the entries already handed out where they are).
 struct Card {
   int sms = 0;
   int resident[2] = {0, 0};
@@ -65,7 +66,7 @@ struct Card {
 
 inline const Card& card() {
   static std::mutex mutex;
-  static std::vector<Card> cards;
+  static std::deque<Card> cards;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "linear_v8_split_sequence", "cudaGetDevice");
   std::lock_guard<std::mutex> lock(mutex);

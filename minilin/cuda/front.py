@@ -364,7 +364,8 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=N
 def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None,
                          check_values=True):
     """Linear attention with a decay per key channel (GLA) on the GPU: S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,
-    o_t = scale S_t^T q_t. Returns (o [B, T, H, V], final state [B, H, K, V] float32).
+    o_t = scale S_t^T q_t. Returns (o [B, T, HV, V], final state [B, HV, K, V] float32; [N, HV, K, V] with
+    cu_seqlens).
 
     g: [B, T, HV, K] float32 log-decays <= 0, one per key channel. scale: default K ** -0.5.
     version: None (`default_version`) or 1, 2, ... (`versions('gla')`).
@@ -376,8 +377,8 @@ def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, cu_seqle
 def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, normalize_qk=False,
                        version=None, check_values=True):
     """The delta rule with a decay per key channel (Kimi Delta Attention) on the GPU: S' = diag(exp(g_t)) S_{t-1},
-    S_t = S' + beta_t k_t (v_t - S'^T k_t)^T, o_t = scale S_t^T q_t. Returns (o [B, T, H, V], final state
-    [B, H, K, V] float32).
+    S_t = S' + beta_t k_t (v_t - S'^T k_t)^T, o_t = scale S_t^T q_t. Returns (o [B, T, HV, V], final state
+    [B, HV, K, V] float32; [N, HV, K, V] with cu_seqlens).
 
     g: [B, T, HV, K] float32 log-decays <= 0; beta: [B, T, HV] float32 in [0, 1]. normalize_qk: as `delta_rule`
     (a CuPy pre-pass dividing q and k by sqrt(|x|^2 + 1e-6)). version: see `versions('kda')`.
