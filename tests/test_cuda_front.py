@@ -261,8 +261,9 @@ def test_a_packed_call_launches_once_per_sequence_on_its_slices(fake_cupy, monke
     assert (state._data[0] == 4).all() and (state._data[1] == 6).all()
 
 
-def test_backward_of_packed_sequences_joins_each_sequences_gradients(monkeypatch):
-    from minilin.cuda import backward
+def test_backward_of_packed_sequences_joins_each_sequences_gradients():
+    """The GPU backward joins its per-sequence launches with `varlen.backward`, as the NumPy backward does."""
+    from minilin import varlen
 
     offsets = (0, 3, 7)
     arrays_ = (np.arange(7.0).reshape(1, 7, 1), None)
@@ -272,8 +273,7 @@ def test_backward_of_packed_sequences_joins_each_sequences_gradients(monkeypatch
         assert absent is None and do.shape[1] == x.shape[1] and initial_state.shape == (1, 1)
         return 2 * x, None, initial_state + dstate
 
-    monkeypatch.setattr(backward, "cupy_module", lambda: types.SimpleNamespace(concatenate=np.concatenate))
-    dx, dabsent, dstate0 = backward._per_sequence(run, arrays_, state, np.ones((1, 7, 1)), np.ones((2, 1)), offsets)
+    dx, dabsent, dstate0 = varlen.backward(run, arrays_, state, np.ones((1, 7, 1)), np.ones((2, 1)), offsets)
     np.testing.assert_array_equal(dx, 2 * arrays_[0])
     assert dabsent is None
     np.testing.assert_array_equal(dstate0, [[11.0], [21.0]])

@@ -13,7 +13,8 @@ initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). 
 (CuPy), whatever the inputs' dtype: dq, dk [B, T, H, K]; dv [B, T, HV, V]; dg, dbeta [B, T, HV]; dinitial_state as
 initial_state, or None for an array that was not given (g, initial_state). Grouped value heads and packed sequences
 as the forward (front.py): q and k repeated to HV heads, and a q/k head's gradient the sum over its value heads
-(`heads.reduce`); one backward launch per sequence, each sequence's gradients its own.
+(`heads.reduce`); one backward launch per sequence, each sequence's gradients its own, joined by `varlen.backward`
+as the NumPy backward joins them.
 
 Kernels (csrc/linear_bwd/, csrc/delta_bwd/, `versions('linear_bwd')`, `versions('delta_bwd')`): v1 is the definition
 run backwards (the state's adjoint in registers, token by token). For the gated linear family the gate's gradient
@@ -23,7 +24,7 @@ a reverse cumulative sum of per-token terms (csrc/linear_bwd/v1_recurrent.cu der
 """
 from __future__ import annotations
 
-from .. import catalog, heads
+from .. import catalog, heads, varlen
 from ..activations import l2_normalize
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
@@ -86,26 +87,6 @@ def linear_gate_gradient(q, k, dq, dk, dstate, final_state):
     return cupy.ascontiguousarray(cupy.cumsum(term[:, ::-1], axis=1)[:, ::-1], dtype=cupy.float32)
 
 
-def _per_sequence(run, arrays, initial_state, do, dstate, offsets):
-    """run(*arrays, initial_state, do, dstate) -> a tuple of gradients, per token ([1, T_n, ...]) and last the
-    initial state's ([1, ...]), None for an absent one; for each sequence alone with offsets (the tuple of
-    cu_seqlens), the pieces joined (along T, and along N for the last), else one call."""
-    if offsets is None:
-        return run(*arrays, initial_state, do, dstate)
-    cupy = cupy_module()
-    state_of = lambda x, n: None if x is None else x[n:n + 1]  # noqa: E731
-    pieces = []
-    for n, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
-        tokens = slice(start, end)
-        pieces.append(run(*(None if x is None else x[:, tokens] for x in arrays), state_of(initial_state, n),
-                          do[:, tokens], state_of(dstate, n)))
-    joined = []
-    for i, first in enumerate(pieces[0]):
-        axis = 0 if i == len(pieces[0]) - 1 else 1
-        joined.append(None if first is None else cupy.concatenate([p[i] for p in pieces], axis=axis))
-    return tuple(joined)
-
-
 def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                           version=None, check_values=True):
     """Gradients of the scalar-gated linear recurrence (front.gated_linear): (dq, dk, dv, dg, dinitial_state), all
@@ -128,7 +109,7 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
         dg = None if g is None else linear_gate_gradient(q, k, dq, dk, dstate, ht)
         return dq, dk, dv, dg, dh0
 
-    dq, dk, dv, dg, dh0 = _per_sequence(one, (q_rep, k_rep, v, g), initial_state, do, dstate, offsets)
+    dq, dk, dv, dg, dh0 = varlen.backward(one, (q_rep, k_rep, v, g), initial_state, do, dstate, offsets)
     group = shapes["HV"] // shapes["H"]
     return heads.reduce(dq, group), heads.reduce(dk, group), dv, dg, dh0
 
@@ -165,7 +146,7 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
         dq, dk, dv, dg, dbeta, dh0, _ = _launch("delta_bwd", info, q, k, v, g, beta, initial_state, do, dstate, scale)
         return dq, dk, dv, dg, dbeta, dh0
 
-    dq, dk, dv, dg, dbeta, dh0 = _per_sequence(one, (q_rep, k_rep, v, g, beta), initial_state, do, dstate, offsets)
+    dq, dk, dv, dg, dbeta, dh0 = varlen.backward(one, (q_rep, k_rep, v, g, beta), initial_state, do, dstate, offsets)
     group = shapes["HV"] // shapes["H"]
     dq, dk = heads.reduce(dq, group), heads.reduce(dk, group)
     if normalize_qk:
