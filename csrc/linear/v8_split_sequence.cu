@@ -118,11 +118,15 @@ inline size_t states_bytes(int P, int B, int H, int K, int V) {
   return aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
 }
 
+// With P > 1 segments: L_p (then S_p), then the chunk sums.
+inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
+  return states_bytes(P, B, H, K, V) + aligned(static_cast<size_t>(B) * (T / kChunk) * H * sizeof(float));
+}
+
 size_t workspace_bytes(int B, int T, int H, int K, int V) {
   if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
   const int P = choose_segments(B, T, H, K, V);
-  if (P == 1) return 0;  // plain v7
-  return states_bytes(P, B, H, K, V) + aligned(static_cast<size_t>(B) * (T / kChunk) * H * sizeof(float));
+  return P == 1 ? 0 : split_bytes(P, B, T, H, K, V);  // P = 1: plain v7, no workspace
 }
 
 inline Workspace carve(const Problem& p, int P) {
@@ -290,7 +294,7 @@ void forward(const Problem& p) {
   check_tensor_core_problem(p, name, false, kBlockV);
   const int P = choose_segments(p.B, p.T, p.H, p.K, p.V);
   if (P == 1) return linear_v7.forward(p);
-  const size_t needed = workspace_bytes(p.B, p.T, p.H, p.K, p.V);
+  const size_t needed = split_bytes(P, p.B, p.T, p.H, p.K, p.V);  // P as chosen above, not chosen again
   require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
     return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
            std::to_string(p.workspace_size);
