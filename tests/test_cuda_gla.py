@@ -330,7 +330,7 @@ def test_bad_inputs_raise(op):
         beta = args[4]
         with pytest.raises(ValueError, match="beta: expected values in"):
             call(*replaced(4, beta + 1.5))
-        with pytest.raises(ValueError, match=r"beta: expected shape \[B, T, H\]"):
+        with pytest.raises(ValueError, match=r"beta: expected shape \[B, T, HV\]"):
             call(*replaced(4, cupy.ascontiguousarray(beta[:, :, :2])))
         with pytest.raises(ValueError, match=r"k, beta: expected beta \|k\|\^2 <= 1"):
             call(*replaced(1, 3 * k))
