@@ -144,7 +144,7 @@ PYBIND11_MODULE(_cuda, m) {
         [](const std::string& op, int version, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t g,
            std::uintptr_t beta, std::uintptr_t h0, std::uintptr_t do_, std::uintptr_t dht, std::uintptr_t dq,
            std::uintptr_t dk, std::uintptr_t dv, std::uintptr_t dg, std::uintptr_t dbeta, std::uintptr_t dh0,
-           std::uintptr_t ht, std::uintptr_t workspace, size_t workspace_size, int B, int T, int H, int K, int V,
+           std::uintptr_t workspace, size_t workspace_size, int B, int T, int H, int K, int V,
            float scale, int dtype, std::uintptr_t stream) {
           const auto& ver = find_version(op, version);
           if (!ver.backward)
@@ -164,7 +164,6 @@ PYBIND11_MODULE(_cuda, m) {
           p.dg = pointer<float>(dg);
           p.dbeta = pointer<float>(dbeta);
           p.dh0 = pointer<float>(dh0);
-          p.ht = pointer<float>(ht);
           p.workspace = pointer<void>(workspace);
           p.workspace_size = workspace_size;
           p.B = B, p.T = T, p.H = H, p.K = K, p.V = V;
@@ -176,9 +175,9 @@ PYBIND11_MODULE(_cuda, m) {
         },
         py::arg("op"), py::arg("version"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"),
         py::arg("h0"), py::arg("do"), py::arg("dht"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dg"),
-        py::arg("dbeta"), py::arg("dh0"), py::arg("ht"), py::arg("workspace"), py::arg("workspace_size"), py::arg("B"),
+        py::arg("dbeta"), py::arg("dh0"), py::arg("workspace"), py::arg("workspace_size"), py::arg("B"),
         py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"), py::arg("scale"), py::arg("dtype"), py::arg("stream"),
         "Launch one backward pass (csrc/minilin_cuda.h, BackwardProblem) on `stream`: float32 gradients dq, dk, dv "
-        "(and dg, dbeta for delta_bwd; dh0 when not 0; the final state into ht when not 0, linear_bwd). Checks sizes "
+        "(dg when g is given, dbeta for delta_bwd, dh0 when not 0). Checks sizes "
         "(ValueError) and the launches (RuntimeError).");
 }

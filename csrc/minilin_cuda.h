@@ -88,10 +88,8 @@ struct DecodeProblem {
 //   q, k [B, T, H, K], v and do [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null; beta read by
 //   the delta family only); h0 [B, H, K, V] float32 or null (zeros); dht [B, H, K, V] float32 or null (zeros).
 //   Outputs, all float32: dq, dk [B, T, H, K] (dq with respect to q itself: the kernels differentiate scale q and
-//   multiply by scale), dv [B, T, H, V]; the delta family also dg (when g is given) and dbeta [B, T, H]; dh0
-//   [B, H, K, V] when not null. The linear family leaves dg to the front (a reverse cumulative sum of
-//   q . dq - k . dk, csrc/linear_bwd/v1_recurrent.cu) and writes the final state to ht when ht is not null, for
-//   that sum's term <dht, final state>.
+//   multiply by scale), dv [B, T, H, V]; dg [B, T, H] when g is given; the delta family also dbeta [B, T, H]; dh0
+//   [B, H, K, V] when not null.
 struct BackwardProblem {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -107,7 +105,6 @@ struct BackwardProblem {
   float* dg = nullptr;
   float* dbeta = nullptr;
   float* dh0 = nullptr;
-  float* ht = nullptr;
   void* workspace = nullptr;     // scratch of workspace_bytes(...) bytes, or null when that is 0
   size_t workspace_size = 0;
   int B = 0, T = 0, H = 0, K = 0, V = 0;

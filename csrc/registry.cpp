@@ -15,6 +15,8 @@
 //                  read and written once with 16-byte accesses.
 //   linear_bwd v1  recurrent: a forward token loop for dq and a backward one for the state's adjoint, dk and dv;
 //                  dg a reverse cumulative sum of per-token terms.
+//   linear_bwd v2  chunked_mma: the chunk-boundary states and their adjoints by one pass each way, then every
+//                  chunk's gradients in parallel as matrix products on bf16 tensor cores.
 //   delta_bwd v1   recurrent: the definition run backwards, states checkpointed every 64 tokens and recomputed
 //                  chunk by chunk, the state's adjoint in registers.
 #include "minilin_cuda.h"
@@ -27,7 +29,7 @@ extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6,
 extern const Version gla_v1, gla_v2, gla_v3;
 extern const Version kda_v1, kda_v2;
 extern const Version decode_v1;
-extern const Version linear_bwd_v1, delta_bwd_v1;
+extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1;
 
 // The wgmma versions (delta v10) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
@@ -44,6 +46,7 @@ const std::vector<Version>& versions() {
                                                 kda_v1,    kda_v2,
                                                 decode_v1,
                                                 linear_bwd_v1,
+                                                linear_bwd_v2,
                                                 delta_bwd_v1,
   };
   return all;

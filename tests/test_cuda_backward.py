@@ -4,8 +4,8 @@ The GPU tests compare with the mixers' own `recurrent_backward` in float64. This
 reference of its own, the definition run backwards with every state kept, written from the same derivation as the
 kernels (csrc/delta_bwd/v1_recurrent.cu): it is proved on the CPU against central finite differences of minilin's
 recurrent forms and against the mixers' recurrent_backward, and it drives the CPU test of the front's call into the
-extension (argument order, the linear family's gate gradient formed from dq and dk) through a stand-in extension
-that follows the BackwardProblem contract. GPU tests skip, with the reason, where CuPy, a GPU or the extension is
+extension (argument order, which outputs are asked for) through a stand-in extension that follows the
+BackwardProblem contract. GPU tests skip, with the reason, where CuPy, a GPU or the extension is
 missing.
 """
 from __future__ import annotations
@@ -188,9 +188,8 @@ def test_the_reference_equals_the_mixers_recurrent_backward(mixer, with_state):
 
 # ---- the front's call into the extension, on the CPU -------------------------------------------------------
 # The fake arrays live in host memory, so a stand-in for minilin._cuda.backward writes the reference's gradients
-# through the addresses the front passes, as the BackwardProblem contract says: dq, dk, dv (and dg, dbeta for
-# delta_bwd), dh0 when asked, the final state into ht when asked (linear_bwd). The front must then return the
-# reference's gradients, the linear family's dg formed by the front itself from dq, dk and ht.
+# through the addresses the front passes, as the BackwardProblem contract says: dq, dk, dv, dg when g is given,
+# dbeta for delta_bwd, dh0 when asked. The front must then return the reference's gradients by name.
 class HostArray(np.ndarray):
     def __array_finalize__(self, obj):
         self._device = getattr(obj, "_device", 0)
@@ -215,7 +214,7 @@ def at(address, shape):
     return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=tuple(shape))
 
 
-def contract_backward(op, version, q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0, ht, workspace,
+def contract_backward(op, version, q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0, workspace,
                       workspace_size, B, T, H, K, V, scale, dtype, stream):
     assert dtype == 0 and workspace_size == 0
     read = lambda address, shape: None if not address else at(address, shape).astype(np.float64)  # noqa: E731
@@ -227,21 +226,13 @@ def contract_backward(op, version, q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg
     at(dq, (B, T, H, K))[...] = grads[0]
     at(dk, (B, T, H, K))[...] = grads[1]
     at(dv, (B, T, H, V))[...] = grads[2]
+    assert bool(dg) == (x["g"] is not None) and bool(dbeta) == delta
+    if dg:
+        at(dg, (B, T, H))[...] = grads[3]
     if delta:
-        assert bool(dg) == (x["g"] is not None)
-        if dg:
-            at(dg, (B, T, H))[...] = grads[3]
         at(dbeta, (B, T, H))[...] = grads[4]
-    else:
-        assert not dg and not dbeta, "the linear family's dg is the front's"
     if dh0:
         at(dh0, (B, H, K, V))[...] = grads[-1]
-    if ht:
-        a = _decays(x["g"], (B, T, H))
-        S = np.zeros((B, H, K, V)) if x["S0"] is None else x["S0"]
-        for t in range(T):
-            S = a[:, t, :, None, None] * S + x["k"][:, t, :, :, None] * x["v"][:, t, :, None, :]
-        at(ht, (B, H, K, V))[...] = S
 
 
 @pytest.fixture
@@ -273,6 +264,21 @@ def host_extension(monkeypatch):
         backward=contract_backward, workspace_bytes=lambda *args: 0))
     yield
     bf16.native_dtype.cache_clear()
+
+
+def test_the_default_backward_version_is_the_chunked_one_where_the_shape_fits(host_extension, monkeypatch):
+    """version=None: linear_bwd v2 (bf16, K 64 or 128, V a multiple of 64) where it takes the shape, v1 elsewhere
+    and for float32; a version asked for by number is kept (its own checks say what it takes)."""
+    v2 = {"op": "linear_bwd", "version": 2, "name": "chunked_mma", "float32": False, "bfloat16": True,
+          "min_compute_capability": 80, "max_compute_capability": 0}
+    ladder = ({"op": "linear_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, "max_compute_capability": 0}, v2)
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    chosen = lambda version, bf, K, V: mbackward.backward_version("linear_bwd", version, bf, K, V)["version"]  # noqa: E731
+    assert [chosen(None, True, K, V) for K, V in [(64, 64), (128, 128), (64, 128), (128, 192)]] == [2, 2, 2, 2]
+    assert [chosen(None, True, K, V) for K, V in [(32, 64), (256, 64), (64, 96), (128, 32)]] == [1, 1, 1, 1]
+    assert chosen(None, False, 64, 64) == 1
+    assert chosen(2, True, 32, 64) == 2 and chosen(1, True, 64, 64) == 1
 
 
 @pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
@@ -488,6 +494,37 @@ def test_kernels_match_the_float64_backward(mixer, dtype, shape):
         assert err < tol, f"{mixer} {dtype} {shape} {name}: {err:.2e} >= {tol}"
 
 
+# FLA's test shapes for its chunk backward (T in 63, 500, 1000, 2048; K = V and K != V; with and without an initial
+# state) and its tolerances (relative RMS error), for the tensor-core versions of the scalar-gated family.
+FLA_LENGTHS = (63, 500, 1000, 2048)
+FLA_KV = [(64, 64), (128, 128), (64, 128), (128, 64)]
+FLA_TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02}
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("with_state", [True, False], ids=["state", "no state"])
+@pytest.mark.parametrize("K, V", FLA_KV, ids=lambda kv: f"{kv}")
+@pytest.mark.parametrize("T", FLA_LENGTHS)
+@pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention"])
+def test_the_chunked_linear_backward_at_flas_test_shapes(mixer, T, K, V, with_state):
+    """linear_bwd v2, bf16, against the float64 NumPy backward on the same bf16-rounded inputs; outputs start NaN."""
+    x = inputs(2, T, 2, K, V, seed=T + K + 3 * V, gated=mixer == "simple_gla", with_state=with_state)
+    gx, host = device_inputs(x, "bfloat16")
+    grads = run_backward(mixer, gx, version=2)
+    mod = simple_gla if mixer == "simple_gla" else linear_attention
+    args = [host["q"], host["k"], host["v"]] + ([host["g"]] if mixer == "simple_gla" else [])
+    ref = mod.chunked_backward(*args, do=host["do"], dstate=host["dS"], scale=K ** -0.5,
+                               initial_state=host["S0"])._asdict()
+    for name in grads._fields:
+        got = getattr(grads, name)
+        if ref[name] is None:
+            assert got is None, name
+            continue
+        err = rel_err(cupy.asnumpy(got), ref[name])
+        assert err < FLA_TOLERANCE[name], f"{mixer} T={T} K={K} V={V} {name}: {err:.2e}"
+
+
 @gpu
 @pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
 def test_kernels_take_grouped_heads_and_packed_sequences(mixer):
@@ -523,11 +560,12 @@ def test_gradients_of_the_final_state_alone(mixer):
 
 
 @gpu
-def test_strong_gates_over_a_long_sequence_stay_finite():
-    """float32 at T = 4096 with gates down to -20: every gradient finite."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_strong_gates_over_a_long_sequence_stay_finite(dtype):
+    """T = 4096 with gates down to -20: every gradient finite (bf16: linear_bwd v2, the chunked one)."""
     x = inputs(1, 4096, 2, 64, 64, seed=31, delta=True)
     x["g"] = np.random.default_rng(32).uniform(-20.0, 0.0, x["g"].shape)
-    gx, _ = device_inputs(x, "float32")
+    gx, _ = device_inputs(x, dtype)
     for mixer in ("gated_deltanet", "simple_gla"):
         for grad in run_backward(mixer, gx):
             assert bool(cupy.isfinite(grad).all()), mixer
@@ -548,7 +586,7 @@ def test_repeated_backward_runs_are_bit_identical(mixer):
 # ---- the extension's own checks (no GPU needed, only the built module) ------------------------------------
 def backward_call(op="delta_bwd", **changes):
     args = dict(op=op, version=1, q=256, k=256, v=256, g=0, beta=256, h0=0, do=256, dht=0, dq=256, dk=256, dv=256,
-                dg=0, dbeta=256, dh0=0, ht=0, workspace=256, workspace_size=1 << 40, B=1, T=4, H=1, K=8, V=8,
+                dg=0, dbeta=256, dh0=0, workspace=256, workspace_size=1 << 40, B=1, T=4, H=1, K=8, V=8,
                 scale=1.0, dtype=0, stream=0)
     args.update(changes)
     return list(args.values())
@@ -561,10 +599,14 @@ def backward_call(op="delta_bwd", **changes):
     ("delta_bwd", dict(do=0), r"q, k, v, do, dq, dk and dv must be device pointers"),
     ("delta_bwd", dict(dbeta=0), r"beta and dbeta must be device pointers"),
     ("delta_bwd", dict(g=256), r"dg must be a device pointer when g is given"),
+    ("linear_bwd", dict(g=256), r"linear_bwd_v1_recurrent: dg must be a device pointer when g is given"),
     ("delta_bwd", dict(workspace_size=16), r"workspace must hold \d+ bytes, got 16"),
     ("linear_bwd", dict(workspace=0), r"workspace must hold \d+ bytes"),
     ("delta_bwd", dict(dtype=5), r"dtype code must be 0 \(float32\) or 1 \(bfloat16\), got 5"),
     ("delta_bwd", dict(version=3), r"delta_bwd has versions 1, got 3"),
+    ("linear_bwd", dict(version=2, dtype=1, K=96, V=64), r"linear_bwd_v2_chunked_mma: K must be 64 or 128, got K=96"),
+    ("linear_bwd", dict(version=2, dtype=1, K=64, V=96), r"linear_bwd_v2_chunked_mma: V must be a multiple of 64"),
+    ("linear_bwd", dict(version=2, dtype=0, K=64, V=64), r"linear_bwd_v2_chunked_mma: bfloat16 inputs only"),
     ("linear", {}, r"linear is not a backward op"),
     ("decode", {}, r"decode is not a backward op"),
 ])
@@ -576,10 +618,14 @@ def test_the_extension_checks_a_backward_call_before_any_cuda_call(op, changes, 
 
 def test_the_extension_lists_the_backward_ops_with_their_workspace():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
-    ops = {v["op"]: v for v in cuda.versions() if v["op"].endswith("_bwd")}
-    assert set(ops) == {"linear_bwd", "delta_bwd"} and all(v["float32"] and v["bfloat16"] for v in ops.values())
-    # linear: dq's and dk's parts per 32-column value block; delta adds checkpoints, recomputed states, dbeta, dg
-    assert cuda.workspace_bytes("linear_bwd", 1, 2, 100, 3, 64, 64) == 2 * 2 * (2 * 100 * 3 * 64) * 4
+    ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"].endswith("_bwd")}
+    assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1)}
+    assert all(v["float32"] and v["bfloat16"] for (_, n), v in ladder.items() if n == 1)
+    assert ladder["linear_bwd", 2]["bfloat16"] and not ladder["linear_bwd", 2]["float32"]
+    # linear v1: dq's and dk's parts per 32-column value block and <dstate, S_T>'s; delta adds checkpoints, recomputed states, dbeta, dg
+    assert cuda.workspace_bytes("linear_bwd", 1, 2, 100, 3, 64, 64) == (2 * 2 * (2 * 100 * 3 * 64) + 2 * 2 * 3) * 4
+    # linear v2: the states entering each 64-token chunk and their adjoints, bf16
+    assert cuda.workspace_bytes("linear_bwd", 2, 2, 100, 3, 64, 128) == 2 * (2 * 3 * 2 * 64 * 128) * 2
     chunks, blocks, tokens = 2, 2 * 3 * 2, 2 * 100 * 3
     expected = (2 * 3 * chunks * 64 * 64 + blocks * 64 * 2 * 8 * 128 + 2 * 2 * tokens * 64 + 2 * 2 * tokens) * 4
     assert cuda.workspace_bytes("delta_bwd", 1, 2, 100, 3, 64, 64) == expected

@@ -22,7 +22,7 @@ constexpr int kBwdColumnsPerWarp = 8;
 constexpr int kBwdBlockColumns = kBwdWarps * kBwdColumnsPerWarp;  // 32 value columns per block
 constexpr int kBwdMaxK = 256;                                      // ROWS = K / 32 <= 8 register rows per lane
 
-inline int bwd_value_blocks(int V) { return ceil_div(V, kBwdBlockColumns); }
+__host__ __device__ inline int bwd_value_blocks(int V) { return (V + kBwdBlockColumns - 1) / kBwdBlockColumns; }
 
 // Row n of a per-token [B, T, H] array: (b, t, h).
 __device__ __forceinline__ long long token_index(const BackwardProblem& p, int b, int t, int h) {
@@ -128,7 +128,7 @@ inline void check_backward_problem(const BackwardProblem& p, const char* kernel,
     return k() + ": q, k, v, do, dq, dk and dv must be device pointers, got a null one";
   });
   require(!needs_beta || (p.beta && p.dbeta), [&] { return k() + ": beta and dbeta must be device pointers, got null"; });
-  require(!needs_beta || !p.g || p.dg, [&] { return k() + ": dg must be a device pointer when g is given"; });
+  require(!p.g || p.dg, [&] { return k() + ": dg must be a device pointer when g is given"; });
   require(p.dtype == kFloat32 || p.dtype == kBFloat16, [&] {
     return k() + ": dtype code must be 0 (float32) or 1 (bfloat16), got " + std::to_string(p.dtype);
   });
@@ -139,6 +139,18 @@ inline void check_backward_problem(const BackwardProblem& p, const char* kernel,
   require(workspace == 0 || (p.workspace && p.workspace_size >= workspace), [&] {
     return k() + ": workspace must hold " + std::to_string(workspace) + " bytes, got " +
            std::to_string(p.workspace_size);
+  });
+}
+
+// The tensor-core versions' checks on top: bf16 inputs, K = 64 or 128, V a multiple of the block's value columns.
+inline void check_tensor_core_backward(const BackwardProblem& p, const char* kernel, bool needs_beta, size_t workspace,
+                                       int block_v) {
+  check_backward_problem(p, kernel, needs_beta, workspace);
+  const auto k = [kernel] { return std::string(kernel); };
+  require(p.dtype == kBFloat16, [&] { return k() + ": bfloat16 inputs only (tensor cores multiply bf16), got float32"; });
+  require(p.K == 64 || p.K == 128, [&] { return k() + ": K must be 64 or 128, got K=" + std::to_string(p.K); });
+  require(p.V % block_v == 0, [&] {
+    return k() + ": V must be a multiple of " + std::to_string(block_v) + ", got V=" + std::to_string(p.V);
   });
 }
 

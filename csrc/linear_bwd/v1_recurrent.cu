@@ -11,8 +11,9 @@
 // G_t = g_0 + ... + g_t, every term of o_t and S_T that holds exp(G_t - G_s) gives dL/dG_t = q_t . dq_t and
 // dL/dG_s = -k_s . dk_s, and <dht, S_T> gives dL/dG_{T-1} += <dht, S_T>, so
 //     dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dht, S_T>
-// a reverse cumulative sum of per-token terms, which the front forms from dq, dk and the final state (written to
-// ht). So no state is stored for the backward loop; the forward loop recomputes the states as it goes.
+// a reverse cumulative sum of per-token terms, which a third kernel forms from dq, dk and <dht, S_T> (each block's
+// part of it from the forward loop's last state). So no state is stored for the backward loop; the forward loop
+// recomputes the states as it goes.
 //
 // dq_t and dk_t sum over value columns: each block writes the part of its 32 columns (its 4 warps added through
 // shared memory) to the workspace, and sum_value_blocks adds the blocks' parts (common/backward.cuh). dv_t is
@@ -25,14 +26,16 @@ namespace {
 constexpr int kThreads = kBwdWarps * 32;
 constexpr int kColumns = kBwdColumnsPerWarp;
 
-// Workspace: dq's and dk's parts, [value blocks][B, T, H, K] each.
+// Workspace: dq's and dk's parts, [value blocks][B, T, H, K] each, then <dht, S_T>'s parts [value blocks][B, H].
 size_t workspace_bytes(int B, int T, int H, int K, int V) {
-  return 2 * static_cast<size_t>(bwd_value_blocks(V)) * B * T * H * K * sizeof(float);
+  const size_t blocks = bwd_value_blocks(V);
+  return (2 * blocks * B * T * H * K + blocks * B * H) * sizeof(float);
 }
 
-// Forward loop: the states again, dq_t = S_t do_t (this block's columns), and the final state into ht.
+// Forward loop: the states again, dq_t = S_t do_t (this block's columns), and this block's part of <dht, S_T>.
 template <typename Elem, int ROWS>
-__global__ void __launch_bounds__(kThreads) linear_bwd_v1_dq(const BackwardProblem p, float* dq_parts) {
+__global__ void __launch_bounds__(kThreads) linear_bwd_v1_dq(const BackwardProblem p, float* dq_parts,
+                                                             float* final_parts) {
   __shared__ float rows[kBwdWarps][kBwdMaxK];
   const int vb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col0 = vb * kBwdBlockColumns + warp * kColumns;
@@ -60,7 +63,23 @@ __global__ void __launch_bounds__(kThreads) linear_bwd_v1_dq(const BackwardProbl
     }
     block_sum_rows(dq, rows, dq_part + bth * p.K, p.K);
   }
-  if (p.ht) store_slice(S, p.ht + head, p.K, p.V, lane, col0);
+  if (p.g && p.dht) {  // <dht, S_T> over this block's columns, for dg's last term
+    float D[ROWS][kColumns];
+    load_slice(D, p.dht + head, p.K, p.V, lane, col0);
+    float part = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) part = fmaf(D[r][c], S[r][c], part);
+    part = warp_sum(part);
+    if (lane == 0) rows[warp][0] = part;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int w = 0; w < kBwdWarps; ++w) sum += rows[w][0];
+      final_parts[(static_cast<long long>(vb) * p.B + b) * p.H + h] = sum;
+    }
+  }
 }
 
 // Backward loop: D from dht, dk_t = D_t v_t (this block's columns), dv_t = D_t^T k_t, dh0.
@@ -107,10 +126,37 @@ __global__ void __launch_bounds__(kThreads) linear_bwd_v1_dkv(const BackwardProb
   if (p.dh0) store_slice(D, p.dh0 + head, p.K, p.V, lane, col0);
 }
 
+// dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dht, S_T>: one warp per (batch, head), 32 tokens at a time from
+// the end, lane l one token (its dot products over K), the tile's reverse sums by a scan over lanes.
+template <typename Elem>
+__global__ void linear_bwd_v1_gate(const BackwardProblem p, const float* final_parts) {
+  const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x;
+  float carry = 0.0f;  // the sum over the tokens after this tile, plus <dht, S_T>
+  if (p.dht)
+    for (int vb = 0; vb < bwd_value_blocks(p.V); ++vb) carry += final_parts[(static_cast<long long>(vb) * p.B + b) * p.H + h];
+  const Elem* q = static_cast<const Elem*>(p.q);
+  const Elem* k = static_cast<const Elem*>(p.k);
+  for (int t0 = ((p.T - 1) / 32) * 32; t0 >= 0; t0 -= 32) {
+    const int t = t0 + lane;
+    float x = 0.0f;  // q_t . dq_t - k_t . dk_t
+    if (t < p.T) {
+      const long long row = token_index(p, b, t, h) * p.K;
+      for (int f = 0; f < p.K; ++f) x += to_float(q[row + f]) * p.dq[row + f] - to_float(k[row + f]) * p.dk[row + f];
+    }
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {  // x = the sum over this tile's tokens t' >= t
+      const float y = __shfl_down_sync(kFullMask, x, offset);
+      if (lane + offset < 32) x += y;
+    }
+    if (t < p.T) p.dg[token_index(p, b, t, h)] = x + carry;
+    carry += __shfl_sync(kFullMask, x, 0);
+  }
+}
+
 template <typename Elem, int ROWS>
-void launch(const BackwardProblem& p, float* dq_parts, float* dk_parts) {
+void launch(const BackwardProblem& p, float* dq_parts, float* dk_parts, float* final_parts) {
   const dim3 grid(bwd_value_blocks(p.V), p.H, p.B);
-  launch_checked(p, "linear_bwd_v1_dq", linear_bwd_v1_dq<Elem, ROWS>, grid, kThreads, 0, dq_parts);
+  launch_checked(p, "linear_bwd_v1_dq", linear_bwd_v1_dq<Elem, ROWS>, grid, kThreads, 0, dq_parts, final_parts);
   launch_checked(p, "linear_bwd_v1_dkv", linear_bwd_v1_dkv<Elem, ROWS>, grid, kThreads, 0, dk_parts);
 }
 
@@ -120,17 +166,19 @@ void backward(const BackwardProblem& p) {
   const long long count = static_cast<long long>(p.B) * p.T * p.H * p.K;
   float* dq_parts = static_cast<float*>(p.workspace);
   float* dk_parts = dq_parts + bwd_value_blocks(p.V) * count;
-  const auto rows = [&](auto elem) {
+  float* final_parts = dk_parts + bwd_value_blocks(p.V) * count;
+  const auto run = [&](auto elem) {
     using Elem = decltype(elem);
-    if (p.K <= 32) return launch<Elem, 1>(p, dq_parts, dk_parts);
-    if (p.K <= 64) return launch<Elem, 2>(p, dq_parts, dk_parts);
-    if (p.K <= 128) return launch<Elem, 4>(p, dq_parts, dk_parts);
-    return launch<Elem, 8>(p, dq_parts, dk_parts);
+    if (p.K <= 32) launch<Elem, 1>(p, dq_parts, dk_parts, final_parts);
+    else if (p.K <= 64) launch<Elem, 2>(p, dq_parts, dk_parts, final_parts);
+    else if (p.K <= 128) launch<Elem, 4>(p, dq_parts, dk_parts, final_parts);
+    else launch<Elem, 8>(p, dq_parts, dk_parts, final_parts);
+    launch_sum_value_blocks(p, "linear_bwd_v1_sum_dq", dq_parts, p.dq, count, p.scale);  // dL/dq = scale dL/d(scale q)
+    launch_sum_value_blocks(p, "linear_bwd_v1_sum_dk", dk_parts, p.dk, count, 1.0f);
+    if (p.g) launch_checked(p, "linear_bwd_v1_gate", linear_bwd_v1_gate<Elem>, dim3(p.H, p.B), 32, 0, final_parts);
   };
-  if (p.dtype == kFloat32) rows(float{});
-  else rows(__nv_bfloat16{});
-  launch_sum_value_blocks(p, "linear_bwd_v1_sum_dq", dq_parts, p.dq, count, p.scale);  // dL/dq = scale dL/d(scale q)
-  launch_sum_value_blocks(p, "linear_bwd_v1_sum_dk", dk_parts, p.dk, count, 1.0f);
+  if (p.dtype == kFloat32) run(float{});
+  else run(__nv_bfloat16{});
 }
 
 }  // namespace

@@ -4,10 +4,10 @@ Mixers: linear_attention, simple_gla, deltanet, gated_deltanet (the ones with a 
 `minilin.cuda.<mixer>_backward`); default simple_gla, deltanet and gated_deltanet. Problem as the forward bench
 (bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in 2048 and 8192 by default.
 
-Each mixer is checked before it is timed, at a small problem (B=2, T=100, H=2, K=V=32, initial state given): every
-gradient of L = <do, o> + <dstate, S_T> from the bf16 kernels against minilin's NumPy chunked_backward in float64
-on the same (bf16-rounded) inputs, relative RMS error at most 0.008 (dq, dk, dv, dinitial_state) and 0.02 (dg,
-dbeta), FLA's own test tolerances. A mixer that fails is reported and not timed.
+Each mixer is checked before it is timed, at a small problem that the timed versions take (B=2, T=100, H=2, K=64,
+V=128, initial state given): every gradient of L = <do, o> + <dstate, S_T> from the bf16 kernels against minilin's
+NumPy chunked_backward in float64 on the same (bf16-rounded) inputs, relative RMS error at most 0.008 (dq, dk, dv,
+dinitial_state) and 0.02 (dg, dbeta), FLA's own test tolerances. A mixer that fails is reported and not timed.
 
 Timed (CUDA events, bench/gpu_timing.py, 3 alternating rounds, the median): the forward at its default version,
 and the forward followed by the backward at its default version (the training step's two calls; the backward
@@ -28,7 +28,7 @@ from .gpu_timing import alternating_medians
 MIXERS = ("linear_attention", "simple_gla", "deltanet", "gated_deltanet")
 DEFAULT_MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
 LENGTHS = (2048, 8192)
-CHECK_PROBLEM = dict(B=2, T=100, H=2, K=32, V=32)
+CHECK_PROBLEM = dict(B=2, T=100, H=2, K=64, V=128)  # a shape the tensor-core backward takes (K != V)
 TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02, "dbeta": 0.02}
 ROUNDS = 3
 TARGET = 3.0  # forward + backward over forward
@@ -170,7 +170,7 @@ def format_table(rows: list[dict], checks: dict) -> str:
                      f"{r['forward_backward_ms']:.3f} (v{r['backward_version']}) | "
                      f"{r['ratio']:.1f}x | {fla} |")
     lines.append("")
-    lines.append("Checked first (relative RMS error against the float64 NumPy backward, B=2, T=100, H=2, K=V=32):")
+    lines.append("Checked first (relative RMS error against the float64 NumPy backward, B=2, T=100, H=2, K=64, V=128):")
     for mixer, errors in checks.items():
         lines.append(f"- {mixer}: " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
     return "\n".join(lines)

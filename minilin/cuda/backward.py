@@ -17,10 +17,11 @@ as the forward (front.py): q and k repeated to HV heads, and a q/k head's gradie
 as the NumPy backward joins them.
 
 Kernels (csrc/linear_bwd/, csrc/delta_bwd/, `versions('linear_bwd')`, `versions('delta_bwd')`): v1 is the definition
-run backwards (the state's adjoint in registers, token by token). For the gated linear family the gate's gradient
-is formed here, from the kernel's dq and dk and the final state it writes:
-    dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dstate, S_T>
-a reverse cumulative sum of per-token terms (csrc/linear_bwd/v1_recurrent.cu derives it), summed in float64.
+run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256; linear_bwd
+v2 is chunked on bf16 tensor cores and takes K = 64 or 128 and V a multiple of 64. version=None runs the last rung
+for the dtype where the shape is one it takes, else v1 (`backward_version`). Every version writes every gradient;
+for the gated linear family the gate's is a reverse cumulative sum of q_s . dq_s - k_s . dk_s (plus the final
+state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk.
 """
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ from .front import (_check_common, check_finite, check_input, check_key_strength
                     l2_normalized, runnable_version)
 from .mixers import (lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, per_head_shapes,
                      retnet_log_gate)
+
+
+# The shapes the tensor-core (bf16-only) backward versions take; v1 takes every other one.
+TENSOR_CORE_KEYS = (64, 128)
+TENSOR_CORE_VALUE_BLOCK = 64
+
+
+def backward_version(op: str, version, dtype_is_bf16: bool, K: int, V: int) -> dict:
+    """The entry of `versions(op)` that a backward call runs: `version` when given (its own checks say what it
+    takes); for None the last rung for the dtype (front.runnable_version), or v1 where that is a tensor-core
+    version and K, V are not a shape it takes (K in TENSOR_CORE_KEYS, V a multiple of TENSOR_CORE_VALUE_BLOCK)."""
+    info = runnable_version(op, version, dtype_is_bf16)
+    fits = K in TENSOR_CORE_KEYS and V % TENSOR_CORE_VALUE_BLOCK == 0
+    if version is None and not info["float32"] and not fits:
+        return runnable_version(op, 1, dtype_is_bf16)
+    return info
 
 
 def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values: bool):
@@ -48,8 +65,8 @@ def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values:
 
 def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, scale):
     """Run backward version `info` of `op` ('linear_bwd' or 'delta_bwd') over checked arrays, q and k with v's
-    heads; returns float32 (dq, dk, dv, dg, dbeta, dh0, ht), None for what the op does not make here (the linear
-    family's dg, which the caller forms from dq and dk)."""
+    heads; returns float32 (dq, dk, dv, dg, dbeta, dh0), None for what was not asked for (dg without g, dbeta
+    outside the delta family, dh0 without initial_state)."""
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
@@ -58,10 +75,9 @@ def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, sc
     delta = op == "delta_bwd"
     dq, dk = cupy.empty((B, T, H, K), cupy.float32), cupy.empty((B, T, H, K), cupy.float32)
     dv = cupy.empty((B, T, H, V), cupy.float32)
-    dg = cupy.empty((B, T, H), cupy.float32) if delta and g is not None else None
+    dg = cupy.empty((B, T, H), cupy.float32) if g is not None else None
     dbeta = cupy.empty((B, T, H), cupy.float32) if delta else None
     dh0 = cupy.empty((B, H, K, V), cupy.float32) if initial_state is not None else None
-    ht = cupy.empty((B, H, K, V), cupy.float32) if not delta and g is not None and dstate is not None else None
     workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
     workspace = cupy.cuda.alloc(workspace_size) if workspace_size else None
 
@@ -70,21 +86,9 @@ def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, sc
 
     cuda.backward(op, info["version"], address(q), address(k), address(v), address(g), address(beta),
                   address(initial_state), address(do), address(dstate), address(dq), address(dk), address(dv),
-                  address(dg), address(dbeta), address(dh0), address(ht),
-                  workspace.ptr if workspace is not None else 0, workspace_size, B, T, H, K, V, float(scale),
+                  address(dg), address(dbeta), address(dh0), workspace.ptr if workspace is not None else 0, workspace_size, B, T, H, K, V, float(scale),
                   1 if is_bf16 else 0, cupy.cuda.get_current_stream().ptr)
-    return dq, dk, dv, dg, dbeta, dh0, ht
-
-
-def linear_gate_gradient(q, k, dq, dk, dstate, final_state):
-    """dg [B, T, H] float32 of the scalar-gated linear recurrence from its other gradients:
-    dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dstate, S_T> (dstate None: no last term). q, k in their dtype
-    [B, T, H, K]; dq, dk float32; dstate, final_state [B, H, K, V] float32 or None. Summed in float64."""
-    cupy = cupy_module()
-    term = ((bf16.as_float32(q) * dq).sum(-1) - (bf16.as_float32(k) * dk).sum(-1)).astype(cupy.float64)  # [B, T, H]
-    if dstate is not None:
-        term[:, -1] += (dstate.astype(cupy.float64) * final_state).sum((-2, -1))
-    return cupy.ascontiguousarray(cupy.cumsum(term[:, ::-1], axis=1)[:, ::-1], dtype=cupy.float32)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
@@ -101,12 +105,11 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
         check_finite("g", g)
         check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
-    info = runnable_version("linear_bwd", version, bf16.is_bf16(q.dtype))
+    info = backward_version("linear_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
     q_rep, k_rep = grouped(q, k, shapes)
 
     def one(q, k, v, g, initial_state, do, dstate):
-        dq, dk, dv, _, _, dh0, ht = _launch("linear_bwd", info, q, k, v, g, None, initial_state, do, dstate, scale)
-        dg = None if g is None else linear_gate_gradient(q, k, dq, dk, dstate, ht)
+        dq, dk, dv, dg, _, dh0 = _launch("linear_bwd", info, q, k, v, g, None, initial_state, do, dstate, scale)
         return dq, dk, dv, dg, dh0
 
     dq, dk, dv, dg, dh0 = varlen.backward(one, (q_rep, k_rep, v, g), initial_state, do, dstate, offsets)
@@ -140,10 +143,10 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
             check_key_strength(k_rep, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
-    info = runnable_version("delta_bwd", version, bf16.is_bf16(q.dtype))
+    info = backward_version("delta_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
 
     def one(q, k, v, g, beta, initial_state, do, dstate):
-        dq, dk, dv, dg, dbeta, dh0, _ = _launch("delta_bwd", info, q, k, v, g, beta, initial_state, do, dstate, scale)
+        dq, dk, dv, dg, dbeta, dh0 = _launch("delta_bwd", info, q, k, v, g, beta, initial_state, do, dstate, scale)
         return dq, dk, dv, dg, dbeta, dh0
 
     dq, dk, dv, dg, dbeta, dh0 = varlen.backward(one, (q_rep, k_rep, v, g, beta), initial_state, do, dstate, offsets)

@@ -1,0 +1,410 @@
+// linear_bwd v2 (chunked, tensor cores): the backward of linear v3's chunk algorithm in three launches, two
+// passes over the chunk boundaries and one over the chunks in parallel, every product on bf16 tensor cores
+// (mma.sync, fp32 accumulators), because v1's token loops are latency-bound (26 ms where the forward takes 0.4).
+//
+// Per head, with chunks of 64 tokens, G the chunk-local cumulative log-gate (G_L its last entry), q~ = scale q,
+// S_c the state after chunk c (S_{-1} = h0) and D_c = dL/dS_c its adjoint (D of the last chunk = dht):
+//   1. states   (forward):  S_c     = exp(G_L) S_{c-1} + K^T diag(exp(G_L - G)) V      stores S_{c-1} for chunk c
+//   2. adjoints (reverse):  D_{c-1} = exp(G_L) D_c     + Q~^T diag(exp(G)) dO         stores D_c for chunk c
+//      one kernel, run forwards over (K, V) and backwards over (Q~, dO): the adjoint recursion is the state
+//      recursion run the other way. Pass 2 ends with dh0.
+//   3. gradients, one block per chunk, with M_ij = exp(G_i - G_j) for j <= i (0 above the diagonal),
+//      P = (Q~ K^T) * M and dP = scale (dO V^T) * M:
+//        dq = scale diag(exp(G)) dO S_{c-1}^T + dP K
+//        dk = diag(exp(G_L - G)) V D_c^T      + dP^T Q
+//        dv = diag(exp(G_L - G)) K D_c        + P^T dO
+//      the sums over value columns (dO S^T, V D^T, dO V^T) accumulated in registers over the value blocks of 64.
+//      dg, chunk by chunk: inside chunk c, o and S_c depend on the gates through the local G only, so
+//      dL/dG_s = q_s . dq_s - k_s . dk_s, plus at the chunk's last token the terms that hold exp(G_L):
+//      exp(G_L) <D_c, S_{c-1}> + sum_j k_j . dk_j^inter (dk^inter = diag(exp(G_L - G)) V D_c^T, the first term
+//      of dk), and G_s = g_t0 + ... + g_s gives
+//        dg_t = sum_{t <= s < t0 + 64} (q_s . dq_s - k_s . dk_s) + exp(G_L) <D_c, S_{c-1}> + sum_j k_j . dk_j^inter
+//      v1's form (one reverse sum over the whole sequence, with <dht, S_T>) is the same number, but in bf16 its
+//      terms carry the rounding of S and D across every chunk without the cancellation this form keeps: emulated
+//      in float64 at T = 1000 with v2's roundings, 2.7e-2 relative error against 1.6e-3 for this one.
+// The states and adjoints are recomputed here rather than saved by the forward (which keeps only its final
+// state): pass 1 costs about a forward's state update, and the forward stays the same kernel for inference.
+// They are stored in bf16 (the products read them in bf16 anyway): 2 B H ceil(T / 64) K V bf16 of workspace.
+#include "../common/backward.cuh"
+#include "../common/mma.cuh"
+#include "../common/chunk_tiles.cuh"
+
+namespace minilin {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;        // value columns per value block
+constexpr int kLdV = kBlockV + 8;  // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
+constexpr int kLdC = kChunk + 8;
+using bf16 = __nv_bfloat16;
+
+__host__ __device__ inline int chunk_count(int T) { return (T + kChunk - 1) / kChunk; }
+
+// One bf16 [K, V] matrix per (batch, head, chunk), for the states and again for the adjoints.
+size_t states_bytes(int B, int T, int H, int K, int V) {
+  return static_cast<size_t>(B) * H * chunk_count(T) * K * V * sizeof(bf16);
+}
+size_t workspace_bytes(int B, int T, int H, int K, int V) { return 2 * states_bytes(B, T, H, K, V); }
+
+__device__ __forceinline__ long long first_row(const BackwardProblem& p, int b, int h, int t0) {
+  return (static_cast<long long>(b) * p.T + t0) * p.H + h;
+}
+
+// The chunk's 64 log-gates into g_dst (zeros past T; nothing when the op has no gate).
+__device__ __forceinline__ void cp_async_gates(float* g_dst, const BackwardProblem& p, int b, int h, int t0) {
+  if (p.g && threadIdx.x < kChunk) {
+    const bool ok = t0 + static_cast<int>(threadIdx.x) < p.T;
+    cp_async_4(g_dst + threadIdx.x, ok ? p.g + first_row(p, b, h, t0) + static_cast<long long>(threadIdx.x) * p.H : p.g,
+               ok);
+  }
+}
+
+// Rows [t0, t0 + 64) of a [B, T, H, width] bf16 tensor, columns [c0, c0 + cols), into shared rows of stride ld.
+template <int kCols>
+__device__ __forceinline__ void cp_async_token_rows(bf16* dst, int ld, const void* src, const BackwardProblem& p, int b,
+                                                    int h, int t0, int width, int c0) {
+  cp_async_rows(dst, ld, static_cast<const bf16*>(src) + first_row(p, b, h, t0) * width + c0,
+                static_cast<long long>(p.H) * width, kChunk, kCols, min(kChunk, p.T - t0));
+}
+
+// ---- passes 1 and 2: the state recursion over chunk boundaries, forwards or backwards ----------------------
+// One block of 8 warps per (batch, head, 64 value columns), the running matrix R (S or D) in fp32 registers, split
+// as linear v3 splits S; per chunk (X = K, Y = V forwards; X = Q, Y = dO backwards, w the per-token weights):
+//     store R (bf16, for pass 3);   R <- exp(G_L) R + X^T diag(w) Y,   w = exp(G_L - G) or scale exp(G)
+template <int K>
+struct PassLayout {
+  static constexpr int kLdK = K + 8;
+  static constexpr size_t kStageBytes = (kChunk * kLdK + kChunk * kLdV) * sizeof(bf16) + kChunk * sizeof(float);
+  static constexpr size_t kBytes = 2 * kStageBytes + kChunk * kLdV * sizeof(bf16)  // w Y
+                                   + K * kLdV * sizeof(bf16)                       // R's bf16 copy
+                                   + kChunk * sizeof(float);                       // G
+  unsigned char* base;
+  __device__ bf16* x(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
+  __device__ bf16* y(int s) const { return x(s) + kChunk * kLdK; }
+  __device__ float* g(int s) const { return reinterpret_cast<float*>(y(s) + kChunk * kLdV); }
+  __device__ bf16* y_weighted() const { return reinterpret_cast<bf16*>(base + 2 * kStageBytes); }
+  __device__ bf16* R() const { return y_weighted() + kChunk * kLdV; }
+  __device__ float* G() const { return reinterpret_cast<float*>(R() + K * kLdV); }
+};
+
+template <int K, bool kReverse>
+__device__ __forceinline__ void load_pass_chunk(const PassLayout<K>& L, int stage, const BackwardProblem& p, int b, int h,
+                                                int c, int v0) {
+  const int t0 = c * kChunk;
+  cp_async_token_rows<K>(L.x(stage), PassLayout<K>::kLdK, kReverse ? p.q : p.k, p, b, h, t0, K, 0);
+  cp_async_token_rows<kBlockV>(L.y(stage), kLdV, kReverse ? p.do_ : p.v, p, b, h, t0, p.V, v0);
+  cp_async_gates(L.g(stage), p, b, h, t0);
+}
+
+template <int K, bool kReverse>
+__global__ void __launch_bounds__(kThreads, 1) linear_bwd_v2_pass(const BackwardProblem p, bf16* stored) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = PassLayout<K>::kLdK;
+  constexpr int kRowSharers = kWarps / (K / 16);
+  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
+  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+
+  const PassLayout<K> L{smem};
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = chunk_count(p.T);
+  const int warp = threadIdx.x >> 5;
+  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
+  const long long head = (static_cast<long long>(b) * p.H + h) * K * p.V;
+
+  load_pass_chunk<K, kReverse>(L, 0, p, b, h, kReverse ? chunks - 1 : 0, v0);
+  cp_async_commit();
+  float R[1][kStateTiles][4];
+  load_state(R, kReverse ? p.dht : p.h0, head, p.V, v0, s_m0, s_n0, L.R(), kLdV);
+
+  for (int n = 0; n < chunks; ++n) {
+    const int stage = n & 1, c = kReverse ? chunks - 1 - n : n;
+    cp_async_wait<0>();
+    __syncthreads();  // chunk c and R's copy are on chip; every read of the other stage is done
+    if (n + 1 < chunks) load_pass_chunk<K, kReverse>(L, stage ^ 1, p, b, h, kReverse ? c - 1 : c + 1, v0);
+    cp_async_commit();
+
+    float* G = L.G();
+    if (warp == 0) warp_chunk_cumsum(G, L.g(stage), p.g != nullptr);
+    // R (S_{c-1} forwards, D_c backwards) for pass 3, 16 bytes per thread and copy
+    bf16* out = stored + (static_cast<long long>(b) * p.H + h) * chunks * K * p.V + static_cast<long long>(c) * K * p.V;
+    for (int i = threadIdx.x; i < K * kBlockV / 8; i += kThreads) {
+      const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+      *reinterpret_cast<uint4*>(out + static_cast<long long>(r) * p.V + v0 + col) =
+          *reinterpret_cast<const uint4*>(L.R() + r * kLdV + col);
+    }
+    __syncthreads();
+    const float G_last = G[kChunk - 1];
+
+    const bf16* y = L.y(stage);
+    for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {
+      const int j = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+      float x[8];
+      load8(y + j * kLdV + col, x);
+      const float w = kReverse ? p.scale * __expf(G[j]) : __expf(G_last - G[j]);
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) store_bf16x2(L.y_weighted() + j * kLdV + col + e, w * x[e], w * x[e + 1]);
+    }
+    __syncthreads();  // w Y is complete; every read of R's copy is done
+
+    scale_tiles(R, __expf(G_last));
+    warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.x(stage), kLdK, L.y_weighted(), kLdV, s_m0,
+                                                                     s_n0, 0, kChunk);
+    store_state_copy(R, L.R(), kLdV, s_m0, s_n0);
+  }
+  if (kReverse && p.dh0) store_state(R, p.dh0, head, p.V, v0, s_m0, s_n0);
+}
+
+// ---- pass 3: the gradients, one block of 8 warps per (chunk, head, batch) ----------------------------------
+template <int K>
+struct GradLayout {
+  static constexpr int kLdK = K + 8;
+  static constexpr size_t kBytes = 2 * kChunk * kLdK * sizeof(bf16)    // Q, K
+                                   + 2 * kChunk * kLdC * sizeof(bf16)  // P, dP
+                                   + 2 * kChunk * kLdV * sizeof(bf16)  // V, dO (one value block)
+                                   + 2 * K * kLdV * sizeof(bf16)       // S_{c-1}, D_c (one value block)
+                                   + 2 * kChunk * sizeof(float)        // g, G
+                                   + 2 * kChunk * sizeof(float)        // dg's per-token terms, two column halves
+                                   + kWarps * sizeof(float);           // dg's last-token term, per warp
+  unsigned char* base;
+  __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
+  __device__ bf16* k() const { return q() + kChunk * kLdK; }
+  __device__ bf16* P() const { return k() + kChunk * kLdK; }
+  __device__ bf16* dP() const { return P() + kChunk * kLdC; }
+  __device__ bf16* v() const { return dP() + kChunk * kLdC; }
+  __device__ bf16* dO() const { return v() + kChunk * kLdV; }
+  __device__ bf16* S() const { return dO() + kChunk * kLdV; }
+  __device__ bf16* D() const { return S() + K * kLdV; }
+  __device__ float* g() const { return reinterpret_cast<float*>(D() + K * kLdV); }
+  __device__ float* G() const { return g() + kChunk; }
+  __device__ float* term(int half) const { return G() + kChunk + half * kChunk; }
+  __device__ float* last() const { return term(2); }
+};
+
+// One value block's V, dO, S_{c-1} and D_c columns.
+template <int K>
+__device__ __forceinline__ void load_value_block(const GradLayout<K>& L, const BackwardProblem& p, const bf16* states,
+                                                 const bf16* adjoints, int b, int h, int c, int v0) {
+  const int t0 = c * kChunk;
+  cp_async_token_rows<kBlockV>(L.v(), kLdV, p.v, p, b, h, t0, p.V, v0);
+  cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, v0);
+  const long long at = ((static_cast<long long>(b) * p.H + h) * chunk_count(p.T) + c) * K * p.V + v0;
+  cp_async_rows(L.S(), kLdV, states + at, p.V, K, kBlockV, K);
+  cp_async_rows(L.D(), kLdV, adjoints + at, p.V, K, kBlockV, K);
+}
+
+// rows[b, t0 + r, h, c0 + n0 + c] = acc for a warp's fp32 tile at rows m0.., columns n0.. of a [B, T, H, width]
+// gradient, columns from c0; rows past T (the last chunk's padding) are not written.
+template <int NT>
+__device__ __forceinline__ void store_gradient_tile(const float (&acc)[1][NT][4], float* rows, const BackwardProblem& p,
+                                                    int b, int h, int t0, int width, int c0, int m0, int n0) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), col = c0 + n0 + acc_col(j, e);
+      if (t0 + r < p.T)
+        *reinterpret_cast<float2*>(rows + first_row(p, b, h, t0 + r) * width + col) =
+            make_float2(acc[0][j][e], acc[0][j][e + 1]);
+    }
+}
+
+// acc's rows r (of the warp's tile at row m0) times factor(m0 + r).
+template <int NT, typename Factor>
+__device__ __forceinline__ void scale_rows(float (&acc)[1][NT][4], int m0, Factor factor) {
+  const float top = factor(m0 + acc_row(0, 0)), bottom = factor(m0 + acc_row(0, 2));
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    acc[0][j][0] *= top;
+    acc[0][j][1] *= top;
+    acc[0][j][2] *= bottom;
+    acc[0][j][3] *= bottom;
+  }
+}
+
+// sum over this thread's elements of a warp's 16-row tile (rows m0.., columns n0..) of acc * X (bf16, stride ld).
+template <int NT>
+__device__ __forceinline__ float tile_dot(const float (&acc)[1][NT][4], const bf16* X, int ld, int m0, int n0) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sum = fmaf(acc[0][j][e], __bfloat162float(X[(m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e)]), sum);
+  return sum;
+}
+
+// This thread's parts of q_r . dq_r - k_r . dk_r for its two rows of the warp's tile (top: row m0 + lane / 4,
+// bottom: 8 rows further), over its columns.
+template <int K, int NT>
+__device__ __forceinline__ float2 row_terms(const GradLayout<K>& L, const float (&dq)[1][NT][4],
+                                            const float (&dk)[1][NT][4], int m0, int k0) {
+  float top = 0.0f, bottom = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int at = (m0 + acc_row(0, e)) * GradLayout<K>::kLdK + k0 + acc_col(j, e);
+      const float x = dq[0][j][e] * __bfloat162float(L.q()[at]) - dk[0][j][e] * __bfloat162float(L.k()[at]);
+      if (e < 2) top += x;
+      else bottom += x;
+    }
+  return make_float2(top, bottom);
+}
+
+// dg of the chunk (the header's last formula): the per-token terms added over each row's 4 lanes and the two warps
+// that share its rows, the last-token term over the block, then a reverse scan over the 64 tokens by warp 0.
+// `last` is this thread's part of exp(G_L) <D_c, S_{c-1}> + sum_j k_j . dk_j^inter. Every thread must call it.
+template <int K, int NT>
+__device__ __forceinline__ void store_gate_gradient(const GradLayout<K>& L, const BackwardProblem& p,
+                                                    const float (&dq)[1][NT][4], const float (&dk)[1][NT][4],
+                                                    float last, int b, int h, int t0, int m0, int k0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float2 t = row_terms(L, dq, dk, m0, k0);
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    t.x += __shfl_xor_sync(kFullMask, t.x, offset);
+    t.y += __shfl_xor_sync(kFullMask, t.y, offset);
+  }
+  if ((lane & 3) == 0) {
+    L.term(warp & 1)[m0 + acc_row(0, 0)] = t.x;
+    L.term(warp & 1)[m0 + acc_row(0, 2)] = t.y;
+  }
+  last = warp_sum(last);
+  if (lane == 0) L.last()[warp] = last;
+  __syncthreads();
+  if (warp != 0) return;
+  float total_last = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total_last += L.last()[w];
+  // lane l: tokens 2l and 2l + 1; x = the pair's sum, then the sum over pairs l .. 31
+  const float even = L.term(0)[2 * lane] + L.term(1)[2 * lane], odd = L.term(0)[2 * lane + 1] + L.term(1)[2 * lane + 1];
+  float x = even + odd;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float y = __shfl_down_sync(kFullMask, x, offset);
+    if (lane + offset < 32) x += y;
+  }
+  float after = __shfl_down_sync(kFullMask, x, 1);  // the sum over pairs l + 1 .. 31
+  if (lane == 31) after = 0.0f;
+  const float dg_odd = odd + after + total_last, dg_even = even + odd + after + total_last;
+  if (t0 + 2 * lane < p.T) p.dg[first_row(p, b, h, t0 + 2 * lane)] = dg_even;
+  if (t0 + 2 * lane + 1 < p.T) p.dg[first_row(p, b, h, t0 + 2 * lane + 1)] = dg_odd;
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 2) linear_bwd_v2_gradients(const BackwardProblem p, const bf16* states,
+                                                                        const bf16* adjoints) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = GradLayout<K>::kLdK;
+  constexpr int kKeyTiles = K / 16;  // 8-column tiles of a warp's half of a 64 x K gradient
+  const GradLayout<K> L{smem};
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * kChunk;
+  const int warp = threadIdx.x >> 5;
+  const int m0 = 16 * (warp >> 1);      // this warp's 16 rows of every product
+  const int n0 = 32 * (warp & 1);       // ... its 32 columns of the 64 x 64 ones (P, dP, dv)
+  const int k0 = (K / 2) * (warp & 1);  // ... its K / 2 columns of the 64 x K ones (dq, dk)
+  const bool below = n0 < m0 + 16;      // its 64 x 64 tile reaches the causal triangle
+
+  cp_async_token_rows<K>(L.q(), kLdK, p.q, p, b, h, t0, K, 0);
+  cp_async_token_rows<K>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
+  cp_async_gates(L.g(), p, b, h, t0);
+  load_value_block<K>(L, p, states, adjoints, b, h, c, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  float* G = L.G();
+  if (warp == 0) warp_chunk_cumsum(G, L.g(), p.g != nullptr);
+  __syncthreads();
+  const float G_last = G[kChunk - 1];
+  const auto decay_to_end = [&](int r) { return __expf(G_last - G[r]); };
+
+  {  // P = scale (Q K^T) * M
+    float acc[1][4][4];
+    zero(acc);
+    if (below) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(acc, L.q(), kLdK, L.k(), kLdK, m0, n0, 0, K);
+    scale_tiles(acc, p.scale);
+    store_decayed_scores(acc, G, L.P(), kLdC, m0, n0);
+  }
+  __syncthreads();
+
+  // Over the value blocks: dA = dO V^T, dq = dO S_{c-1}^T, dk = V D_c^T (all summed over value columns) and dv.
+  float dA[1][4][4], dq[1][kKeyTiles][4], dk[1][kKeyTiles][4];
+  zero(dA);
+  zero(dq);
+  zero(dk);
+  float state_dot = 0.0f;  // this thread's part of <D_c, S_{c-1}>
+  for (int v0 = 0; v0 < p.V; v0 += kBlockV) {
+    if (v0 > 0) {
+      __syncthreads();  // every read of the previous value block is done
+      load_value_block<K>(L, p, states, adjoints, b, h, c, v0);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    if (p.g)  // <D_c, S_{c-1}> over this value block, for dg
+      for (int i = threadIdx.x; i < K * kBlockV / 8; i += kThreads) {
+        const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+        float x[8], y[8];
+        load8(L.S() + r * kLdV + col, x);
+        load8(L.D() + r * kLdV + col, y);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) state_dot = fmaf(x[e], y[e], state_dot);
+      }
+    if (below) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dA, L.dO(), kLdV, L.v(), kLdV, m0, n0, 0, kBlockV);
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dq, L.dO(), kLdV, L.S(), kLdV, m0, k0, 0, kBlockV);
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dk, L.v(), kLdV, L.D(), kLdV, m0, k0, 0, kBlockV);
+    float dv[1][4][4];  // diag(exp(G_L - G)) K D_c + P^T dO, the latter over tokens i >= j (row tiles m0 on)
+    zero(dv);
+    warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(dv, L.k(), kLdK, L.D(), kLdV, m0, n0, 0, K);
+    scale_rows(dv, m0, decay_to_end);
+    warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(dv, L.P(), kLdC, L.dO(), kLdV, m0, n0, m0, kChunk);
+    store_gradient_tile(dv, p.dv, p, b, h, t0, p.V, v0, m0, n0);
+  }
+
+  {  // dP = scale dA * M
+    scale_tiles(dA, p.scale);
+    store_decayed_scores(dA, G, L.dP(), kLdC, m0, n0);
+  }
+  __syncthreads();
+  // dq = scale diag(exp(G)) dO S_{c-1}^T + dP K   (tokens j <= i: row tiles up to m0)
+  scale_rows(dq, m0, [&](int r) { return p.scale * __expf(G[r]); });
+  warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kRowMajor>(dq, L.dP(), kLdC, L.k(), kLdK, m0, k0, 0, m0 + 16);
+  store_gradient_tile(dq, p.dq, p, b, h, t0, K, 0, m0, k0);
+  // dk = diag(exp(G_L - G)) V D_c^T + dP^T Q    (tokens i >= j)
+  scale_rows(dk, m0, decay_to_end);
+  const float k_dk_inter = p.g ? tile_dot(dk, L.k(), kLdK, m0, k0) : 0.0f;  // this thread's part of sum_j k_j . dk_j^inter
+  warp_mma<1, kKeyTiles, Stored::kTransposed, Stored::kRowMajor>(dk, L.dP(), kLdC, L.q(), kLdK, m0, k0, m0, kChunk);
+  store_gradient_tile(dk, p.dk, p, b, h, t0, K, 0, m0, k0);
+  if (p.g) store_gate_gradient(L, p, dq, dk, __expf(G_last) * state_dot + k_dk_inter, b, h, t0, m0, k0);
+}
+
+template <int K>
+void launch(const BackwardProblem& p, bf16* states, bf16* adjoints) {
+  const dim3 pass_grid(p.V / kBlockV, p.H, p.B);
+  launch_checked(p, "linear_bwd_v2_states", linear_bwd_v2_pass<K, false>, pass_grid, kThreads, PassLayout<K>::kBytes,
+                 states);
+  launch_checked(p, "linear_bwd_v2_adjoints", linear_bwd_v2_pass<K, true>, pass_grid, kThreads, PassLayout<K>::kBytes,
+                 adjoints);
+  launch_checked(p, "linear_bwd_v2_gradients", linear_bwd_v2_gradients<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
+                 GradLayout<K>::kBytes, static_cast<const bf16*>(states), static_cast<const bf16*>(adjoints));
+}
+
+void backward(const BackwardProblem& p) {
+  constexpr const char* name = "linear_bwd_v2_chunked_mma";
+  check_tensor_core_backward(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V), kBlockV);
+  bf16* states = static_cast<bf16*>(p.workspace);
+  bf16* adjoints = states + states_bytes(p.B, p.T, p.H, p.K, p.V) / sizeof(bf16);
+  if (p.K == 64) launch<64>(p, states, adjoints);
+  else launch<128>(p, states, adjoints);
+}
+
+}  // namespace
+
+extern const Version linear_bwd_v2 = {
+    "linear_bwd", 2, "chunked_mma",
+    "Chunks on bf16 tensor cores: the chunk-boundary states and their adjoints by one pass each way (one kernel, "
+    "run both ways), then every chunk's gradients in parallel as matrix products.",
+    false, true, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+
+}  // namespace minilin
