@@ -1,6 +1,6 @@
-// linear_bwd v2 (chunked, tensor cores): the backward of linear v3's chunk algorithm in three launches, two
-// passes over the chunk boundaries and one over the chunks in parallel, every product on bf16 tensor cores
-// (mma.sync, fp32 accumulators), because v1's token loops are latency-bound (26 ms where the forward takes 0.4).
+// linear_bwd v2 (chunked, tensor cores): the backward of linear v3's chunk algorithm in two launches, the two
+// passes over the chunk boundaries side by side and then the chunks in parallel, every product on bf16 tensor
+// cores (mma.sync, fp32 accumulators), because v1's token loops are latency-bound (26 ms where the forward takes 0.4).
 //
 // Per head, with chunks of 64 tokens, G the chunk-local cumulative log-gate (G_L its last entry), q~ = scale q,
 // S_c the state after chunk c (S_{-1} = h0) and D_c = dL/dS_c its adjoint (D of the last chunk = dht):
@@ -98,15 +98,14 @@ __device__ __forceinline__ void load_pass_chunk(const PassLayout<K>& L, int stag
 }
 
 template <int K, bool kReverse>
-__global__ void __launch_bounds__(kThreads, 1) linear_bwd_v2_pass(const BackwardProblem p, bf16* stored) {
-  extern __shared__ __align__(16) unsigned char smem[];
+__device__ __forceinline__ void run_pass(const BackwardProblem& p, bf16* stored, unsigned char* smem, int v0) {
   constexpr int kLdK = PassLayout<K>::kLdK;
   constexpr int kRowSharers = kWarps / (K / 16);
   constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
   static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
   const PassLayout<K> L{smem};
-  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = chunk_count(p.T);
+  const int h = blockIdx.y, b = blockIdx.z, chunks = chunk_count(p.T);
   const int warp = threadIdx.x >> 5;
   const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
   const long long head = (static_cast<long long>(b) * p.H + h) * K * p.V;
@@ -154,14 +153,29 @@ __global__ void __launch_bounds__(kThreads, 1) linear_bwd_v2_pass(const Backward
   if (kReverse && p.dh0) store_state(R, p.dh0, head, p.V, v0, s_m0, s_n0);
 }
 
+// Both passes in one launch, since neither needs the other: blocks x < V / 64 run the states, the rest the
+// adjoints, so the two chains of chunks share the card (two blocks per SM) instead of running one after the other.
+template <int K>
+__global__ void __launch_bounds__(kThreads, 2) linear_bwd_v2_passes(const BackwardProblem p, bf16* states,
+                                                                     bf16* adjoints) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int value_blocks = p.V / kBlockV;
+  if (static_cast<int>(blockIdx.x) < value_blocks) run_pass<K, false>(p, states, smem, blockIdx.x * kBlockV);
+  else run_pass<K, true>(p, adjoints, smem, (blockIdx.x - value_blocks) * kBlockV);
+}
+
 // ---- pass 3: the gradients, one block of 8 warps per (chunk, head, batch) ----------------------------------
+// One value block on chip at a time, so that two blocks fit an SM (110 KB each at K = 128): one block's loads
+// then overlap the other's products. (Two value blocks in flight, the next copied in while this one computes, at
+// one block per SM, measured 12-27% slower at each of the seven shapes timed on the H200.)
 template <int K>
 struct GradLayout {
   static constexpr int kLdK = K + 8;
+  static constexpr size_t kStageBytes = 2 * kChunk * kLdV * sizeof(bf16)  // V, dO (one value block)
+                                        + 2 * K * kLdV * sizeof(bf16);    // S_{c-1}, D_c (one value block)
   static constexpr size_t kBytes = 2 * kChunk * kLdK * sizeof(bf16)    // Q, K
                                    + 2 * kChunk * kLdC * sizeof(bf16)  // P, dP
-                                   + 2 * kChunk * kLdV * sizeof(bf16)  // V, dO (one value block)
-                                   + 2 * K * kLdV * sizeof(bf16)       // S_{c-1}, D_c (one value block)
+                                   + kStageBytes
                                    + 2 * kChunk * sizeof(float)        // g, G
                                    + 2 * kChunk * sizeof(float)        // dg's per-token terms, two column halves
                                    + kWarps * sizeof(float);           // dg's last-token term, per warp
@@ -235,15 +249,15 @@ __device__ __forceinline__ float tile_dot(const float (&acc)[1][NT][4], const bf
 
 // This thread's parts of q_r . dq_r - k_r . dk_r for its two rows of the warp's tile (top: row m0 + lane / 4,
 // bottom: 8 rows further), over its columns.
-template <int K, int NT>
-__device__ __forceinline__ float2 row_terms(const GradLayout<K>& L, const float (&dq)[1][NT][4],
+template <typename Layout, int NT>
+__device__ __forceinline__ float2 row_terms(const Layout& L, const float (&dq)[1][NT][4],
                                             const float (&dk)[1][NT][4], int m0, int k0) {
   float top = 0.0f, bottom = 0.0f;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int at = (m0 + acc_row(0, e)) * GradLayout<K>::kLdK + k0 + acc_col(j, e);
+      const int at = (m0 + acc_row(0, e)) * Layout::kLdK + k0 + acc_col(j, e);
       const float x = dq[0][j][e] * __bfloat162float(L.q()[at]) - dk[0][j][e] * __bfloat162float(L.k()[at]);
       if (e < 2) top += x;
       else bottom += x;
@@ -254,8 +268,8 @@ __device__ __forceinline__ float2 row_terms(const GradLayout<K>& L, const float 
 // dg of the chunk (the header's last formula): the per-token terms added over each row's 4 lanes and the two warps
 // that share its rows, the last-token term over the block, then a reverse scan over the 64 tokens by warp 0.
 // `last` is this thread's part of exp(G_L) <D_c, S_{c-1}> + sum_j k_j . dk_j^inter. Every thread must call it.
-template <int K, int NT>
-__device__ __forceinline__ void store_gate_gradient(const GradLayout<K>& L, const BackwardProblem& p,
+template <typename Layout, int NT>
+__device__ __forceinline__ void store_gate_gradient(const Layout& L, const BackwardProblem& p,
                                                     const float (&dq)[1][NT][4], const float (&dk)[1][NT][4],
                                                     float last, int b, int h, int t0, int m0, int k0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -381,11 +395,8 @@ __global__ void __launch_bounds__(kThreads, 2) linear_bwd_v2_gradients(const Bac
 
 template <int K>
 void launch(const BackwardProblem& p, bf16* states, bf16* adjoints) {
-  const dim3 pass_grid(p.V / kBlockV, p.H, p.B);
-  launch_checked(p, "linear_bwd_v2_states", linear_bwd_v2_pass<K, false>, pass_grid, kThreads, PassLayout<K>::kBytes,
-                 states);
-  launch_checked(p, "linear_bwd_v2_adjoints", linear_bwd_v2_pass<K, true>, pass_grid, kThreads, PassLayout<K>::kBytes,
-                 adjoints);
+  launch_checked(p, "linear_bwd_v2_passes", linear_bwd_v2_passes<K>, dim3(2 * (p.V / kBlockV), p.H, p.B), kThreads,
+                 PassLayout<K>::kBytes, states, adjoints);
   launch_checked(p, "linear_bwd_v2_gradients", linear_bwd_v2_gradients<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
                  GradLayout<K>::kBytes, static_cast<const bf16*>(states), static_cast<const bf16*>(adjoints));
 }
