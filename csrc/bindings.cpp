@@ -158,9 +158,9 @@ PYBIND11_MODULE(_cuda, m) {
           p.h0 = pointer<const float>(h0);
           p.do_ = pointer<const void>(do_);
           p.dht = pointer<const float>(dht);
-          p.dq = pointer<float>(dq);
-          p.dk = pointer<float>(dk);
-          p.dv = pointer<float>(dv);
+          p.dq = pointer<void>(dq);
+          p.dk = pointer<void>(dk);
+          p.dv = pointer<void>(dv);
           p.dg = pointer<float>(dg);
           p.dbeta = pointer<float>(dbeta);
           p.dh0 = pointer<float>(dh0);
@@ -177,7 +177,7 @@ PYBIND11_MODULE(_cuda, m) {
         py::arg("h0"), py::arg("do"), py::arg("dht"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dg"),
         py::arg("dbeta"), py::arg("dh0"), py::arg("workspace"), py::arg("workspace_size"), py::arg("B"),
         py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"), py::arg("scale"), py::arg("dtype"), py::arg("stream"),
-        "Launch one backward pass (csrc/minilin_cuda.h, BackwardProblem) on `stream`: float32 gradients dq, dk, dv "
-        "(dg when g is given, dbeta for delta_bwd, dh0 when not 0). Checks sizes "
+        "Launch one backward pass (csrc/minilin_cuda.h, BackwardProblem) on `stream`: gradients dq, dk, dv in dtype "
+        "(and float32 dg when g is given, dbeta for delta_bwd, dh0 when not 0). Checks sizes "
         "(ValueError) and the launches (RuntimeError).");
 }

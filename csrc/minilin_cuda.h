@@ -87,9 +87,9 @@ struct DecodeProblem {
 // L = <do, o> + <dht, final state> with respect to the forward's inputs (CONVENTIONS.md, Gradients).
 //   q, k [B, T, H, K], v and do [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null; beta read by
 //   the delta family only); h0 [B, H, K, V] float32 or null (zeros); dht [B, H, K, V] float32 or null (zeros).
-//   Outputs, all float32: dq, dk [B, T, H, K] (dq with respect to q itself: the kernels differentiate scale q and
-//   multiply by scale), dv [B, T, H, V]; dg [B, T, H] when g is given; the delta family also dbeta [B, T, H]; dh0
-//   [B, H, K, V] when not null.
+//   Outputs: dq, dk [B, T, H, K] and dv [B, T, H, V] in `dtype` (dq with respect to q itself: the kernels
+//   differentiate scale q and multiply by scale); float32 dg [B, T, H] when g is given, the delta family's dbeta
+//   [B, T, H], and dh0 [B, H, K, V] when not null. Every sum is taken in float32 first.
 struct BackwardProblem {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -99,9 +99,9 @@ struct BackwardProblem {
   const float* h0 = nullptr;
   const void* do_ = nullptr;
   const float* dht = nullptr;
-  float* dq = nullptr;
-  float* dk = nullptr;
-  float* dv = nullptr;
+  void* dq = nullptr;            // in dtype, as dk and dv
+  void* dk = nullptr;
+  void* dv = nullptr;
   float* dg = nullptr;
   float* dbeta = nullptr;
   float* dh0 = nullptr;

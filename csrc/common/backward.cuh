@@ -94,25 +94,27 @@ __device__ __forceinline__ void block_sum_rows(const float (&part)[ROWS], float 
   __syncthreads();
 }
 
-// out[i] = factor * sum_{s < slices} parts[s * count + i]: the value blocks' partial gradients, added in order.
-// (A template only so that every file including this header may hold its instance.)
-template <typename Unused = void>
-__global__ void sum_value_blocks(const float* parts, float* out, long long count, int slices, float factor) {
+// out[i] = factor * sum_{s < slices} parts[s * count + i]: the value blocks' partial gradients, added in order (in
+// float32), then stored as Out.
+template <typename Out>
+__global__ void sum_value_blocks(const float* parts, Out* out, long long count, int slices, float factor) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     float sum = 0.0f;
     for (int s = 0; s < slices; ++s) sum += parts[s * count + i];
-    out[i] = factor * sum;
+    out[i] = from_float<Out>(factor * sum);
   }
 }
 
-inline void launch_sum_value_blocks(const BackwardProblem& p, const char* name, const float* parts, float* out,
+// Into `out` of type Out: float for the float32 gradients (dg, dbeta), the input dtype for dq and dk.
+template <typename Out>
+inline void launch_sum_value_blocks(const BackwardProblem& p, const char* name, const float* parts, void* out,
                                     long long count, float factor) {
   const int slices = bwd_value_blocks(p.V);
   const int threads = 256;
   const long long blocks = (count + threads - 1) / threads;
   const unsigned grid = static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8);  // grid-stride past that
-  sum_value_blocks<><<<grid, threads, 0, stream_of(p)>>>(parts, out, count, slices, factor);
+  sum_value_blocks<Out><<<grid, threads, 0, stream_of(p)>>>(parts, static_cast<Out*>(out), count, slices, factor);
   check_launch(name, p);
 }
 

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) delta_bwd_v1_reverse(const BackwardP
         u_do = fmaf(u[c], dc[c], u_do);
       }
       const float du_mine = __shfl_sync(kFullMask, reduced, 2 * (kColumns + (lane & (kColumns - 1))));
-      if (lane < kColumns && col0 + lane < V) p.dv[bth * V + col0 + lane] = beta * du_mine;
+      if (lane < kColumns && col0 + lane < V) static_cast<Elem*>(p.dv)[bth * V + col0 + lane] = from_float<Elem>(beta * du_mine);
       float dq[ROWS], dk[ROWS], dg = 0.0f;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
@@ -234,22 +234,23 @@ void backward(const BackwardProblem& p) {
   constexpr const char* name = "delta_bwd_v1_recurrent";
   check_backward_problem(p, name, true, workspace_bytes(p.B, p.T, p.H, p.K, p.V));
   const Workspace w = carve(p.workspace, p.B, p.T, p.H, p.K, p.V);
-  const auto rows = [&](auto elem) {
+  const long long tokens = static_cast<long long>(p.B) * p.T * p.H;
+  const auto run = [&](auto elem) {
     using Elem = decltype(elem);
     switch (rows_for(p.K)) {
-      case 1: return launch<Elem, 1>(p, w);
-      case 2: return launch<Elem, 2>(p, w);
-      case 4: return launch<Elem, 4>(p, w);
-      default: return launch<Elem, 8>(p, w);
+      case 1: launch<Elem, 1>(p, w); break;
+      case 2: launch<Elem, 2>(p, w); break;
+      case 4: launch<Elem, 4>(p, w); break;
+      default: launch<Elem, 8>(p, w);
     }
+    // dL/dq = scale dL/d(scale q)
+    launch_sum_value_blocks<Elem>(p, "delta_bwd_v1_sum_dq", w.dq_parts, p.dq, tokens * p.K, p.scale);
+    launch_sum_value_blocks<Elem>(p, "delta_bwd_v1_sum_dk", w.dk_parts, p.dk, tokens * p.K, 1.0f);
   };
-  if (p.dtype == kFloat32) rows(float{});
-  else rows(__nv_bfloat16{});
-  const long long tokens = static_cast<long long>(p.B) * p.T * p.H;
-  launch_sum_value_blocks(p, "delta_bwd_v1_sum_dq", w.dq_parts, p.dq, tokens * p.K, p.scale);  // dL/dq = scale dL/d(scale q)
-  launch_sum_value_blocks(p, "delta_bwd_v1_sum_dk", w.dk_parts, p.dk, tokens * p.K, 1.0f);
-  launch_sum_value_blocks(p, "delta_bwd_v1_sum_dbeta", w.dbeta_parts, p.dbeta, tokens, 1.0f);
-  if (p.g) launch_sum_value_blocks(p, "delta_bwd_v1_sum_dg", w.dg_parts, p.dg, tokens, 1.0f);
+  if (p.dtype == kFloat32) run(float{});
+  else run(__nv_bfloat16{});
+  launch_sum_value_blocks<float>(p, "delta_bwd_v1_sum_dbeta", w.dbeta_parts, p.dbeta, tokens, 1.0f);
+  if (p.g) launch_sum_value_blocks<float>(p, "delta_bwd_v1_sum_dg", w.dg_parts, p.dg, tokens, 1.0f);
 }
 
 }  // namespace

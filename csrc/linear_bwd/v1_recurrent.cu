@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) linear_bwd_v1_dkv(const BackwardProb
     }
     const float dv_sum = transpose_reduce<kColumns>(dv);  // column (lane >> 2) & 7, in lanes 4c .. 4c + 3
     const int c_mine = transpose_reduce_index<kColumns>(lane);
-    if ((lane & 3) == 0 && col0 + c_mine < p.V) p.dv[bth * p.V + col0 + c_mine] = dv_sum;
+    if ((lane & 3) == 0 && col0 + c_mine < p.V) static_cast<Elem*>(p.dv)[bth * p.V + col0 + c_mine] = from_float<Elem>(dv_sum);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -127,9 +127,13 @@ __global__ void __launch_bounds__(kThreads) linear_bwd_v1_dkv(const BackwardProb
 }
 
 // dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dht, S_T>: one warp per (batch, head), 32 tokens at a time from
-// the end, lane l one token (its dot products over K), the tile's reverse sums by a scan over lanes.
+// the end, lane l one token (its dot products over K, dq and dk from their float32 parts: the stored ones may be
+// bf16), the tile's reverse sums by a scan over lanes.
 template <typename Elem>
-__global__ void linear_bwd_v1_gate(const BackwardProblem p, const float* final_parts) {
+__global__ void linear_bwd_v1_gate(const BackwardProblem p, const float* final_parts, const float* dq_parts,
+                                   const float* dk_parts) {
+  const long long count = static_cast<long long>(p.B) * p.T * p.H * p.K;
+  const int slices = bwd_value_blocks(p.V);
   const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x;
   float carry = 0.0f;  // the sum over the tokens after this tile, plus <dht, S_T>
   if (p.dht)
@@ -141,7 +145,11 @@ __global__ void linear_bwd_v1_gate(const BackwardProblem p, const float* final_p
     float x = 0.0f;  // q_t . dq_t - k_t . dk_t
     if (t < p.T) {
       const long long row = token_index(p, b, t, h) * p.K;
-      for (int f = 0; f < p.K; ++f) x += to_float(q[row + f]) * p.dq[row + f] - to_float(k[row + f]) * p.dk[row + f];
+      for (int f = 0; f < p.K; ++f) {
+        float dq = 0.0f, dk = 0.0f;
+        for (int s = 0; s < slices; ++s) dq += dq_parts[s * count + row + f], dk += dk_parts[s * count + row + f];
+        x += p.scale * to_float(q[row + f]) * dq - to_float(k[row + f]) * dk;  // dq = scale (dq's parts)
+      }
     }
 #pragma unroll
     for (int offset = 1; offset < 32; offset <<= 1) {  // x = the sum over this tile's tokens t' >= t
@@ -173,9 +181,11 @@ void backward(const BackwardProblem& p) {
     else if (p.K <= 64) launch<Elem, 2>(p, dq_parts, dk_parts, final_parts);
     else if (p.K <= 128) launch<Elem, 4>(p, dq_parts, dk_parts, final_parts);
     else launch<Elem, 8>(p, dq_parts, dk_parts, final_parts);
-    launch_sum_value_blocks(p, "linear_bwd_v1_sum_dq", dq_parts, p.dq, count, p.scale);  // dL/dq = scale dL/d(scale q)
-    launch_sum_value_blocks(p, "linear_bwd_v1_sum_dk", dk_parts, p.dk, count, 1.0f);
-    if (p.g) launch_checked(p, "linear_bwd_v1_gate", linear_bwd_v1_gate<Elem>, dim3(p.H, p.B), 32, 0, final_parts);
+    launch_sum_value_blocks<Elem>(p, "linear_bwd_v1_sum_dq", dq_parts, p.dq, count, p.scale);  // dL/dq = scale dL/d(scale q)
+    launch_sum_value_blocks<Elem>(p, "linear_bwd_v1_sum_dk", dk_parts, p.dk, count, 1.0f);
+    if (p.g)
+      launch_checked(p, "linear_bwd_v1_gate", linear_bwd_v1_gate<Elem>, dim3(p.H, p.B), 32, 0, final_parts, dq_parts,
+                     dk_parts);
   };
   if (p.dtype == kFloat32) run(float{});
   else run(__nv_bfloat16{});

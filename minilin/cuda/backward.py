@@ -9,9 +9,10 @@
 
 The forward's arguments come first, as the forward takes them, then do and dstate by keyword (dstate None: zeros).
 Shapes: q, k [B, T, H, K]; v and do [B, T, HV, V] (do in v's dtype: float32 or bfloat16); g, beta [B, T, HV] float32;
-initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). Every gradient comes back float32
-(CuPy), whatever the inputs' dtype: dq, dk [B, T, H, K]; dv [B, T, HV, V]; dg, dbeta [B, T, HV]; dinitial_state as
-initial_state, or None for an array that was not given (g, initial_state). Grouped value heads and packed sequences
+initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). Every gradient comes back (CuPy) in
+its input's dtype, as the kernels write it (sums taken in float32 first): dq, dk [B, T, H, K] in q's, dv [B, T, HV, V]
+in v's (bfloat16 in the input's form, native or uint16 bits); dg, dbeta [B, T, HV] and dinitial_state (as
+initial_state) float32; None for an array that was not given (g, initial_state). Grouped value heads and packed sequences
 as the forward (front.py): q and k repeated to HV heads, and a q/k head's gradient the sum over its value heads
 (`heads.reduce`); one backward launch per sequence, each sequence's gradients its own, joined by `varlen.backward`
 as the NumPy backward joins them.
@@ -65,16 +66,16 @@ def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values:
 
 def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, scale):
     """Run backward version `info` of `op` ('linear_bwd' or 'delta_bwd') over checked arrays, q and k with v's
-    heads; returns float32 (dq, dk, dv, dg, dbeta, dh0), None for what was not asked for (dg without g, dbeta
-    outside the delta family, dh0 without initial_state)."""
+    heads; returns (dq, dk, dv) in q's and v's dtype and float32 (dg, dbeta, dh0), None for what was not asked for
+    (dg without g, dbeta outside the delta family, dh0 without initial_state)."""
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
     B, T, H, K = q.shape
     V = v.shape[-1]
     delta = op == "delta_bwd"
-    dq, dk = cupy.empty((B, T, H, K), cupy.float32), cupy.empty((B, T, H, K), cupy.float32)
-    dv = cupy.empty((B, T, H, V), cupy.float32)
+    dq, dk = cupy.empty((B, T, H, K), q.dtype), cupy.empty((B, T, H, K), q.dtype)
+    dv = cupy.empty((B, T, H, V), v.dtype)
     dg = cupy.empty((B, T, H), cupy.float32) if g is not None else None
     dbeta = cupy.empty((B, T, H), cupy.float32) if delta else None
     dh0 = cupy.empty((B, H, K, V), cupy.float32) if initial_state is not None else None
@@ -91,10 +92,15 @@ def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, sc
     return dq, dk, dv, dg, dbeta, dh0
 
 
+def _reduced(dx, group: int):
+    """heads.reduce (a q/k head's gradient: the sum over its value heads) in float32, back in dx's dtype."""
+    return dx if group == 1 else bf16.like(heads.reduce(bf16.as_float32(dx), group), dx)
+
+
 def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                           version=None, check_values=True):
-    """Gradients of the scalar-gated linear recurrence (front.gated_linear): (dq, dk, dv, dg, dinitial_state), all
-    float32, dg None without g and dinitial_state None without initial_state.
+    """Gradients of the scalar-gated linear recurrence (front.gated_linear): (dq, dk, dv, dg, dinitial_state), dtypes
+    as the module says, dg None without g and dinitial_state None without initial_state.
 
     check_values: g <= 0, do and dstate finite (device-to-host syncs); False skips them."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
@@ -114,17 +120,17 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
 
     dq, dk, dv, dg, dh0 = varlen.backward(one, (q_rep, k_rep, v, g), initial_state, do, dstate, offsets)
     group = shapes["HV"] // shapes["H"]
-    return heads.reduce(dq, group), heads.reduce(dk, group), dv, dg, dh0
+    return _reduced(dq, group), _reduced(dk, group), dv, dg, dh0
 
 
 def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                         allow_neg_eigval=False, normalize_qk=False, version=None, check_values=True):
-    """Gradients of the (gated) delta rule (front.delta_rule): (dq, dk, dv, dg, dbeta, dinitial_state), all float32,
-    dg None without g (DeltaNet) and dinitial_state None without initial_state.
+    """Gradients of the (gated) delta rule (front.delta_rule): (dq, dk, dv, dg, dbeta, dinitial_state), dtypes as the
+    module says, dg None without g (DeltaNet) and dinitial_state None without initial_state.
 
     normalize_qk: as the forward, q and k divided by r = sqrt(|x|^2 + 1e-6) first; the kernel's gradients with
     respect to the normalized y = x / r are then carried back by dx = (dy - y (y . dy)) / r
-    (`activations.l2_normalize`), in float32.
+    (`activations.l2_normalize`), in float32 (then back in q's dtype).
     check_values: g <= 0, beta's range, beta |k|^2 within its bound, do and dstate finite (device-to-host syncs)."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
     if g is not None:
@@ -151,9 +157,10 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
 
     dq, dk, dv, dg, dbeta, dh0 = varlen.backward(one, (q_rep, k_rep, v, g, beta), initial_state, do, dstate, offsets)
     group = shapes["HV"] // shapes["H"]
-    dq, dk = heads.reduce(dq, group), heads.reduce(dk, group)
+    dq, dk = _reduced(dq, group), _reduced(dk, group)
     if normalize_qk:
-        dq, dk = l2_normalize.backward(bf16.as_float32(q), dq), l2_normalize.backward(bf16.as_float32(k), dk)
+        dq, dk = (bf16.like(l2_normalize.backward(bf16.as_float32(x), bf16.as_float32(dx)), dx)
+                  for x, dx in ((q, dq), (k, dk)))
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -172,7 +179,7 @@ def linear_attention_backward(q, k, v, *, do, dstate=None, scale=None, initial_s
 
 def simple_gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, version=None,
                         check_values=True):
-    """Simple GLA's gradients: SimpleGlaGradients(dq, dk, dv, dg, dinitial_state), float32. g [B, T, HV]."""
+    """Simple GLA's gradients: SimpleGlaGradients(dq, dk, dv, dg, dinitial_state). g [B, T, HV]."""
     dq, dk, dv, dg, dh0 = gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
                                                 initial_state=initial_state, cu_seqlens=cu_seqlens, version=version,
                                                 check_values=check_values)
@@ -181,7 +188,7 @@ def simple_gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_stat
 
 def deltanet_backward(q, k, v, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                       allow_neg_eigval=False, normalize_qk=False, version=None, check_values=True):
-    """DeltaNet's gradients: DeltanetGradients(dq, dk, dv, dbeta, dinitial_state), float32."""
+    """DeltaNet's gradients: DeltanetGradients(dq, dk, dv, dbeta, dinitial_state)."""
     dq, dk, dv, _, dbeta, dh0 = delta_rule_backward(q, k, v, None, beta, do=do, dstate=dstate, scale=scale,
                                                     initial_state=initial_state, cu_seqlens=cu_seqlens,
                                                     allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk,
@@ -191,7 +198,7 @@ def deltanet_backward(q, k, v, beta, *, do, dstate=None, scale=None, initial_sta
 
 def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                             allow_neg_eigval=False, normalize_qk=False, version=None, check_values=True):
-    """Gated DeltaNet's gradients: GatedDeltanetGradients(dq, dk, dv, dg, dbeta, dinitial_state), float32."""
+    """Gated DeltaNet's gradients: GatedDeltanetGradients(dq, dk, dv, dg, dbeta, dinitial_state)."""
     dq, dk, dv, dg, dbeta, dh0 = delta_rule_backward(q, k, v, g, beta, do=do, dstate=dstate, scale=scale,
                                                      initial_state=initial_state, cu_seqlens=cu_seqlens,
                                                      allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk,
@@ -201,7 +208,7 @@ def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, in
 
 def retnet_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial_state=None, version=None,
                     check_values=True):
-    """RetNet's gradients: RetnetGradients(dq, dk, dv, dgamma, dinitial_state), float32. The forward runs the
+    """RetNet's gradients: RetnetGradients(dq, dk, dv, dgamma, dinitial_state), dgamma float32. The forward runs the
     recurrence with g_t = log gamma_h at every token, so dgamma_h = sum_{b, t} dg_{b,t,h} / gamma_h (None when
     gamma was not given: the default decays are constants)."""
     per_head_shapes(q, v)
@@ -214,7 +221,7 @@ def retnet_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial
 
 def lightning_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, initial_state=None, version=None,
                        check_values=True):
-    """Lightning Attention's gradients: LightningGradients(dq, dk, dv, dslope, dinitial_state), float32. The
+    """Lightning Attention's gradients: LightningGradients(dq, dk, dv, dslope, dinitial_state), dslope float32. The
     forward's g_t = -slope_h at every token, so dslope_h = -sum_{b, t} dg_{b,t,h} (None without slope)."""
     per_head_shapes(q, v)
     g = lightning_log_gate(slope, q.shape[:3], q.shape[2], check_values)
@@ -225,7 +232,8 @@ def lightning_backward(q, k, v, *, do, dstate=None, slope=None, scale=None, init
 
 
 def mamba2_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=None, version=None, check_values=True):
-    """Mamba-2's gradients: Mamba2Gradients(dx, ddt, dA, dB, dC, dD, dinitial_state), float32. The forward is the
+    """Mamba-2's gradients: Mamba2Gradients(dx, ddt, dA, dB, dC, dD, dinitial_state): dx, dB, dC in x's dtype, the
+    rest float32. The forward is the
     scalar-gated recurrence under q = C, k = B, v = dt x, g = dt A, scale = 1, then y = o + D x; its chain rule:
         dC = dq,  dB = dk,  dx = dt dv (+ D dy),  ddt = sum_p dv_p x_p + A dg,  dA_h = sum_{b,t} dt dg,
         dD_h = sum_{b,t,p} dy x     (dD None without D).
@@ -241,11 +249,12 @@ def mamba2_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=No
     v, g, x32 = mamba2_mapping(x, dt, A)
     dC, dB, dv, dg, dh0 = gated_linear_backward(C, B, v, g, do=do, dstate=dstate, scale=1.0,
                                                 initial_state=initial_state, version=version, check_values=check_values)
-    dy = bf16.as_float32(do)
-    dx = dt[..., None] * dv
+    dy, dv32 = bf16.as_float32(do), bf16.as_float32(dv)
+    dx = dt[..., None] * dv32
     if D is not None:
         dx += D[:, None] * dy
-    ddt = (dv * x32).sum(-1) + A * dg
+    dx = bf16.like(dx, x)
+    ddt = (dv32 * x32).sum(-1) + A * dg
     dA = (dt * dg).sum(axis=(0, 1))
     dD = None if D is None else (dy * x32).sum(axis=(0, 1, 3))
     return _gradients("mamba2")(dx=dx, ddt=ddt, dA=dA, dB=dB, dC=dC, dD=dD, dinitial_state=dh0)
