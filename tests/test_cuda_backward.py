@@ -556,6 +556,64 @@ def test_kernels_take_grouped_heads_and_packed_sequences(mixer):
         assert got.shape == want.shape and rel_err(got, want) < TOLERANCE["float32"], name
 
 
+def _bf16_pair(a):
+    """(a on the GPU in bf16, the float64 values it holds)."""
+    d = mcuda.to_bf16(cupy.asarray(a, dtype=cupy.float32))
+    return d, cupy.asnumpy(mcuda.from_bf16(d)).astype(np.float64)
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("case", ["simple_gla grouped packed", "gated_deltanet grouped normalize_qk", "mamba2"])
+def test_the_fronts_arithmetic_after_the_kernels_in_bfloat16(case):
+    """bf16 inputs through what the front computes after the kernels (a q/k head's sum over its value heads, the
+    per-sequence join, normalize_qk's chain rule, Mamba-2's mapping), at K = V = 64 where the linear family runs
+    linear_bwd v2: gradients in the inputs' dtype, within bf16 tolerance of the float64 NumPy backward on the same
+    bf16-rounded inputs."""
+    from minilin import catalog
+
+    rng = np.random.default_rng(40)
+    mixer = case.split()[0]
+    mod = catalog.module(mixer)
+    options, gpu_options = {}, {}
+    if mixer == "mamba2":
+        args, _ = mod.example_inputs(2, 130, 3, 64, 64, seed=41)
+        in_bf16 = (True, False, False, True, True, False)  # x, dt, A, B, C, D
+        S0 = rng.standard_normal((2, 3, 64, 64))
+    else:
+        delta = mixer == "gated_deltanet"
+        x = inputs(1, 200, 4, 64, 64, seed=42, gated=True, delta=delta, with_state=False)
+        q, k = (np.ascontiguousarray(x[n][:, :, ::2]) for n in ("q", "k"))  # H = 2 q/k heads, HV = 4
+        args = [q, k, x["v"], x["g"]] + ([x["beta"]] if delta else [])
+        in_bf16 = (True, True, True, False, False)[:len(args)]
+        if delta:
+            args[1] = args[1] * rng.uniform(0.5, 3.0, args[1].shape[:3] + (1,))  # keys of any length
+            options["normalize_qk"] = gpu_options["normalize_qk"] = True
+            S0 = rng.standard_normal((1, 4, 64, 64))
+        else:
+            cu = np.array([0, 70, 200], np.int64)
+            options["cu_seqlens"], gpu_options["cu_seqlens"] = cu, cupy.asarray(cu)
+            S0 = rng.standard_normal((2, 4, 64, 64))
+    pairs = [_bf16_pair(a) if bf else (cupy.asarray(a, dtype=cupy.float32), np.float32(a).astype(np.float64))
+             for a, bf in zip(args, in_bf16)]
+    do_shape = args[0].shape if mixer == "mamba2" else args[2].shape
+    do_gpu, do_host = _bf16_pair(rng.standard_normal(do_shape))
+    dS = rng.standard_normal(S0.shape).astype(np.float32).astype(np.float64)
+    S0 = S0.astype(np.float32).astype(np.float64)
+    ref = mod.chunked_backward(*(h for _, h in pairs), do=do_host, dstate=dS, initial_state=S0, **options)
+    grads = getattr(mcuda, f"{mixer}_backward")(*(d for d, _ in pairs), do=do_gpu, dstate=cupy.asarray(dS, np.float32),
+                                                initial_state=cupy.asarray(S0, np.float32), **gpu_options)
+    for position, field in enumerate(grads._fields):
+        want, got = getattr(ref, field), getattr(grads, field)
+        if want is None:
+            assert got is None, field
+            continue
+        expected = pairs[position][0].dtype if position < len(pairs) else cupy.float32
+        assert got.dtype == expected and got.shape == want.shape, (case, field, got.dtype, expected)
+        err = rel_err(as_host(got), want)
+        assert err < TOLERANCE["bfloat16"], f"{case} {field}: {err:.2e}"
+
+
 @gpu
 @pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
 def test_gradients_of_the_final_state_alone(mixer):
