@@ -76,7 +76,7 @@ def _to_cupy(x: torch.Tensor):
 
 
 def _to_torch(x, dtype: torch.dtype) -> torch.Tensor:
-    """A torch view of a CuPy array, in `dtype` (bit patterns back to bfloat16; a float32 gradient cast to its input's dtype)."""
+    """A torch view of a CuPy array, in `dtype` (bit patterns back to bfloat16; a float32 gradient cast)."""
     import cupy
 
     if x.dtype == np.uint16:

@@ -12,10 +12,10 @@ Shapes: q, k [B, T, H, K]; v and do [B, T, HV, V] (do in v's dtype: float32 or b
 initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). Every gradient comes back (CuPy) in
 its input's dtype, as the kernels write it (sums taken in float32 first): dq, dk [B, T, H, K] in q's, dv [B, T, HV, V]
 in v's (bfloat16 in the input's form, native or uint16 bits); dg, dbeta [B, T, HV] and dinitial_state (as
-initial_state) float32; None for an array that was not given (g, initial_state). Grouped value heads and packed sequences
-as the forward (front.py): q and k repeated to HV heads, and a q/k head's gradient the sum over its value heads
-(`heads.reduce`); one backward launch per sequence, each sequence's gradients its own, joined by `varlen.backward`
-as the NumPy backward joins them.
+initial_state) float32; None for an array that was not given (g, initial_state). Grouped value heads and packed
+sequences as the forward (front.py): q and k repeated to HV heads, and a q/k head's gradient the sum over its value
+heads (`heads.reduce`, in float32); one backward launch per sequence, each sequence's gradients its own, joined by
+`varlen.backward` as the NumPy backward joins them.
 
 Kernels (csrc/linear_bwd/, csrc/delta_bwd/, `versions('linear_bwd')`, `versions('delta_bwd')`): v1 is the definition
 run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256; linear_bwd
@@ -87,8 +87,9 @@ def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, sc
 
     cuda.backward(op, info["version"], address(q), address(k), address(v), address(g), address(beta),
                   address(initial_state), address(do), address(dstate), address(dq), address(dk), address(dv),
-                  address(dg), address(dbeta), address(dh0), workspace.ptr if workspace is not None else 0, workspace_size, B, T, H, K, V, float(scale),
-                  1 if is_bf16 else 0, cupy.cuda.get_current_stream().ptr)
+                  address(dg), address(dbeta), address(dh0), workspace.ptr if workspace is not None else 0,
+                  workspace_size, B, T, H, K, V, float(scale), 1 if is_bf16 else 0,
+                  cupy.cuda.get_current_stream().ptr)
     return dq, dk, dv, dg, dbeta, dh0
 
 
