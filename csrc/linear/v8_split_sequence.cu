@@ -16,10 +16,12 @@
 //      over L_p, S_P the final state;
 //   4. correction: o_t += scale exp(G_t) (q_t^T S_p) on bf16 tensor cores, a block per run of 16 chunks of one
 //      segment and 64 or 128 value columns: S_p's bf16 copy (the same bf16 S that v7's Q S reads) loaded once,
-//      the next chunk's q copied (cp.async) while this one multiplies, o's old values loaded before the product;
-//      G_t from the chunk sums before the run plus a warp's scan inside the chunk. It moves q once and o twice
-//      at ~2 TB/s (0.20 ms of v8's 0.58 at B=1, T=32768, H=16, K=V=128): loading o and the gates a chunk ahead
-//      measured 4% slower (96 registers, 2 blocks per SM), and capping it at 80 registers for 3 blocks 25% slower.
+//      the next chunk's q and o tile copied (cp.async, 16 bytes a copy) while this one multiplies, the sum formed
+//      in shared memory and stored back 16 bytes at a time; G_t from the chunk sums before the run plus a warp's
+//      scan inside the chunk. It moves q once and o twice. With o read and written straight from the mma
+//      fragments (4 bytes per thread, half of each 32-byte sector) it ran at ~2 TB/s (0.20 ms of v8's 0.58 at
+//      B=1, T=32768, H=16, K=V=128); loading o and the gates a chunk ahead into registers measured 4% slower
+//      (96 registers, 2 blocks per SM), and capping it at 80 registers for 3 blocks 25% slower.
 // Launch 4 skips segment 0 when there is no h0. The segments are chosen per shape (choose_segments): P = 1
 // (plain v7) unless the predicted time of v7's shorter chains plus the correction's traffic is lower.
 #include <algorithm>
@@ -183,10 +185,11 @@ __global__ void __launch_bounds__(kCombineThreads) combine(const Problem p, int 
 template <int K, int kCols>
 struct CorrectionLayout {
   static constexpr int kLdS = kCols + 8, kLdQ = K + 8;
-  static constexpr size_t kBytes = (K * kLdS + 2 * kChunk * kLdQ) * sizeof(bf16);
+  static constexpr size_t kBytes = (K * kLdS + 2 * kChunk * kLdQ + 2 * kChunk * kLdS) * sizeof(bf16);
   unsigned char* base;
   __device__ bf16* S() const { return reinterpret_cast<bf16*>(base); }
   __device__ bf16* Q(int buffer) const { return S() + K * kLdS + buffer * kChunk * kLdQ; }
+  __device__ bf16* O(int buffer) const { return Q(2) + buffer * kChunk * kLdS; }  // o's tile, [kChunk][kLdS]
 };
 
 template <int K, int kCols>
@@ -207,8 +210,10 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
   const bf16* q = static_cast<const bf16*>(p.q);
   bf16* o = static_cast<bf16*>(p.o);
   const auto row_of = [&](int n) { return (static_cast<long long>(b) * p.T + static_cast<long long>(n) * kChunk) * p.H + h; };
-  const auto copy_q = [&](int n, int buffer) {
+  const auto copy_q = [&](int n, int buffer) {  // chunk n's q and o tile, 16 bytes per copy
     cp_async_rows(L.Q(buffer), Layout::kLdQ, q + row_of(n) * K, static_cast<long long>(p.H) * K, kChunk, K, kChunk);
+    cp_async_rows(L.O(buffer), Layout::kLdS, o + row_of(n) * p.V + c0, static_cast<long long>(p.H) * p.V, kChunk,
+                  kCols, kChunk);
     cp_async_commit();
   };
   copy_q(n_begin, 0);
@@ -240,17 +245,7 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
     }
     __syncthreads();  // chunk n's q has landed for every thread; S is stored
 
-    // o's old values at this thread's accumulator positions, loaded before the product so that they arrive
-    // while it runs.
     const long long t_first = row_of(n) / p.H;  // b T + 64 n: this chunk's first token
-    __nv_bfloat162 before[kNT][2];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const long long t = t_first + m0 + acc_row(0, 2 * half);
-        before[j][half] = *reinterpret_cast<const __nv_bfloat162*>(o + (t * p.H + h) * p.V + c0 + n0 + acc_col(j, 2 * half));
-      }
     // scale exp(G_t) for this thread's two rows: the offset plus the chunk's inclusive scan (lane l: 2 l, 2 l + 1).
     float factor[2] = {p.scale, p.scale};
     if (p.g) {
@@ -268,15 +263,24 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
     zero(acc);
     warp_mma_unrolled<1, kNT, Stored::kRowMajor, Stored::kRowMajor, K / 16>(acc, L.Q(buffer), Layout::kLdQ, L.S(),
                                                                              Layout::kLdS, m0, n0, 0);
+    // o += the product, in the shared tile (each thread its own accumulator positions), then the tile back to o
+    // with 16-byte stores: o's rows are only kCols * 2 bytes long, so the fragments' 4-byte accesses used half of
+    // every 32-byte sector they touched.
+    bf16* tile = L.O(buffer);
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const long long t = t_first + m0 + acc_row(0, 2 * half);
-        const float2 x = __bfloat1622float2(before[j][half]);
-        store_bf16x2(o + (t * p.H + h) * p.V + c0 + n0 + acc_col(j, 2 * half), x.x + factor[half] * acc[0][j][2 * half],
-                     x.y + factor[half] * acc[0][j][2 * half + 1]);
+        bf16* at = tile + (m0 + acc_row(0, 2 * half)) * Layout::kLdS + n0 + acc_col(j, 2 * half);
+        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
+        store_bf16x2(at, x.x + factor[half] * acc[0][j][2 * half], x.y + factor[half] * acc[0][j][2 * half + 1]);
       }
+    __syncthreads();  // the tile is complete
+    for (int i = threadIdx.x; i < kChunk * kCols / 8; i += kThreads) {
+      const int r = i / (kCols / 8), c = (i % (kCols / 8)) * 8;
+      *reinterpret_cast<uint4*>(o + ((t_first + r) * p.H + h) * p.V + c0 + c) =
+          *reinterpret_cast<const uint4*>(tile + r * Layout::kLdS + c);
+    }
     __syncthreads();  // every warp is done with this buffer before chunk n + 2's copy overwrites it
   }
 }
