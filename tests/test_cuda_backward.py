@@ -305,7 +305,7 @@ def test_the_front_returns_the_reference_gradients_by_name(host_extension, mixer
             assert got is None, name
             continue
         assert got.dtype == np.float32 and got.shape == ref[name].shape, name
-        assert rel_err(np.asarray(got, np.float64), ref[name]) < 1e-5, name  # dg: the front's reverse sum
+        assert rel_err(np.asarray(got, np.float64), ref[name]) < 1e-5, name  # dg: the kernel's (here the stand-in's)
 
 
 @pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
