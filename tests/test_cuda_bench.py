@@ -190,7 +190,11 @@ def test_grid_needs_against_fla(capsys):
     from minilin import cli
 
     assert cli.main(["bench", "--grid"]) == 2
-    assert "--against fla" in capsys.readouterr().err
+    assert "--against fla or --backward" in capsys.readouterr().err
+    assert cli.main(["bench", "--backward", "--grid", "--device", "cpu"]) == 2
+    assert "it runs on the GPU" in capsys.readouterr().err
+    assert cli.main(["bench", "--backward", "--grid", "--lengths", "2048"]) == 2
+    assert "--grid has its own shapes: drop --lengths" in capsys.readouterr().err
 
 
 def test_fla_call_names_the_forms_it_knows():
@@ -322,14 +326,56 @@ def test_decode_bench_refuses_with_a_reason_where_it_cannot_run(argv, capsys):
 def test_backward_table_gives_the_ratio_and_says_why_fla_did_not_run():
     from minilin.bench import gpu_backward
 
-    rows = [{"mixer": "gated_deltanet", "T": 8192, "forward_ms": 0.5, "forward_backward_ms": 60.0, "ratio": 120.0,
+    shape = dict(B=4, T=8192, H=16, K=128, V=128)
+    rows = [{"mixer": "gated_deltanet", **shape, "forward_ms": 0.5, "forward_backward_ms": 60.0, "ratio": 120.0,
              "forward_version": 10, "backward_version": 1, "fla_note": "FLA refused: Triton"},
-            {"mixer": "deltanet", "T": 8192, "forward_ms": 0.45, "forward_backward_ms": 50.0, "ratio": 111.1,
+            {"mixer": "deltanet", **shape, "forward_ms": 0.45, "forward_backward_ms": 50.0, "ratio": 111.1,
              "forward_version": 10, "backward_version": 1, "fla_forward_ms": 1.0, "fla_forward_backward_ms": 2.9,
-             "against_fla": 17.24}]
+             "against_fla": 17.24},
+            {"mixer": "simple_gla", **dict(shape, K=256, V=256), "note": "not supported (K must be 64 or 128)"}]
     table = gpu_backward.format_table(rows, {"deltanet": {"dq": 3e-3}})
-    assert "| gated_deltanet | 8192 | 0.500 (v10) | 60.000 (v1) | 120.0x | - | FLA refused: Triton | - |" in table
+    assert ("| gated_deltanet | 4, 8192, 16, 128, 128 | 0.500 (v10) | 60.000 (v1) | 120.0x | - | FLA refused: Triton "
+            "| - |") in table
     assert "| 1.000 | 2.900 | 17.24 |" in table and "deltanet: dq 3.0e-03" in table
+    assert "| simple_gla | 4, 8192, 16, 256, 256 | - | not supported (K must be 64 or 128) |" in table
+
+
+def test_backward_grid_checks_each_head_dim_then_times_every_shape(monkeypatch, capsys, tmp_path):
+    """--backward --grid: a check per (mixer, K, V) of the grid, every shape timed with an initial state, a K, V whose
+    gradients miss the tolerance not timed (and the exit code 1); no GPU needed (check and bench stand in)."""
+    import argparse
+    import json
+
+    from minilin.bench import against_fla, gpu, gpu_backward
+
+    checked, timed = [], []
+
+    def fake_check(mixer, K=128, V=128):
+        checked.append((mixer, K, V))
+        return {"dq": 0.5 if (mixer, K) == ("deltanet", 64) else 1e-3}
+
+    def fake_bench(mixer, shape, repeats, against, with_state=False):
+        timed.append((mixer, shape, with_state))
+        row = dict(zip("BTHKV", shape), mixer=mixer)
+        if shape[3] == 256:
+            return dict(row, note="not supported (K must be 64 or 128)")
+        return dict(row, forward_ms=1.0, forward_backward_ms=3.0, ratio=3.0, forward_version=8, backward_version=2)
+
+    monkeypatch.setattr(gpu_backward, "check", fake_check)
+    monkeypatch.setattr(gpu_backward, "bench", fake_bench)
+    monkeypatch.setattr(mcuda, "available", lambda: (True, ""))
+    monkeypatch.setattr(gpu, "machine", lambda: {"gpu": "a GPU", "date": "today"})
+    out = tmp_path / "bwd.json"
+    args = argparse.Namespace(grid="fla", mixers=["simple_gla", "deltanet"], lengths=None, quick=False, repeats=5,
+                              against=None, json=str(out))
+    assert gpu_backward.main(args) == 1  # deltanet at K = V = 64 missed its tolerance
+    dims = list(dict.fromkeys((K, V) for *_, K, V in against_fla.GRID))
+    assert checked == [(m, K, V) for m in ("simple_gla", "deltanet") for K, V in dims]
+    assert len(timed) == 2 * len(against_fla.GRID) - 1 and all(w for *_, w in timed)  # deltanet's (8, 1024, 8, 64)
+    table = capsys.readouterr().out
+    assert "| simple_gla | 8, 1024, 8, 64, 64 | 1.000 (v8) | 3.000 (v2) | 3.0x |" in table
+    assert "- deltanet K=64, V=64: dq 5.0e-01" in table
+    assert len(json.loads(out.read_text())["rows"]) == len(timed)
 
 
 def test_backward_bench_checks_every_gradient_of_each_mixer_on_the_gpu():

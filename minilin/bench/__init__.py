@@ -12,8 +12,9 @@
     minilin bench --against fla --grid
                                     the same at FLA's benchmark shapes and at long context
     minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
-    minilin bench --backward [--against fla]
-                                    the CUDA forward and forward + backward, FLA's beside them (bench/gpu_backward.py)
+    minilin bench --backward [--against fla] [--grid]
+                                    the CUDA forward and forward + backward, FLA's beside them (bench/gpu_backward.py),
+                                    at --lengths or at the grid's shapes
 
 Tables go to stdout; progress (what is being timed, with a count) and the choice of device go to stderr.
 """
@@ -44,8 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
     p.add_argument("--grid", nargs="?", const="fla", choices=["fla", "all"], default=None,
-                   help="with --against fla: FLA's benchmark shapes and one long sequence instead of --lengths "
-                        "(bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256")
+                   help="with --against fla or --backward: FLA's benchmark shapes and one long sequence instead of "
+                        "--lengths (bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256")
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
@@ -68,7 +69,7 @@ def _refuse(message: str) -> int:
 def default_device(args) -> tuple[str, str]:
     """The device when --device is not given, and the line that says why: options that only one bench takes
     pick it; otherwise the GPU bench where it can run (CuPy, a GPU, the extension), else the CPU bench."""
-    if args.against or args.lengths or getattr(args, "decode", False):
+    if args.against or args.lengths or getattr(args, "grid", None) or getattr(args, "decode", False):
         return "gpu", ""
     if args.floor or args.chunk_sizes:
         return "cpu", ""
@@ -88,8 +89,12 @@ def _run(args) -> int:
             print(said, file=sys.stderr, flush=True)
     if args.against and args.device == "cpu":
         return _refuse("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
-    if args.grid and args.against != "fla":
-        return _refuse("--grid is a grid of shapes for --against fla: add --against fla")
+    if args.grid and args.against != "fla" and not args.backward:
+        return _refuse("--grid is a grid of shapes for --against fla or --backward: add one of them")
+    if args.grid and args.device == "cpu":
+        return _refuse("--grid times the CUDA kernels at FLA's shapes: it runs on the GPU (drop --device cpu)")
+    if args.grid and args.lengths:
+        return _refuse("--grid has its own shapes: drop --lengths")
     if args.chunk_sizes and not args.floor:
         return _refuse("--chunk-sizes goes with --floor (the chunked forms run at their default chunk size otherwise)")
     if args.lengths and args.device == "cpu":

@@ -2,12 +2,15 @@
 
 Mixers: linear_attention, simple_gla, deltanet, gated_deltanet (the ones with a backward kernel,
 `minilin.cuda.<mixer>_backward`); default simple_gla, deltanet and gated_deltanet. Problem as the forward bench
-(bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in 2048 and 8192 by default.
+(bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in 2048 and 8192 by default;
+with --grid the "every shape" grid instead (bench/against_fla.py's GRID: FLA's benchmark shapes and one long
+sequence, --grid all adds other head dims), an initial state given.
 
-Each mixer is checked before it is timed, at a small problem that the timed versions take (B=2, T=100, H=2, K=64,
-V=128, initial state given): every gradient of L = <do, o> + <dstate, S_T> from the bf16 kernels against minilin's
-NumPy chunked_backward in float64 on the same (bf16-rounded) inputs, relative RMS error at most 0.008 (dq, dk, dv,
-dinitial_state) and 0.02 (dg, dbeta), FLA's own test tolerances. A mixer that fails is reported and not timed.
+Each mixer is checked before it is timed, at a small problem with each K, V it is timed at (B=2, T=100, H=2, so
+that the version chosen is the one timed; initial state given): every gradient of L = <do, o> + <dstate, S_T> from
+the bf16 kernels against minilin's NumPy chunked_backward in float64 on the same (bf16-rounded) inputs, relative RMS
+error at most 0.008 (dq, dk, dv, dinitial_state) and 0.02 (dg, dbeta), FLA's own test tolerances. A mixer that
+fails at a K, V is reported and not timed there; a shape the forward kernels do not take is reported as such.
 
 Timed (CUDA events, bench/gpu_timing.py, 3 alternating rounds, the median): the forward at its default version,
 and the forward followed by the backward at its default version (the training step's two calls; the backward
@@ -28,7 +31,7 @@ from .gpu_timing import alternating_medians
 MIXERS = ("linear_attention", "simple_gla", "deltanet", "gated_deltanet")
 DEFAULT_MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
 LENGTHS = (2048, 8192)
-CHECK_PROBLEM = dict(B=2, T=100, H=2, K=64, V=128)  # a shape the tensor-core backward takes (K != V)
+CHECK_PROBLEM = dict(B=2, T=100, H=2)  # with the K, V of the shapes timed
 TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02, "dbeta": 0.02}
 ROUNDS = 3
 TARGET = 3.0  # forward + backward over forward
@@ -68,13 +71,14 @@ def _cuda_args(mixer: str, x: dict):
     return [cuda.to_bf16(x[n]) if n in ("q", "k", "v") else x[n] for n in _names(mixer)]
 
 
-def check(mixer: str) -> dict:
-    """Relative RMS error of each gradient of the bf16 kernels against the float64 NumPy backward."""
+def check(mixer: str, K: int = 128, V: int = 128) -> dict:
+    """Relative RMS error of each gradient of the bf16 kernels against the float64 NumPy backward, at
+    CHECK_PROBLEM with this K, V."""
     import cupy
 
     from .. import cuda
 
-    x = _inputs(mixer, **CHECK_PROBLEM, seed=0, state=True)
+    x = _inputs(mixer, **CHECK_PROBLEM, K=K, V=V, seed=0, state=True)
     args = _cuda_args(mixer, x)
     got = getattr(cuda, f"{mixer}_backward")(*args, do=cuda.to_bf16(x["do"]), dstate=x["dstate"],
                                              initial_state=x["initial_state"])
@@ -100,17 +104,19 @@ def _fla(mixer: str, x: dict):
         return f"FLA not importable ({type(error).__name__})"
     from ..cuda import to_bf16
 
+    names = _names(mixer) + (("initial_state",) if "initial_state" in x else ())  # FLA's gets the same state
     t = {n: (torch.as_tensor(to_bf16(x[n], bits=True), device="cuda").view(torch.bfloat16) if n in "qkv"
-             else torch.as_tensor(x[n], device="cuda")) for n in _names(mixer)}
+             else torch.as_tensor(x[n], device="cuda")) for n in names}
     do = torch.as_tensor(to_bf16(x["do"], bits=True), device="cuda").view(torch.bfloat16)
     dstate = torch.as_tensor(x["dstate"], device="cuda")
     leaves = {n: a.detach().clone().requires_grad_(True) for n, a in t.items()}
     common = dict(scale=x["q"].shape[-1] ** -0.5, output_final_state=True)
-    call = {"simple_gla": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], g=a["g"], **common),
-            "linear_attention": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], **common),
-            "deltanet": lambda a: chunk_delta_rule(a["q"], a["k"], a["v"], beta=a["beta"], **common),
+    state = lambda a: {"initial_state": a["initial_state"]} if "initial_state" in a else {}  # noqa: E731
+    call = {"simple_gla": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], g=a["g"], **state(a), **common),
+            "linear_attention": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], **state(a), **common),
+            "deltanet": lambda a: chunk_delta_rule(a["q"], a["k"], a["v"], beta=a["beta"], **state(a), **common),
             "gated_deltanet": lambda a: chunk_gated_delta_rule(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"],
-                                                               **common)}[mixer]
+                                                               **state(a), **common)}[mixer]
 
     def forward():
         with torch.no_grad():
@@ -127,28 +133,39 @@ def _fla(mixer: str, x: dict):
     return forward, forward_backward
 
 
-def bench(mixer: str, T: int, repeats: int, against: bool) -> dict:
+def bench(mixer: str, shape: tuple, repeats: int, against: bool, with_state: bool = False) -> dict:
+    """One mixer at shape (B, T, H, K, V): forward, forward + backward (and FLA's); a shape the kernels do not take
+    comes back with a "note" and no times."""
     from .. import cuda
-    from .gpu import PROBLEM
+    from ..cuda.backward import backward_version
 
-    x = _inputs(mixer, PROBLEM["B"], T, PROBLEM["H"], PROBLEM["K"], PROBLEM["V"], seed=1, state=False)
+    B, T, H, K, V = shape
+    x = _inputs(mixer, B, T, H, K, V, seed=1, state=with_state)
     args = _cuda_args(mixer, x)
     forward = getattr(cuda, mixer)
     backward = getattr(cuda, f"{mixer}_backward")
     do = cuda.to_bf16(x["do"])
+    state = {"initial_state": x["initial_state"]} if with_state else {}
+    family = "delta" if mixer in ("deltanet", "gated_deltanet") else "linear"
+    row = {"mixer": mixer, "B": B, "T": T, "H": H, "K": K, "V": V, "initial_state": with_state}
+    try:
+        forward(*args, **state, check_values=False)
+        backward(*args, do=do, dstate=x["dstate"], **state, check_values=False)
+    except ValueError as error:  # a size the kernels do not take: say so, time nothing
+        return dict(row, note=f"not supported ({error})"[:300])
 
     def forward_backward():
-        forward(*args, check_values=False)
-        backward(*args, do=do, dstate=x["dstate"], check_values=False)
+        forward(*args, **state, check_values=False)
+        backward(*args, do=do, dstate=x["dstate"], **state, check_values=False)
 
-    runs = [(lambda: forward(*args, check_values=False), "cupy"), (forward_backward, "cupy")]
+    runs = [(lambda: forward(*args, **state, check_values=False), "cupy"), (forward_backward, "cupy")]
     fla = _fla(mixer, x) if against else None
     if isinstance(fla, tuple):
         runs += [(fla[0], "torch"), (fla[1], "torch")]
     timed = alternating_medians(runs, repeats=repeats, rounds=ROUNDS, budget_ms=3000.0)
-    family = "delta" if mixer in ("deltanet", "gated_deltanet") else "linear"
-    row = {"mixer": mixer, "T": T, "forward_ms": timed[0][0], "forward_backward_ms": timed[1][0],
-           "forward_version": cuda.default_version(family), "backward_version": cuda.default_version(f"{family}_bwd")}
+    info = backward_version(f"{family}_bwd", None, True, K, V)
+    row.update(forward_ms=timed[0][0], forward_backward_ms=timed[1][0], forward_version=cuda.default_version(family),
+               backward_version=info["version"])
     row["ratio"] = row["forward_backward_ms"] / row["forward_ms"]
     if isinstance(fla, tuple):
         row["fla_forward_ms"], row["fla_forward_backward_ms"] = timed[2][0], timed[3][0]
@@ -159,25 +176,31 @@ def bench(mixer: str, T: int, repeats: int, against: bool) -> dict:
 
 
 def format_table(rows: list[dict], checks: dict) -> str:
-    lines = ["| mixer | T | forward ms (version) | forward + backward ms (backward version) | ratio (target <= 3x) | "
-             "FLA forward ms | "
-             "FLA forward + backward ms | minilin / FLA (forward + backward) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """rows: bench's; checks: {label: {gradient: error}}, label "mixer" or "mixer K=.., V=..", as main makes them."""
+    lines = ["| mixer | B, T, H, K, V | forward ms (version) | forward + backward ms (backward version) | "
+             "ratio (target <= 3x) | FLA forward ms | FLA forward + backward ms | minilin / FLA (forward + backward) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
+        shape = ", ".join(str(r[d]) for d in ("B", "T", "H", "K", "V"))
+        if "forward_ms" not in r:
+            lines.append(f"| {r['mixer']} | {shape} | - | {r.get('note', '-')} | - | - | - | - |")
+            continue
         fla = (f"{r['fla_forward_ms']:.3f} | {r['fla_forward_backward_ms']:.3f} | {r['against_fla']:.2f}"
                if "against_fla" in r else f"- | {r.get('fla_note', '-')} | -")
-        lines.append(f"| {r['mixer']} | {r['T']} | {r['forward_ms']:.3f} (v{r['forward_version']}) | "
+        lines.append(f"| {r['mixer']} | {shape} | {r['forward_ms']:.3f} (v{r['forward_version']}) | "
                      f"{r['forward_backward_ms']:.3f} (v{r['backward_version']}) | "
                      f"{r['ratio']:.1f}x | {fla} |")
     lines.append("")
-    lines.append("Checked first (relative RMS error against the float64 NumPy backward, B=2, T=100, H=2, K=64, V=128):")
-    for mixer, errors in checks.items():
-        lines.append(f"- {mixer}: " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
+    lines.append(f"Checked first (relative RMS error against the float64 NumPy backward, "
+                 f"{', '.join(f'{k}={v}' for k, v in CHECK_PROBLEM.items())}, at the K, V timed):")
+    for label, errors in checks.items():
+        lines.append(f"- {label}: " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
     return "\n".join(lines)
 
 
 def main(args) -> int:
     from ..cuda import available
+    from .against_fla import grid_shapes
     from .gpu import PROBLEM, machine
 
     ok, reason = available()
@@ -190,28 +213,45 @@ def main(args) -> int:
     if unknown:
         print(f"--mixers: the GPU backward exists for {list(MIXERS)}, got {unknown}", file=sys.stderr)
         return 2
-    lengths = args.lengths or ([2048] if args.quick else LENGTHS)
+    grid = getattr(args, "grid", None)
+    if grid:
+        shapes, problem = grid_shapes(grid), f"the grid ({grid}), initial state given"
+    else:
+        lengths = args.lengths or ([2048] if args.quick else LENGTHS)
+        shapes = [(PROBLEM["B"], T, PROBLEM["H"], PROBLEM["K"], PROBLEM["V"]) for T in lengths]
+        problem = ", ".join(f"{k}={v}" for k, v in PROBLEM.items())
     repeats = args.repeats or (5 if args.quick else 20)
     info = machine()
-    print(f"minilin bench --backward: {info['gpu']}, {info['date']}; bf16, "
-          + ", ".join(f"{k}={v}" for k, v in PROBLEM.items()) + f"; device time, median of {ROUNDS} alternating rounds",
-          flush=True)
+    print(f"minilin bench --backward: {info['gpu']}, {info['date']}; bf16, {problem}; device time, median of "
+          f"{ROUNDS} alternating rounds", flush=True)
     checks, rows, failed = {}, [], []
+    head_dims = list(dict.fromkeys((K, V) for *_, K, V in shapes))
     for mixer in mixers:
-        errors = check(mixer)
-        checks[mixer] = errors
-        bad = {n: e for n, e in errors.items() if not e <= TOLERANCE[n]}
-        if bad:
-            failed.append(mixer)
-            print(f"  {mixer}: gradients outside tolerance {bad}; not timed", file=sys.stderr, flush=True)
-            continue
-        for T in lengths:
-            row = bench(mixer, T, repeats, args.against == "fla")
-            print(f"  {mixer} T={T}: forward {row['forward_ms']:.3f} ms, forward + backward "
-                  f"{row['forward_backward_ms']:.3f} ms", file=sys.stderr, flush=True)
+        wrong = set()  # the (K, V) whose gradients missed the tolerance: not timed
+        for K, V in head_dims:
+            label = mixer if len(head_dims) == 1 else f"{mixer} K={K}, V={V}"
+            try:
+                errors = check(mixer, K, V)
+            except ValueError as error:  # no kernel takes this K, V: bench reports its shapes as not supported
+                print(f"  {label}: not checked ({error})", file=sys.stderr, flush=True)
+                continue
+            checks[label] = errors
+            bad = {n: e for n, e in errors.items() if not e <= TOLERANCE[n]}
+            if bad:
+                wrong.add((K, V))
+                failed.append(label)
+                print(f"  {label}: gradients outside tolerance {bad}; not timed", file=sys.stderr, flush=True)
+        for shape in shapes:
+            if tuple(shape[3:]) in wrong:
+                continue
+            row = bench(mixer, shape, repeats, args.against == "fla", with_state=bool(grid))
+            state = (f"forward {row['forward_ms']:.3f} ms, forward + backward {row['forward_backward_ms']:.3f} ms"
+                     if "forward_ms" in row else row["note"])
+            print(f"  {mixer} B={shape[0]} T={shape[1]} H={shape[2]} K={shape[3]} V={shape[4]}: {state}",
+                  file=sys.stderr, flush=True)
             rows.append(row)
     print(format_table(rows, checks))
     if args.json:
-        write_json(args.json, {"backward": True, "machine": info, "problem": PROBLEM, "tolerance": TOLERANCE,
-                               "checks": checks, "rows": rows})
+        write_json(args.json, {"backward": True, "grid": grid, "machine": info, "shapes": shapes,
+                               "tolerance": TOLERANCE, "checks": checks, "rows": rows})
     return 1 if failed else 0
