@@ -509,6 +509,7 @@ def test_kernels_match_the_float64_backward(mixer, dtype, shape):
 FLA_LENGTHS = (63, 500, 1000, 2048)
 FLA_KV = [(64, 64), (128, 128), (64, 128), (128, 64)]
 FLA_TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02}
+CHUNKED_LINEAR_VERSIONS = (2,)  # the tensor-core linear_bwd versions; a new rung joins here
 
 
 @gpu
@@ -517,11 +518,13 @@ FLA_TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008,
 @pytest.mark.parametrize("K, V", FLA_KV, ids=lambda kv: f"{kv}")
 @pytest.mark.parametrize("T", FLA_LENGTHS)
 @pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention"])
-def test_the_chunked_linear_backward_at_flas_test_shapes(mixer, T, K, V, with_state):
-    """linear_bwd v2, bf16, against the float64 NumPy backward on the same bf16-rounded inputs; outputs start NaN."""
+@pytest.mark.parametrize("version", CHUNKED_LINEAR_VERSIONS)
+def test_the_chunked_linear_backward_at_flas_test_shapes(version, mixer, T, K, V, with_state):
+    """The tensor-core linear_bwd versions, bf16, against the float64 NumPy backward on the same bf16-rounded
+    inputs; outputs start NaN."""
     x = inputs(2, T, 2, K, V, seed=T + K + 3 * V, gated=mixer == "simple_gla", with_state=with_state)
     gx, host = device_inputs(x, "bfloat16")
-    grads = run_backward(mixer, gx, version=2)
+    grads = run_backward(mixer, gx, version=version)
     mod = simple_gla if mixer == "simple_gla" else linear_attention
     args = [host["q"], host["k"], host["v"]] + ([host["g"]] if mixer == "simple_gla" else [])
     ref = mod.chunked_backward(*args, do=host["do"], dstate=host["dS"], scale=K ** -0.5,
@@ -533,7 +536,7 @@ def test_the_chunked_linear_backward_at_flas_test_shapes(mixer, T, K, V, with_st
             continue
         assert got.dtype == expected_dtype(name, gx), name
         err = rel_err(as_host(got), ref[name])
-        assert err < FLA_TOLERANCE[name], f"{mixer} T={T} K={K} V={V} {name}: {err:.2e}"
+        assert err < FLA_TOLERANCE[name], f"v{version} {mixer} T={T} K={K} V={V} {name}: {err:.2e}"
 
 
 @gpu
