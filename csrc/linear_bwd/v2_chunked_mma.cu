@@ -21,7 +21,8 @@
 //        dg_t = sum_{t <= s < t0 + 64} (q_s . dq_s - k_s . dk_s) + exp(G_L) <D_c, S_{c-1}> + sum_j k_j . dk_j^inter
 //      v1's form (one reverse sum over the whole sequence, with <dht, S_T>) is the same number, but in bf16 its
 //      terms carry the rounding of S and D across every chunk without the cancellation this form keeps: emulated
-//      in float64 at T = 1000 with v2's roundings, 2.7e-2 relative error against 1.6e-3 for this one.
+//      in float64 with v2's roundings (tools/emulate_bf16_backward.py, T = 1000), 2.2e-2 relative error against
+//      1.7e-3 for this one.
 // The states and adjoints are recomputed here rather than saved by the forward (which keeps only its final
 // state): pass 1 costs about a forward's state update, and the forward stays the same kernel for inference.
 // They are stored in bf16 (the products read them in bf16 anyway): 2 B H ceil(T / 64) K V bf16 of workspace.
