@@ -1,5 +1,5 @@
-"""tools/emulate_bf16_backward.py: its float64 run of linear_bwd v2's algorithm is the NumPy backward, and with
-every bf16 rounding point on it shows what chose the kernel's chunk-local gate gradient."""
+"""tools/emulate_bf16_backward.py: its float64 runs of linear_bwd v2's algorithm and of the delta rule's kernel split
+are the NumPy backwards, and with every bf16 rounding point on they show what the tool's docstring reports."""
 from __future__ import annotations
 
 import importlib.util
@@ -37,3 +37,16 @@ def test_rounded_the_chunk_local_gate_gradient_holds_where_the_sequence_wide_one
     errors = tool.errors(tool.inputs(2, 1000, 2, 64, 64, seed=0), tool.POINTS)
     assert all(errors[n] < 3e-3 for n in ("dq", "dk", "dv", "dinitial_state", "dg")), errors
     assert errors["dg_sequence"] > 0.02, errors
+
+
+@pytest.mark.parametrize("T, K, V", [(63, 64, 128), (150, 32, 16)])
+def test_unrounded_the_delta_split_is_the_float64_backward(tool, T, K, V):
+    x = tool.inputs(2, T, 2, K, V, seed=5)
+    for name, error in tool.errors(x, (), "gated_deltanet").items():
+        assert error < 1e-12, name
+
+
+def test_rounded_the_delta_split_stays_inside_flas_tolerances(tool):
+    """Every stored intermediate in bf16 (h, dh, W, U, Delta, dDelta, T, the scores), T = 63, K = V = 128."""
+    errors = tool.errors(tool.inputs(2, 63, 2, 128, 128, seed=0), tool.DELTA_POINTS, "gated_deltanet")
+    assert all(e < 4e-3 for e in errors.values()), errors
