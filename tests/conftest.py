@@ -92,3 +92,17 @@ def bench_in_process(monkeypatch):
     import minilin.bench
 
     monkeypatch.setattr(minilin.bench, "is_one_thread", lambda: True)
+
+
+def load_tool(name: str):
+    """tools/<name>.py imported as a module of its own name (the scripts there are not part of the package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in it looks its module up there
+    spec.loader.exec_module(module)
+    return module

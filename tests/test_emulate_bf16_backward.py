@@ -2,21 +2,14 @@
 are the NumPy backwards, and with every bf16 rounding point on they show what the tool's docstring reports."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("emulate_bf16_backward", ROOT / "tools" / "emulate_bf16_backward.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("emulate_bf16_backward")
 
 
 def test_bf16_rounds_to_nearest_even(tool):

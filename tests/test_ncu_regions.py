@@ -1,24 +1,16 @@
 """tools/ncu_regions.py on small hand-written source pages (the profile itself needs a GPU and ncu)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
           '"Instructions Executed","stall_barrier","stall_short_sb","stall_barrier (Not Issued)"')
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("ncu_regions", ROOT / "tools" / "ncu_regions.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("ncu_regions")
 
 
 def page(kernel: str, rows: list[tuple[str, int, int, int, int]]) -> list[str]:
