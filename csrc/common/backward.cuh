@@ -144,16 +144,11 @@ inline void check_backward_problem(const BackwardProblem& p, const char* kernel,
   });
 }
 
-// The tensor-core versions' checks on top: bf16 inputs, K = 64 or 128, V a multiple of the block's value columns.
+// The tensor-core backward versions' checks: check_backward_problem, then the shape the forward ones take too.
 inline void check_tensor_core_backward(const BackwardProblem& p, const char* kernel, bool needs_beta, size_t workspace,
                                        int block_v) {
   check_backward_problem(p, kernel, needs_beta, workspace);
-  const auto k = [kernel] { return std::string(kernel); };
-  require(p.dtype == kBFloat16, [&] { return k() + ": bfloat16 inputs only (tensor cores multiply bf16), got float32"; });
-  require(p.K == 64 || p.K == 128, [&] { return k() + ": K must be 64 or 128, got K=" + std::to_string(p.K); });
-  require(p.V % block_v == 0, [&] {
-    return k() + ": V must be a multiple of " + std::to_string(block_v) + ", got V=" + std::to_string(p.V);
-  });
+  require_tensor_core_shape(kernel, p.dtype, p.K, p.V, block_v);
 }
 
 }  // namespace minilin

@@ -98,18 +98,21 @@ inline void check_common(const Problem& p, const char* kernel, bool needs_beta) 
   });
 }
 
-// The checks of every tensor-core version (linear and delta v3 onwards) on top of check_common: bf16 inputs, K = 64
-// or 128 (the two sizes their kernels are instantiated for), V a whole number of block_v-column value blocks.
+// What every tensor-core version takes (forward and backward): bf16 inputs, K = 64 or 128 (the two sizes their
+// kernels are instantiated for), V a whole number of block_v-column value blocks.
+inline void require_tensor_core_shape(const char* kernel, DType dtype, int K, int V, int block_v) {
+  const auto k = [kernel] { return std::string(kernel); };
+  require(dtype == kBFloat16, [&] { return k() + ": bfloat16 inputs only (tensor cores multiply bf16), got float32"; });
+  require(K == 64 || K == 128, [&] { return k() + ": K must be 64 or 128, got K=" + std::to_string(K); });
+  require(V % block_v == 0, [&] {
+    return k() + ": V must be a multiple of " + std::to_string(block_v) + ", got V=" + std::to_string(V);
+  });
+}
+
+// The checks of every tensor-core forward version (linear and delta v3 onwards): check_common, then the shape.
 inline void check_tensor_core_problem(const Problem& p, const char* kernel, bool needs_beta, int block_v) {
   check_common(p, kernel, needs_beta);
-  const auto k = [kernel] { return std::string(kernel); };
-  require(p.dtype == kBFloat16, [&] {
-    return k() + ": bfloat16 inputs only (tensor cores multiply bf16), got float32";
-  });
-  require(p.K == 64 || p.K == 128, [&] { return k() + ": K must be 64 or 128, got K=" + std::to_string(p.K); });
-  require(p.V % block_v == 0, [&] {
-    return k() + ": V must be a multiple of " + std::to_string(block_v) + ", got V=" + std::to_string(p.V);
-  });
+  require_tensor_core_shape(kernel, p.dtype, p.K, p.V, block_v);
 }
 
 // Versions written with wgmma run only from sm_90a machine code (setup.py defines MINILIN_SM90A when it builds
