@@ -137,7 +137,7 @@ __global__ void linear_bwd_v1_gate(const BackwardProblem p, const float* final_p
   const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x;
   float carry = 0.0f;  // the sum over the tokens after this tile, plus <dht, S_T>
   if (p.dht)
-    for (int vb = 0; vb < bwd_value_blocks(p.V); ++vb) carry += final_parts[(static_cast<long long>(vb) * p.B + b) * p.H + h];
+    for (int vb = 0; vb < slices; ++vb) carry += final_parts[(static_cast<long long>(vb) * p.B + b) * p.H + h];
   const Elem* q = static_cast<const Elem*>(p.q);
   const Elem* k = static_cast<const Elem*>(p.k);
   for (int t0 = ((p.T - 1) / 32) * 32; t0 >= 0; t0 -= 32) {

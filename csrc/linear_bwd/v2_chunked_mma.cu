@@ -48,16 +48,12 @@ size_t states_bytes(int B, int T, int H, int K, int V) {
 }
 size_t workspace_bytes(int B, int T, int H, int K, int V) { return 2 * states_bytes(B, T, H, K, V); }
 
-__device__ __forceinline__ long long first_row(const BackwardProblem& p, int b, int h, int t0) {
-  return (static_cast<long long>(b) * p.T + t0) * p.H + h;
-}
-
 // The chunk's 64 log-gates into g_dst (zeros past T; nothing when the op has no gate).
 __device__ __forceinline__ void cp_async_gates(float* g_dst, const BackwardProblem& p, int b, int h, int t0) {
   if (p.g && threadIdx.x < kChunk) {
     const bool ok = t0 + static_cast<int>(threadIdx.x) < p.T;
-    cp_async_4(g_dst + threadIdx.x, ok ? p.g + first_row(p, b, h, t0) + static_cast<long long>(threadIdx.x) * p.H : p.g,
-               ok);
+    const long long row = token_index(p, b, t0, h) + static_cast<long long>(threadIdx.x) * p.H;
+    cp_async_4(g_dst + threadIdx.x, ok ? p.g + row : p.g, ok);
   }
 }
 
@@ -65,7 +61,7 @@ __device__ __forceinline__ void cp_async_gates(float* g_dst, const BackwardProbl
 template <int kCols>
 __device__ __forceinline__ void cp_async_token_rows(bf16* dst, int ld, const void* src, const BackwardProblem& p, int b,
                                                     int h, int t0, int width, int c0) {
-  cp_async_rows(dst, ld, static_cast<const bf16*>(src) + first_row(p, b, h, t0) * width + c0,
+  cp_async_rows(dst, ld, static_cast<const bf16*>(src) + token_index(p, b, t0, h) * width + c0,
                 static_cast<long long>(p.H) * width, kChunk, kCols, min(kChunk, p.T - t0));
 }
 
@@ -207,21 +203,6 @@ __device__ __forceinline__ void load_value_block(const GradLayout<K>& L, const B
   cp_async_rows(L.D(), kLdV, adjoints + at, p.V, K, kBlockV, K);
 }
 
-// rows[b, t0 + r, h, c0 + n0 + c] = acc (rounded to bf16) for a warp's fp32 tile at rows m0.., columns n0.. of a
-// [B, T, H, width] gradient, columns from c0; rows past T (the last chunk's padding) are not written.
-template <int NT>
-__device__ __forceinline__ void store_gradient_tile(const float (&acc)[1][NT][4], void* rows, const BackwardProblem& p,
-                                                    int b, int h, int t0, int width, int c0, int m0, int n0) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m0 + acc_row(0, e), col = c0 + n0 + acc_col(j, e);
-      if (t0 + r < p.T)
-        store_bf16x2(static_cast<bf16*>(rows) + first_row(p, b, h, t0 + r) * width + col, acc[0][j][e], acc[0][j][e + 1]);
-    }
-}
-
 // acc's rows r (of the warp's tile at row m0) times factor(m0 + r).
 template <int NT, typename Factor>
 __device__ __forceinline__ void scale_rows(float (&acc)[1][NT][4], int m0, Factor factor) {
@@ -301,8 +282,8 @@ __device__ __forceinline__ void store_gate_gradient(const Layout& L, const Backw
   float after = __shfl_down_sync(kFullMask, x, 1);  // the sum over pairs l + 1 .. 31
   if (lane == 31) after = 0.0f;
   const float dg_odd = odd + after + total_last, dg_even = even + odd + after + total_last;
-  if (t0 + 2 * lane < p.T) p.dg[first_row(p, b, h, t0 + 2 * lane)] = dg_even;
-  if (t0 + 2 * lane + 1 < p.T) p.dg[first_row(p, b, h, t0 + 2 * lane + 1)] = dg_odd;
+  if (t0 + 2 * lane < p.T) p.dg[token_index(p, b, t0 + 2 * lane, h)] = dg_even;
+  if (t0 + 2 * lane + 1 < p.T) p.dg[token_index(p, b, t0 + 2 * lane + 1, h)] = dg_odd;
 }
 
 template <int K>
@@ -373,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 2) linear_bwd_v2_gradients(const Bac
     warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(dv, L.k(), kLdK, L.D(), kLdV, m0, n0, 0, K);
     scale_rows(dv, m0, decay_to_end);
     warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(dv, L.P(), kLdC, L.dO(), kLdV, m0, n0, m0, kChunk);
-    store_gradient_tile(dv, p.dv, p, b, h, t0, p.V, v0, m0, n0);
+    store_output_tile(dv, static_cast<bf16*>(p.dv), p.T, p.H, p.V, b, h, t0, v0, m0, n0, 1.0f);
   }
 
   {  // dP = scale dA * M
@@ -384,12 +365,12 @@ __global__ void __launch_bounds__(kThreads, 2) linear_bwd_v2_gradients(const Bac
   // dq = scale diag(exp(G)) dO S_{c-1}^T + dP K   (tokens j <= i: row tiles up to m0)
   scale_rows(dq, m0, [&](int r) { return p.scale * __expf(G[r]); });
   warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kRowMajor>(dq, L.dP(), kLdC, L.k(), kLdK, m0, k0, 0, m0 + 16);
-  store_gradient_tile(dq, p.dq, p, b, h, t0, K, 0, m0, k0);
+  store_output_tile(dq, static_cast<bf16*>(p.dq), p.T, p.H, K, b, h, t0, 0, m0, k0, 1.0f);
   // dk = diag(exp(G_L - G)) V D_c^T + dP^T Q    (tokens i >= j)
   scale_rows(dk, m0, decay_to_end);
   const float k_dk_inter = p.g ? tile_dot(dk, L.k(), kLdK, m0, k0) : 0.0f;  // this thread's part of sum_j k_j . dk_j^inter
   warp_mma<1, kKeyTiles, Stored::kTransposed, Stored::kRowMajor>(dk, L.dP(), kLdC, L.q(), kLdK, m0, k0, m0, kChunk);
-  store_gradient_tile(dk, p.dk, p, b, h, t0, K, 0, m0, k0);
+  store_output_tile(dk, static_cast<bf16*>(p.dk), p.T, p.H, K, b, h, t0, 0, m0, k0, 1.0f);
   if (p.g) store_gate_gradient(L, p, dq, dk, __expf(G_last) * state_dot + k_dk_inter, b, h, t0, m0, k0);
 }
 
