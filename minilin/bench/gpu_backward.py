@@ -146,7 +146,7 @@ def bench(mixer: str, shape: tuple, repeats: int, against: bool, with_state: boo
     backward = getattr(cuda, f"{mixer}_backward")
     do = cuda.to_bf16(x["do"])
     state = {"initial_state": x["initial_state"]} if with_state else {}
-    family = "delta" if mixer in ("deltanet", "gated_deltanet") else "linear"
+    family = cuda.OPS[mixer]  # the forward op; its backward is f"{family}_bwd"
     row = {"mixer": mixer, "B": B, "T": T, "H": H, "K": K, "V": V, "initial_state": with_state}
     try:
         forward(*args, **state, check_values=False)
