@@ -447,20 +447,22 @@ SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 130, 2, 32, 96), (2, 70,
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 
 
+def on_gpu(a, in_bf16: bool):
+    """(a on the GPU, in bf16 or float32, and the float64 values it holds)."""
+    d = cupy.asarray(a, dtype=cupy.float32)
+    if in_bf16:
+        d = mcuda.to_bf16(d)
+    return d, cupy.asnumpy(bf16.as_float32(d)).astype(np.float64)
+
+
 def device_inputs(x, dtype):
     """x's arrays on the GPU (q, k, v, do in `dtype`, the rest float32) and the float64 values they hold."""
     gpu_x, host = {}, {}
     for name, a in x.items():
         if a is None:
             gpu_x[name] = host[name] = None
-            continue
-        d = cupy.asarray(a, dtype=cupy.float32)
-        if dtype == "bfloat16" and name in ("q", "k", "v", "do"):
-            d = mcuda.to_bf16(d)
-            host[name] = cupy.asnumpy(mcuda.from_bf16(d)).astype(np.float64)
         else:
-            host[name] = cupy.asnumpy(d).astype(np.float64)
-        gpu_x[name] = d
+            gpu_x[name], host[name] = on_gpu(a, dtype == "bfloat16" and name in ("q", "k", "v", "do"))
     return gpu_x, host
 
 
@@ -559,12 +561,6 @@ def test_kernels_take_grouped_heads_and_packed_sequences(mixer):
         assert got.shape == want.shape and rel_err(got, want) < TOLERANCE["float32"], name
 
 
-def _bf16_pair(a):
-    """(a on the GPU in bf16, the float64 values it holds)."""
-    d = mcuda.to_bf16(cupy.asarray(a, dtype=cupy.float32))
-    return d, cupy.asnumpy(mcuda.from_bf16(d)).astype(np.float64)
-
-
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("case", ["simple_gla grouped packed", "gated_deltanet grouped normalize_qk", "mamba2"])
@@ -597,10 +593,9 @@ def test_the_fronts_arithmetic_after_the_kernels_in_bfloat16(case):
             cu = np.array([0, 70, 200], np.int64)
             options["cu_seqlens"], gpu_options["cu_seqlens"] = cu, cupy.asarray(cu)
             S0 = rng.standard_normal((2, 4, 64, 64))
-    pairs = [_bf16_pair(a) if bf else (cupy.asarray(a, dtype=cupy.float32), np.float32(a).astype(np.float64))
-             for a, bf in zip(args, in_bf16)]
+    pairs = [on_gpu(a, bf) for a, bf in zip(args, in_bf16)]
     do_shape = args[0].shape if mixer == "mamba2" else args[2].shape
-    do_gpu, do_host = _bf16_pair(rng.standard_normal(do_shape))
+    do_gpu, do_host = on_gpu(rng.standard_normal(do_shape), True)
     dS = rng.standard_normal(S0.shape).astype(np.float32).astype(np.float64)
     S0 = S0.astype(np.float32).astype(np.float64)
     ref = mod.chunked_backward(*(h for _, h in pairs), do=do_host, dstate=dS, initial_state=S0, **options)
