@@ -41,6 +41,20 @@ def bf16(x):
     return bits.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
+def _chunks(x):
+    """[B, T, H, ...] -> [B, N, C, H, ...], zero-padded to whole chunks (the token axis split in place, so that the
+    einsums below keep the kernels' row order: chunk, position, head)."""
+    B, T = x.shape[:2]
+    pad = -T % CHUNK
+    x = np.concatenate([x, np.zeros((B, pad) + x.shape[2:])], 1) if pad else x
+    return x.reshape((B, -1, CHUNK) + x.shape[2:])
+
+
+def _tokens(x, T: int):
+    """The inverse of `_chunks`: [B, N, C, H, ...] -> [B, T, H, ...]."""
+    return x.reshape((x.shape[0], -1) + x.shape[3:])[:, :T]
+
+
 def emulate(q, k, v, g, S0, do, dS, scale, rounded=()):
     """linear_bwd v2 on float64 arrays (q, k [B, T, H, K]; v, do [B, T, H, V]; g [B, T, H]; S0, dS [B, H, K, V] or
     None), rounding to bf16 at the points named in `rounded`. Returns dq, dk, dv, dinitial_state, and dg twice:
@@ -48,13 +62,7 @@ def emulate(q, k, v, g, S0, do, dS, scale, rounded=()):
     R = {p: (bf16 if p in rounded else (lambda x: x)) for p in POINTS}
     B, T, H, K = q.shape
     V, N = v.shape[-1], -(-T // CHUNK)
-    pad = N * CHUNK - T
-
-    def chunks(x):  # [B, T, H, ...] -> [B, N, C, H, ...], zero-padded
-        x = np.concatenate([x, np.zeros((B, pad) + x.shape[2:])], 1) if pad else x
-        return x.reshape((B, N, CHUNK) + x.shape[2:])
-
-    qc, kc, vc, doc, gc = (chunks(x) for x in (q, k, v, do, g))
+    qc, kc, vc, doc, gc = (_chunks(x) for x in (q, k, v, do, g))
     G = np.cumsum(gc, 2)                                                   # chunk-local [B, N, C, H]
     G_last = G[:, :, -1]                                                   # [B, N, H]
     # Passes 1 and 2: the states entering each chunk and the adjoints leaving it, each stored rounded.
@@ -91,10 +99,7 @@ def emulate(q, k, v, g, S0, do, dS, scale, rounded=()):
         last = np.exp(G_last[:, n]) * (D_n * S_n).sum((-2, -1)) + (kc[:, n] * dk_inter).sum((1, 3))
         dg[:, n] = np.cumsum(term[:, ::-1], 1)[:, ::-1] + last[:, None]
 
-    def tokens(x):
-        return x.reshape((B, N * CHUNK) + x.shape[3:])[:, :T]
-
-    dq, dk, dv, dg = (tokens(x) for x in (dq, dk, dv, dg))
+    dq, dk, dv, dg = (_tokens(x, T) for x in (dq, dk, dv, dg))
     term = (q * dq).sum(-1) - (k * dk).sum(-1)
     if dS is not None:
         term[:, -1] += (dS * final).sum((-2, -1))
@@ -122,13 +127,7 @@ def emulate_delta(q, k, v, g, beta, S0, do, dS, scale, rounded=()):
     R = {p: (bf16 if p in rounded else (lambda x: x)) for p in DELTA_POINTS}
     B, T, H, K = q.shape
     V, N = v.shape[-1], -(-T // CHUNK)
-    pad = N * CHUNK - T
-
-    def chunks(x):
-        x = np.concatenate([x, np.zeros((B, pad) + x.shape[2:])], 1) if pad else x
-        return x.reshape((B, N, CHUNK) + x.shape[2:])
-
-    qc, kc, vc, doc, gc, bc = (chunks(x) for x in (q, k, v, do, g, beta))
+    qc, kc, vc, doc, gc, bc = (_chunks(x) for x in (q, k, v, do, g, beta))
     G = np.cumsum(gc, 2)                                                   # [B, N, C, H]
     G_last = G[:, :, -1]
     causal = np.tril(np.ones((CHUNK, CHUNK)))[None, :, :, None]
@@ -209,11 +208,8 @@ def emulate_delta(q, k, v, g, beta, S0, do, dS, scale, rounded=()):
         dq[:, n], dk[:, n], dbeta[:, n] = dq_n, dk_n, dbeta_n
         dg[:, n] = np.cumsum(dG[:, ::-1], 1)[:, ::-1] + last[:, None]
 
-    def tokens(x):
-        return x.reshape((B, N * CHUNK) + x.shape[3:])[:, :T]
-
-    return {"dq": tokens(dq), "dk": tokens(dk), "dv": tokens(dv), "dg": tokens(dg), "dbeta": tokens(dbeta),
-            "dinitial_state": dh0}
+    return {"dq": _tokens(dq, T), "dk": _tokens(dk, T), "dv": _tokens(dv, T), "dg": _tokens(dg, T),
+            "dbeta": _tokens(dbeta, T), "dinitial_state": dh0}
 
 
 def inputs(B, T, H, K, V, seed):
