@@ -26,44 +26,18 @@
 // The states and adjoints are recomputed here rather than saved by the forward (which keeps only its final
 // state): pass 1 costs about a forward's state update, and the forward stays the same kernel for inference.
 // They are stored in bf16 (the products read them in bf16 anyway): 2 B H ceil(T / 64) K V bf16 of workspace.
-#include "../common/backward.cuh"
-#include "../common/mma.cuh"
-#include "../common/chunk_tiles.cuh"
+#include "../common/chunk_backward.cuh"
 
 namespace minilin {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlockV = 64;        // value columns per value block
-constexpr int kLdV = kBlockV + 8;  // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
-constexpr int kLdC = kChunk + 8;
-using bf16 = __nv_bfloat16;
-
-__host__ __device__ inline int chunk_count(int T) { return (T + kChunk - 1) / kChunk; }
+using namespace chunk_bwd;
 
 // One bf16 [K, V] matrix per (batch, head, chunk), for the states and again for the adjoints.
 size_t states_bytes(int B, int T, int H, int K, int V) {
   return static_cast<size_t>(B) * H * chunk_count(T) * K * V * sizeof(bf16);
 }
 size_t workspace_bytes(int B, int T, int H, int K, int V) { return 2 * states_bytes(B, T, H, K, V); }
-
-// The chunk's 64 log-gates into g_dst (zeros past T; nothing when the op has no gate).
-__device__ __forceinline__ void cp_async_gates(float* g_dst, const BackwardProblem& p, int b, int h, int t0) {
-  if (p.g && threadIdx.x < kChunk) {
-    const bool ok = t0 + static_cast<int>(threadIdx.x) < p.T;
-    const long long row = token_index(p, b, t0, h) + static_cast<long long>(threadIdx.x) * p.H;
-    cp_async_4(g_dst + threadIdx.x, ok ? p.g + row : p.g, ok);
-  }
-}
-
-// Rows [t0, t0 + 64) of a [B, T, H, width] bf16 tensor, columns [c0, c0 + cols), into shared rows of stride ld.
-template <int kCols>
-__device__ __forceinline__ void cp_async_token_rows(bf16* dst, int ld, const void* src, const BackwardProblem& p, int b,
-                                                    int h, int t0, int width, int c0) {
-  cp_async_rows(dst, ld, static_cast<const bf16*>(src) + token_index(p, b, t0, h) * width + c0,
-                static_cast<long long>(p.H) * width, kChunk, kCols, min(kChunk, p.T - t0));
-}
 
 // ---- passes 1 and 2: the state recursion over chunk boundaries, forwards or backwards ----------------------
 // One block of 8 warps per (batch, head, 64 value columns), the running matrix R (S or D) in fp32 registers, split
@@ -91,7 +65,7 @@ __device__ __forceinline__ void load_pass_chunk(const PassLayout<K>& L, int stag
   const int t0 = c * kChunk;
   cp_async_token_rows<K>(L.x(stage), PassLayout<K>::kLdK, kReverse ? p.q : p.k, p, b, h, t0, K, 0);
   cp_async_token_rows<kBlockV>(L.y(stage), kLdV, kReverse ? p.do_ : p.v, p, b, h, t0, p.V, v0);
-  cp_async_gates(L.g(stage), p, b, h, t0);
+  cp_async_token_scalars(L.g(stage), p.g, p, b, h, t0);
 }
 
 template <int K, bool kReverse>
@@ -174,8 +148,7 @@ struct GradLayout {
                                    + 2 * kChunk * kLdC * sizeof(bf16)  // P, dP
                                    + kStageBytes
                                    + 2 * kChunk * sizeof(float)        // g, G
-                                   + 2 * kChunk * sizeof(float)        // dg's per-token terms, two column halves
-                                   + kWarps * sizeof(float);           // dg's last-token term, per warp
+                                   + GateScratch::kBytes;              // dg's terms
   unsigned char* base;
   __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
   __device__ bf16* k() const { return q() + kChunk * kLdK; }
@@ -187,8 +160,7 @@ struct GradLayout {
   __device__ bf16* D() const { return S() + K * kLdV; }
   __device__ float* g() const { return reinterpret_cast<float*>(D() + K * kLdV); }
   __device__ float* G() const { return g() + kChunk; }
-  __device__ float* term(int half) const { return G() + kChunk + half * kChunk; }
-  __device__ float* last() const { return term(2); }
+  __device__ GateScratch gate_scratch() const { return {G() + kChunk, G() + 3 * kChunk}; }
 };
 
 // One value block's V, dO, S_{c-1} and D_c columns.
@@ -201,89 +173,6 @@ __device__ __forceinline__ void load_value_block(const GradLayout<K>& L, const B
   const long long at = ((static_cast<long long>(b) * p.H + h) * chunk_count(p.T) + c) * K * p.V + v0;
   cp_async_rows(L.S(), kLdV, states + at, p.V, K, kBlockV, K);
   cp_async_rows(L.D(), kLdV, adjoints + at, p.V, K, kBlockV, K);
-}
-
-// acc's rows r (of the warp's tile at row m0) times factor(m0 + r).
-template <int NT, typename Factor>
-__device__ __forceinline__ void scale_rows(float (&acc)[1][NT][4], int m0, Factor factor) {
-  const float top = factor(m0 + acc_row(0, 0)), bottom = factor(m0 + acc_row(0, 2));
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    acc[0][j][0] *= top;
-    acc[0][j][1] *= top;
-    acc[0][j][2] *= bottom;
-    acc[0][j][3] *= bottom;
-  }
-}
-
-// sum over this thread's elements of a warp's 16-row tile (rows m0.., columns n0..) of acc * X (bf16, stride ld).
-template <int NT>
-__device__ __forceinline__ float tile_dot(const float (&acc)[1][NT][4], const bf16* X, int ld, int m0, int n0) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      sum = fmaf(acc[0][j][e], __bfloat162float(X[(m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e)]), sum);
-  return sum;
-}
-
-// This thread's parts of q_r . dq_r - k_r . dk_r for its two rows of the warp's tile (top: row m0 + lane / 4,
-// bottom: 8 rows further), over its columns.
-template <typename Layout, int NT>
-__device__ __forceinline__ float2 row_terms(const Layout& L, const float (&dq)[1][NT][4],
-                                            const float (&dk)[1][NT][4], int m0, int k0) {
-  float top = 0.0f, bottom = 0.0f;
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int at = (m0 + acc_row(0, e)) * Layout::kLdK + k0 + acc_col(j, e);
-      const float x = dq[0][j][e] * __bfloat162float(L.q()[at]) - dk[0][j][e] * __bfloat162float(L.k()[at]);
-      if (e < 2) top += x;
-      else bottom += x;
-    }
-  return make_float2(top, bottom);
-}
-
-// dg of the chunk (the header's last formula): the per-token terms added over each row's 4 lanes and the two warps
-// that share its rows, the last-token term over the block, then a reverse scan over the 64 tokens by warp 0.
-// `last` is this thread's part of exp(G_L) <D_c, S_{c-1}> + sum_j k_j . dk_j^inter. Every thread must call it.
-template <typename Layout, int NT>
-__device__ __forceinline__ void store_gate_gradient(const Layout& L, const BackwardProblem& p,
-                                                    const float (&dq)[1][NT][4], const float (&dk)[1][NT][4],
-                                                    float last, int b, int h, int t0, int m0, int k0) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float2 t = row_terms(L, dq, dk, m0, k0);
-#pragma unroll
-  for (int offset = 1; offset < 4; offset <<= 1) {
-    t.x += __shfl_xor_sync(kFullMask, t.x, offset);
-    t.y += __shfl_xor_sync(kFullMask, t.y, offset);
-  }
-  if ((lane & 3) == 0) {
-    L.term(warp & 1)[m0 + acc_row(0, 0)] = t.x;
-    L.term(warp & 1)[m0 + acc_row(0, 2)] = t.y;
-  }
-  last = warp_sum(last);
-  if (lane == 0) L.last()[warp] = last;
-  __syncthreads();
-  if (warp != 0) return;
-  float total_last = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) total_last += L.last()[w];
-  // lane l: tokens 2l and 2l + 1; x = the pair's sum, then the sum over pairs l .. 31
-  const float even = L.term(0)[2 * lane] + L.term(1)[2 * lane], odd = L.term(0)[2 * lane + 1] + L.term(1)[2 * lane + 1];
-  float x = even + odd;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const float y = __shfl_down_sync(kFullMask, x, offset);
-    if (lane + offset < 32) x += y;
-  }
-  float after = __shfl_down_sync(kFullMask, x, 1);  // the sum over pairs l + 1 .. 31
-  if (lane == 31) after = 0.0f;
-  const float dg_odd = odd + after + total_last, dg_even = even + odd + after + total_last;
-  if (t0 + 2 * lane < p.T) p.dg[token_index(p, b, t0 + 2 * lane, h)] = dg_even;
-  if (t0 + 2 * lane + 1 < p.T) p.dg[token_index(p, b, t0 + 2 * lane + 1, h)] = dg_odd;
 }
 
 template <int K>
@@ -302,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 2) linear_bwd_v2_gradients(const Bac
 
   cp_async_token_rows<K>(L.q(), kLdK, p.q, p, b, h, t0, K, 0);
   cp_async_token_rows<K>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
-  cp_async_gates(L.g(), p, b, h, t0);
+  cp_async_token_scalars(L.g(), p.g, p, b, h, t0);
   load_value_block<K>(L, p, states, adjoints, b, h, c, 0);
   cp_async_commit();
   cp_async_wait<0>();
@@ -371,7 +260,11 @@ __global__ void __launch_bounds__(kThreads, 2) linear_bwd_v2_gradients(const Bac
   const float k_dk_inter = p.g ? tile_dot(dk, L.k(), kLdK, m0, k0) : 0.0f;  // this thread's part of sum_j k_j . dk_j^inter
   warp_mma<1, kKeyTiles, Stored::kTransposed, Stored::kRowMajor>(dk, L.dP(), kLdC, L.q(), kLdK, m0, k0, m0, kChunk);
   store_output_tile(dk, static_cast<bf16*>(p.dk), p.T, p.H, K, b, h, t0, 0, m0, k0, 1.0f);
-  if (p.g) store_gate_gradient(L, p, dq, dk, __expf(G_last) * state_dot + k_dk_inter, b, h, t0, m0, k0);
+  if (p.g) {
+    const float2 q_dq = row_dots(dq, L.q(), kLdK, m0, k0), k_dk = row_dots(dk, L.k(), kLdK, m0, k0);
+    store_gate_gradient(L.gate_scratch(), p, make_float2(q_dq.x - k_dk.x, q_dq.y - k_dk.y),
+                        __expf(G_last) * state_dot + k_dk_inter, b, h, t0, m0);
+  }
 }
 
 template <int K>

@@ -1,0 +1,136 @@
+// What the tensor-core backward kernels (csrc/linear_bwd/v2_chunked_mma.cu, csrc/delta_bwd/v2_chunked_wy_mma.cu)
+// share: 8-warp blocks over 64-token chunks and 64-column value blocks, a chunk's rows and gates copied on chip,
+// rows of a warp's accumulator tile scaled, and dg formed inside a chunk (a reverse sum over its 64 tokens of
+// per-token terms, plus one term at the chunk's last token).
+//
+// A warp's tiles in these kernels: rows m0 .. m0 + 15 (m0 = 16 (warp / 2)) of every product with 64 rows, and of
+// its columns the half warp % 2 (32 of 64, K / 2 of K). So the two warps 2i and 2i + 1 share their rows.
+#pragma once
+
+#include "backward.cuh"
+#include "chunk_tiles.cuh"
+#include "mma.cuh"
+
+namespace minilin {
+namespace chunk_bwd {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;        // value columns per value block
+constexpr int kLdV = kBlockV + 8;  // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
+constexpr int kLdC = kChunk + 8;
+using bf16 = __nv_bfloat16;
+
+__host__ __device__ inline int chunk_count(int T) { return (T + kChunk - 1) / kChunk; }
+
+// The chunk's 64 per-token scalars of a [B, T, H] float32 array (the log-gates, the betas) into dst (zeros past
+// T; nothing when src is null).
+__device__ __forceinline__ void cp_async_token_scalars(float* dst, const float* src, const BackwardProblem& p, int b,
+                                                       int h, int t0) {
+  if (src && threadIdx.x < kChunk) {
+    const bool ok = t0 + static_cast<int>(threadIdx.x) < p.T;
+    const long long row = token_index(p, b, t0, h) + static_cast<long long>(threadIdx.x) * p.H;
+    cp_async_4(dst + threadIdx.x, ok ? src + row : src, ok);
+  }
+}
+
+// Rows [t0, t0 + 64) of a [B, T, H, width] bf16 tensor, columns [c0, c0 + cols), into shared rows of stride ld.
+template <int kCols>
+__device__ __forceinline__ void cp_async_token_rows(bf16* dst, int ld, const void* src, const BackwardProblem& p, int b,
+                                                    int h, int t0, int width, int c0) {
+  cp_async_rows(dst, ld, static_cast<const bf16*>(src) + token_index(p, b, t0, h) * width + c0,
+                static_cast<long long>(p.H) * width, kChunk, kCols, min(kChunk, p.T - t0));
+}
+
+// acc's rows r (of the warp's tile at row m0) times factor(m0 + r).
+template <int NT, typename Factor>
+__device__ __forceinline__ void scale_rows(float (&acc)[1][NT][4], int m0, Factor factor) {
+  const float top = factor(m0 + acc_row(0, 0)), bottom = factor(m0 + acc_row(0, 2));
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    acc[0][j][0] *= top;
+    acc[0][j][1] *= top;
+    acc[0][j][2] *= bottom;
+    acc[0][j][3] *= bottom;
+  }
+}
+
+// This thread's parts of sum_c acc[r][c] X[r][c] for its two rows r of the warp's tile (top: row m0 + lane / 4,
+// bottom: 8 rows further), X bf16 in shared rows of stride ld, the tile's columns starting at n0.
+template <int NT>
+__device__ __forceinline__ float2 row_dots(const float (&acc)[1][NT][4], const bf16* X, int ld, int m0, int n0) {
+  float top = 0.0f, bottom = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = acc[0][j][e] * __bfloat162float(X[(m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e)]);
+      if (e < 2) top += x;
+      else bottom += x;
+    }
+  return make_float2(top, bottom);
+}
+
+// The sum over this thread's elements of a warp's tile of acc * X (row_dots over both rows).
+template <int NT>
+__device__ __forceinline__ float tile_dot(const float (&acc)[1][NT][4], const bf16* X, int ld, int m0, int n0) {
+  const float2 d = row_dots(acc, X, ld, m0, n0);
+  return d.x + d.y;
+}
+
+// A per-row partial sum (row_dots' pair) added over the 4 lanes that hold each row: every lane gets its rows' sums
+// over the warp's columns.
+__device__ __forceinline__ float2 sum_row_lanes(float2 t) {
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    t.x += __shfl_xor_sync(kFullMask, t.x, offset);
+    t.y += __shfl_xor_sync(kFullMask, t.y, offset);
+  }
+  return t;
+}
+
+// Shared scratch for store_gate_gradient: per-token terms of each column half [2][64], and a per-warp term [8].
+struct GateScratch {
+  float* term;  // [2 * kChunk]
+  float* last;  // [kWarps]
+  static constexpr size_t kBytes = (2 * kChunk + kWarps) * sizeof(float);
+};
+
+// dg of one chunk: dg_t = sum_{t <= s < t0 + 64} term_s + last, with term_s this thread's part of the per-token term
+// for its two rows (top, bottom: row_dots' rows) and `last` its part of the chunk's last-token term. The terms are
+// added over each row's 4 lanes and the two warps that share its rows, `last` over the block, then a reverse scan
+// over the 64 tokens by warp 0 stores dg (rows past T are not written). Every thread must call it; it ends with
+// warp 0 alone still running, so nothing may follow it but the kernel's end.
+__device__ __forceinline__ void store_gate_gradient(const GateScratch& s, const BackwardProblem& p, float2 term,
+                                                    float last, int b, int h, int t0, int m0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  term = sum_row_lanes(term);
+  if ((lane & 3) == 0) {
+    s.term[(warp & 1) * kChunk + m0 + acc_row(0, 0)] = term.x;
+    s.term[(warp & 1) * kChunk + m0 + acc_row(0, 2)] = term.y;
+  }
+  last = warp_sum(last);
+  if (lane == 0) s.last[warp] = last;
+  __syncthreads();
+  if (warp != 0) return;
+  float total_last = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total_last += s.last[w];
+  // lane l: tokens 2l and 2l + 1; x = the pair's sum, then the sum over pairs l .. 31
+  const float even = s.term[2 * lane] + s.term[kChunk + 2 * lane];
+  const float odd = s.term[2 * lane + 1] + s.term[kChunk + 2 * lane + 1];
+  float x = even + odd;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float y = __shfl_down_sync(kFullMask, x, offset);
+    if (lane + offset < 32) x += y;
+  }
+  float after = __shfl_down_sync(kFullMask, x, 1);  // the sum over pairs l + 1 .. 31
+  if (lane == 31) after = 0.0f;
+  const float dg_odd = odd + after + total_last, dg_even = even + odd + after + total_last;
+  if (t0 + 2 * lane < p.T) p.dg[token_index(p, b, t0 + 2 * lane, h)] = dg_even;
+  if (t0 + 2 * lane + 1 < p.T) p.dg[token_index(p, b, t0 + 2 * lane + 1, h)] = dg_odd;
+}
+
+}  // namespace chunk_bwd
+}  // namespace minilin
