@@ -19,6 +19,8 @@
 //                  chunk's gradients in parallel as matrix products on bf16 tensor cores.
 //   delta_bwd v1   recurrent: the definition run backwards, states checkpointed every 64 tokens and recomputed
 //                  chunk by chunk, the state's adjoint in registers.
+//   delta_bwd v2   chunked_wy_mma: the forward's T per chunk, the chunk-boundary states and their adjoints by one
+//                  pass each way, then every chunk's gradients in parallel on bf16 tensor cores through the WY form.
 #include "minilin_cuda.h"
 
 namespace minilin {
@@ -29,7 +31,7 @@ extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6,
 extern const Version gla_v1, gla_v2, gla_v3;
 extern const Version kda_v1, kda_v2;
 extern const Version decode_v1;
-extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1;
+extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2;
 
 // The wgmma versions (delta v10) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
@@ -48,6 +50,7 @@ const std::vector<Version>& versions() {
                                                 linear_bwd_v1,
                                                 linear_bwd_v2,
                                                 delta_bwd_v1,
+                                                delta_bwd_v2,
   };
   return all;
 }

@@ -160,8 +160,8 @@ def test_the_reference_matches_central_differences(delta, gated, with_state):
         assert grad_of["S0"] is None
 
 
-def numpy_backward(mixer, x, scale):
-    """The mixer's own recurrent_backward (float64), as (dq, dk, dv, [dg,] [dbeta,] dinitial_state) by name."""
+def numpy_backward(mixer, x, scale, form="recurrent"):
+    """The mixer's own <form>_backward (float64), as (dq, dk, dv, [dg,] [dbeta,] dinitial_state) by name."""
     args = [x["q"], x["k"], x["v"]]
     if mixer in ("simple_gla", "gated_deltanet"):
         args.append(x["g"])
@@ -169,7 +169,8 @@ def numpy_backward(mixer, x, scale):
         args.append(x["beta"])
     mod = {"simple_gla": simple_gla, "linear_attention": linear_attention, "gated_deltanet": gated_deltanet,
            "deltanet": deltanet}[mixer]
-    return mod.recurrent_backward(*args, do=x["do"], dstate=x["dS"], scale=scale, initial_state=x["S0"])._asdict()
+    backward = getattr(mod, f"{form}_backward")
+    return backward(*args, do=x["do"], dstate=x["dS"], scale=scale, initial_state=x["S0"])._asdict()
 
 
 @pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention", "gated_deltanet", "deltanet"])
@@ -507,11 +508,13 @@ def test_kernels_match_the_float64_backward(mixer, dtype, shape):
 
 
 # FLA's test shapes for its chunk backward (T in 63, 500, 1000, 2048; K = V and K != V; with and without an initial
-# state) and its tolerances (relative RMS error), for the tensor-core versions of the scalar-gated family.
+# state) and its tolerances (relative RMS error), for the tensor-core versions.
 FLA_LENGTHS = (63, 500, 1000, 2048)
 FLA_KV = [(64, 64), (128, 128), (64, 128), (128, 64)]
-FLA_TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02}
-CHUNKED_LINEAR_VERSIONS = (2,)  # the tensor-core linear_bwd versions; a new rung joins here
+FLA_TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02, "dbeta": 0.02}
+CHUNKED_VERSIONS = {"linear_bwd": (2,), "delta_bwd": (2,)}  # the tensor-core versions; a new rung joins here
+CHUNKED_CASES = [(mixer, version) for mixer in ("simple_gla", "linear_attention", "gated_deltanet", "deltanet")
+                 for version in CHUNKED_VERSIONS["delta_bwd" if "delta" in mixer else "linear_bwd"]]
 
 
 @gpu
@@ -519,18 +522,15 @@ CHUNKED_LINEAR_VERSIONS = (2,)  # the tensor-core linear_bwd versions; a new run
 @pytest.mark.parametrize("with_state", [True, False], ids=["state", "no state"])
 @pytest.mark.parametrize("K, V", FLA_KV, ids=lambda kv: f"{kv}")
 @pytest.mark.parametrize("T", FLA_LENGTHS)
-@pytest.mark.parametrize("mixer", ["simple_gla", "linear_attention"])
-@pytest.mark.parametrize("version", CHUNKED_LINEAR_VERSIONS)
-def test_the_chunked_linear_backward_at_flas_test_shapes(version, mixer, T, K, V, with_state):
-    """The tensor-core linear_bwd versions, bf16, against the float64 NumPy backward on the same bf16-rounded
+@pytest.mark.parametrize("mixer, version", CHUNKED_CASES, ids=lambda x: str(x))
+def test_the_chunked_backward_at_flas_test_shapes(mixer, version, T, K, V, with_state):
+    """The tensor-core backward versions, bf16, against the float64 NumPy backward on the same bf16-rounded
     inputs; outputs start NaN."""
-    x = inputs(2, T, 2, K, V, seed=T + K + 3 * V, gated=mixer == "simple_gla", with_state=with_state)
+    delta, gated = "delta" in mixer, mixer in ("simple_gla", "gated_deltanet")
+    x = inputs(2, T, 2, K, V, seed=T + K + 3 * V, gated=gated, delta=delta, with_state=with_state)
     gx, host = device_inputs(x, "bfloat16")
     grads = run_backward(mixer, gx, version=version)
-    mod = simple_gla if mixer == "simple_gla" else linear_attention
-    args = [host["q"], host["k"], host["v"]] + ([host["g"]] if mixer == "simple_gla" else [])
-    ref = mod.chunked_backward(*args, do=host["do"], dstate=host["dS"], scale=K ** -0.5,
-                               initial_state=host["S0"])._asdict()
+    ref = numpy_backward(mixer, host, K ** -0.5, form="chunked")
     for name in grads._fields:
         got = getattr(grads, name)
         if ref[name] is None:
@@ -670,7 +670,9 @@ def backward_call(op="delta_bwd", **changes):
     ("delta_bwd", dict(workspace_size=16), r"workspace must hold \d+ bytes, got 16"),
     ("linear_bwd", dict(workspace=0), r"workspace must hold \d+ bytes"),
     ("delta_bwd", dict(dtype=5), r"dtype code must be 0 \(float32\) or 1 \(bfloat16\), got 5"),
-    ("delta_bwd", dict(version=3), r"delta_bwd has versions 1, got 3"),
+    ("delta_bwd", dict(version=3), r"delta_bwd has versions 1, 2, got 3"),
+    ("delta_bwd", dict(version=2, dtype=1, K=32, V=64), r"delta_bwd_v2_chunked_wy_mma: K must be 64 or 128, got K=32"),
+    ("delta_bwd", dict(version=2, dtype=0, K=64, V=64), r"delta_bwd_v2_chunked_wy_mma: bfloat16 inputs only"),
     ("linear_bwd", dict(version=2, dtype=1, K=96, V=64), r"linear_bwd_v2_chunked_mma: K must be 64 or 128, got K=96"),
     ("linear_bwd", dict(version=2, dtype=1, K=64, V=96), r"linear_bwd_v2_chunked_mma: V must be a multiple of 64"),
     ("linear_bwd", dict(version=2, dtype=0, K=64, V=64), r"linear_bwd_v2_chunked_mma: bfloat16 inputs only"),
@@ -686,9 +688,9 @@ def test_the_extension_checks_a_backward_call_before_any_cuda_call(op, changes, 
 def test_the_extension_lists_the_backward_ops_with_their_workspace():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"].endswith("_bwd")}
-    assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1)}
+    assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1), ("delta_bwd", 2)}
     assert all(v["float32"] and v["bfloat16"] for (_, n), v in ladder.items() if n == 1)
-    assert ladder["linear_bwd", 2]["bfloat16"] and not ladder["linear_bwd", 2]["float32"]
+    assert all(ladder[op, 2]["bfloat16"] and not ladder[op, 2]["float32"] for op in ("linear_bwd", "delta_bwd"))
     # linear v1: dq's and dk's parts per 32-column value block and <dstate, S_T>'s; delta adds checkpoints, recomputed states, dbeta, dg
     assert cuda.workspace_bytes("linear_bwd", 1, 2, 100, 3, 64, 64) == (2 * 2 * (2 * 100 * 3 * 64) + 2 * 2 * 3) * 4
     # linear v2: the states entering each 64-token chunk and their adjoints, bf16
@@ -696,3 +698,6 @@ def test_the_extension_lists_the_backward_ops_with_their_workspace():
     chunks, blocks, tokens = 2, 2 * 3 * 2, 2 * 100 * 3
     expected = (2 * 3 * chunks * 64 * 64 + blocks * 64 * 2 * 8 * 128 + 2 * 2 * tokens * 64 + 2 * 2 * tokens) * 4
     assert cuda.workspace_bytes("delta_bwd", 1, 2, 100, 3, 64, 64) == expected
+    # delta v2: T per chunk, then per chunk the state, its adjoint [K, V] and the corrections, their adjoint [64, V], bf16
+    matrices = 2 * 3 * chunks
+    assert cuda.workspace_bytes("delta_bwd", 2, 2, 100, 3, 64, 128) == matrices * (64 * 64 + 2 * (64 * 128 + 64 * 128)) * 2

@@ -1,4 +1,4 @@
-"""tools/emulate_bf16_backward.py: its float64 runs of linear_bwd v2's algorithm and of the delta rule's kernel split
+"""tools/emulate_bf16_backward.py: its float64 runs of linear_bwd v2's and delta_bwd v2's algorithms
 are the NumPy backwards, and with every bf16 rounding point on they show what the tool's docstring reports."""
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def test_unrounded_the_delta_split_is_the_float64_backward(tool, T, K, V):
 
 
 def test_rounded_the_delta_split_stays_inside_flas_tolerances(tool):
-    """Every stored intermediate in bf16 (h, dh, W, U, Delta, dDelta, T, the scores), T = 63, K = V = 128."""
+    """Every intermediate delta_bwd v2 stores or shares in bf16 (T, S, D+, X, Delta, dDelta, R, the scores and the
+    passes' weighted operands), T = 63, K = V = 128."""
     errors = tool.errors(tool.inputs(2, 63, 2, 128, 128, seed=0), tool.DELTA_POINTS, "gated_deltanet")
     assert all(e < 4e-3 for e in errors.values()), errors

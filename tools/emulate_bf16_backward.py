@@ -5,8 +5,8 @@ decayed copy of V) is rounded to 8 bits of mantissa, and a gradient built from s
 more than that when its terms cancel. This script runs a kernel's algorithm in float64 with each rounding point
 switched on alone, then all at once, and prints each gradient's relative RMS error against minilin's float64
 chunked_backward, on bf16-rounded inputs as the GPU sees them: linear_bwd v2's (csrc/linear_bwd/v2_chunked_mma.cu,
-`emulate`, against simple GLA) and the gated delta rule's chunked backward as FLA splits it into kernels
-(`emulate_delta`, against Gated DeltaNet; minilin has no such kernel yet: this is its numerics, checked first).
+`emulate`, against simple GLA) and delta_bwd v2's (csrc/delta_bwd/v2_chunked_wy_mma.cu, `emulate_delta`, against
+Gated DeltaNet).
 
     python tools/emulate_bf16_backward.py                 # simple GLA, T = 1000, K = V = 64, B = H = 2
     python tools/emulate_bf16_backward.py --T 63 --K 64 --V 128
@@ -20,9 +20,9 @@ chunk-local way (the rounded terms k_j . dk_j and <dstate, S_T> cancel only insi
 gradients ~1.7e-3 either way; on the H200 the sequence-wide form missed FLA's 0.02 at 11 of the 16 simple GLA test
 shapes with an initial state, the chunk-local one read 1.7e-3. A new kernel's rounding choices can be tried here
 first (tests/test_emulate_bf16_backward.py holds the tool to the NumPy backward and to these findings). For the
-delta rule, every stored intermediate in bf16 at once (h, dh, W, U, Delta, dDelta, T, the scores), with dg formed
-chunk-locally, keeps every gradient at or below 3e-3 at T = 1000 (K = V = 64) and T = 63 (K = V = 128): FLA's split,
-all in bf16, is inside FLA's tolerances (0.008; dg, dbeta 0.02) on these inputs.
+delta rule (its points in `emulate_delta`'s docstring), every intermediate delta_bwd v2 stores or shares in bf16 at
+once, with dg formed chunk-locally, keeps every gradient at or below 3e-3 at T = 1000 (K = V = 64) and T = 63
+(K = V = 128): inside FLA's tolerances (0.008; dg, dbeta 0.02) on these inputs.
 """
 from __future__ import annotations
 
@@ -107,23 +107,25 @@ def emulate(q, k, v, g, S0, do, dS, scale, rounded=()):
     return {"dq": dq, "dk": dk, "dv": dv, "dinitial_state": D, "dg": dg, "dg_sequence": dg_sequence}
 
 
-DELTA_POINTS = ("S", "D", "WU", "N", "T", "P")
+DELTA_POINTS = ("T", "S", "D", "X", "N", "R", "P", "Y")
 
 
 def emulate_delta(q, k, v, g, beta, S0, do, dS, scale, rounded=()):
-    """The gated delta rule's chunked backward as a kernel ladder would split it (FLA's chunk_gated_delta_rule_bwd:
-    recompute W, U and the states, the adjoint pass, then each chunk's gradients and the WY form's backward), in
-    float64, rounding to bf16 at the points named in `rounded`:
-        S   the states h entering the chunks          D   their adjoints dh (of the state after each chunk)
-        WU  W = T diag(beta) (K * exp(G)) and U = T diag(beta) V, stored for the passes
-        N   the corrections Delta = U - W h and their adjoints dDelta      T  (I + A)^-1
-        P   the decayed scores Q K^T * M and their cotangents
-    Per chunk, with G the chunk-local cumulative gate, A = diag(beta) (K K^T * M) strictly below the diagonal:
-        Delta = U - W h,   h+ = exp(G_L) h + (K * exp(G_L - G))^T Delta,   O = scale (Q * exp(G)) h + P Delta
-        dDelta = P^T dO + (K * exp(G_L - G)) dh+,   dh = exp(G_L) dh+ + scale (Q * exp(G))^T dO - W^T dDelta
-        dW = -dDelta h^T, dU = dDelta;  R_w = T^T dW, R_u = T^T dU;  dA = -(R_u U^T + R_w W^T), strictly lower
-    and dg inside each chunk, as linear_bwd v2 forms it (a reverse sum of per-token terms plus the last token's
-    exp(G_L) <dh+, h> + sum_j k_j . dk_j^end). Returns dq, dk, dv, dg, dbeta, dinitial_state."""
+    """The gated delta rule's chunked backward as delta_bwd v2 (csrc/delta_bwd/v2_chunked_wy_mma.cu) splits it: the WY
+    step, the state pass, the adjoint pass, then each chunk's gradients; in float64, rounding to bf16 at the points
+    named in `rounded`, which are the kernel's stored and shared intermediates:
+        T   (I + A)^-1 per chunk               S   the states entering the chunks     D   their adjoints D+
+        X   diag(beta) (V - E K S)              N   the corrections Delta = T X and their adjoint dDelta
+        R   R = T^T dDelta (= dL/dX)            P   the decayed scores and their cotangents dS, dpair
+        Y   scale E dO, F Delta and E diag(beta) R, the passes' weighted operands
+    Per chunk, with G the chunk-local cumulative gate, E = diag(exp(G)), F = diag(exp(G_L - G)), M_ij = exp(G_i - G_j)
+    and A = diag(beta) (K K^T * M) strictly below the diagonal:
+        Delta = T X,   S+ = exp(G_L) S + K^T F Delta,   O = scale E Q S + P Delta,   P = scale (Q K^T) * M
+        dDelta = P^T dO + F K D+,   R = T^T dDelta,   D = exp(G_L) D+ + scale Q^T E dO - K^T E diag(beta) R
+        dA = -R Delta^T (strictly lower),   R_w = -R S^T   (FLA's -(R U^T + R_w W^T) and T^T dW, since U - W S = Delta)
+    and dg inside each chunk, as linear_bwd v2 forms it: dL/dG = q . dq - k . dk + 2 k . dk^B, dk^B = diag(beta) E R_w
+    + dpair K, plus the last token's exp(G_L) <D+, S> + sum_j k_j . (F Delta D+^T)_j. Returns dq, dk, dv, dg, dbeta,
+    dinitial_state."""
     R = {p: (bf16 if p in rounded else (lambda x: x)) for p in DELTA_POINTS}
     B, T, H, K = q.shape
     V, N = v.shape[-1], -(-T // CHUNK)
@@ -133,79 +135,65 @@ def emulate_delta(q, k, v, g, beta, S0, do, dS, scale, rounded=()):
     causal = np.tril(np.ones((CHUNK, CHUNK)))[None, :, :, None]
     strict = np.tril(np.ones((CHUNK, CHUNK)), -1)[None, :, :, None]
     eye = np.eye(CHUNK)[None, None]
+    rows = lambda w, x: w[..., None] * x                                   # diag(w) x, w [B, C, H], x [B, C, H, *]
 
-    # Recompute: A, T, W, U per chunk; then the state pass.
+    # Launch 1: the WY step; the per-chunk pieces both passes and the gradients read.
     pieces = []
     for n in range(N):
         M = np.exp(G[:, n][:, :, None] - G[:, n][:, None, :])             # [B, i, j, H]
-        gram = np.einsum("bihk,bjhk->bijh", kc[:, n], kc[:, n]) * M         # K K^T * M
-        A = bc[:, n][:, :, None] * gram * strict                            # diag(beta) (K K^T * M), strict
-        Tm = R["T"](np.linalg.inv(eye + np.moveaxis(A, 3, 1)))              # [B, H, C, C]
-        E = np.exp(G[:, n])[..., None]                                      # [B, C, H, 1]
-        k_beta_e = bc[:, n][..., None] * kc[:, n] * E
-        W = R["WU"](np.einsum("bhij,bjhk->bihk", Tm, k_beta_e))
-        U = R["WU"](np.einsum("bhij,bjhv->bihv", Tm, bc[:, n][..., None] * vc[:, n]))
+        gram = np.einsum("bihk,bjhk->bijh", kc[:, n], kc[:, n]) * M * strict
+        Tm = R["T"](np.linalg.inv(eye + np.moveaxis(bc[:, n][:, :, None] * gram, 3, 1)))   # [B, H, C, C]
         P = R["P"](scale * np.einsum("bihk,bjhk->bijh", qc[:, n], kc[:, n]) * M * causal)
-        pieces.append(dict(M=M, gram=gram, A=A, T=Tm, E=E, W=W, U=U, P=P,
-                           to_end=np.exp(G_last[:, n][:, None] - G[:, n])[..., None]))
+        pieces.append(dict(M=M, gram=gram, T=Tm, P=P, E=np.exp(G[:, n]), F=np.exp(G_last[:, n][:, None] - G[:, n])))
+
+    # Launch 2a: the states, forwards.
     h = np.zeros((B, H, K, V)) if S0 is None else S0.copy()
     states, deltas = [], []
     for n, c in enumerate(pieces):
         states.append(R["S"](h))
-        delta = R["N"](c["U"] - np.einsum("bihk,bhkv->bihv", c["W"], states[-1]))
-        deltas.append(delta)
-        h = np.exp(G_last[:, n])[..., None, None] * h + np.einsum("bjhk,bjhv->bhkv", kc[:, n] * c["to_end"], delta)
+        X = R["X"](rows(bc[:, n], vc[:, n] - rows(c["E"], np.einsum("bjhk,bhkv->bjhv", kc[:, n], states[-1]))))
+        deltas.append(R["N"](np.einsum("bhij,bjhv->bihv", c["T"], X)))
+        h = (np.exp(G_last[:, n])[..., None, None] * h
+             + np.einsum("bjhk,bjhv->bhkv", kc[:, n], R["Y"](rows(c["F"], deltas[-1]))))
 
-    # The adjoint pass, last chunk first.
-    dh_next = np.zeros((B, H, K, V)) if dS is None else dS.copy()
-    d_deltas, adjoints = [None] * N, [None] * N
+    # Launch 2b: the adjoints, backwards; dv.
+    dh = np.zeros((B, H, K, V)) if dS is None else dS.copy()
+    adjoints, corrections_adjoint = [None] * N, [None] * N
+    dv = np.zeros(vc.shape)
     for n in reversed(range(N)):
         c = pieces[n]
-        adjoints[n] = R["D"](dh_next)
+        adjoints[n] = R["D"](dh)
         d_delta = R["N"](np.einsum("bijh,bihv->bjhv", c["P"], doc[:, n])
-                         + np.einsum("bjhk,bhkv->bjhv", kc[:, n] * c["to_end"], adjoints[n]))
-        d_deltas[n] = d_delta
-        dh_next = (np.exp(G_last[:, n])[..., None, None] * dh_next
-                   + scale * np.einsum("bihk,bihv->bhkv", qc[:, n] * c["E"], doc[:, n])
-                   - np.einsum("bihk,bihv->bhkv", c["W"], d_delta))
-    dh0 = dh_next
+                         + rows(c["F"], np.einsum("bjhk,bhkv->bjhv", kc[:, n], adjoints[n])))
+        ra = np.einsum("bhji,bjhv->bihv", c["T"], d_delta)                 # T^T dDelta
+        corrections_adjoint[n] = R["R"](ra)
+        dv[:, n] = rows(bc[:, n], ra)
+        dh = (np.exp(G_last[:, n])[..., None, None] * dh
+              + np.einsum("bihk,bihv->bhkv", qc[:, n], R["Y"](rows(scale * c["E"], doc[:, n])))
+              - np.einsum("bihk,bihv->bhkv", kc[:, n], R["Y"](rows(c["E"] * bc[:, n], ra))))
+    dh0 = dh
 
-    # Each chunk's gradients.
-    dq, dk, dv = np.zeros(qc.shape), np.zeros(kc.shape), np.zeros(vc.shape)
+    # Launch 3: each chunk's gradients.
+    dq, dk = np.zeros(qc.shape), np.zeros(kc.shape)
     dg, dbeta = np.zeros(gc.shape), np.zeros(bc.shape)
     for n, c in enumerate(pieces):
-        h_n, dh_n, delta, d_delta = states[n], adjoints[n], deltas[n], d_deltas[n]
-        q_n, k_n, v_n, b_n = qc[:, n], kc[:, n], vc[:, n], bc[:, n][..., None]
-        # O = scale (Q * E) h + P Delta
-        dq_e = scale * np.einsum("bihv,bhkv->bihk", doc[:, n], h_n)          # d(Q * E) / ... before * E
-        dP = R["P"](np.einsum("bihv,bjhv->bijh", doc[:, n], delta) * causal)  # dL/dP
-        dS_scores = scale * dP * c["M"]                                      # dL/d(q . k) per pair
-        dq_n = dq_e * c["E"] + np.einsum("bijh,bjhk->bihk", dS_scores, k_n)
-        dk_n = np.einsum("bijh,bihk->bjhk", dS_scores, q_n)
-        dG = (q_n * dq_e * c["E"]).sum(-1) + (dP * c["P"]).sum(2) - (dP * c["P"]).sum(1)   # [B, C, H]
-        # h+ = exp(G_L) h + (K * to_end)^T Delta
-        dk_end = np.einsum("bjhv,bhkv->bjhk", delta, dh_n)                  # d(K * to_end)
-        dk_n += dk_end * c["to_end"]
-        k_dk_end = (k_n * dk_end * c["to_end"]).sum(-1)                     # [B, C, H]
-        dG -= k_dk_end
-        last = np.exp(G_last[:, n]) * (dh_n * h_n).sum((-2, -1)) + k_dk_end.sum(1)   # [B, H]
-        # Delta = U - W h;  W = T diag(beta) (K * E), U = T diag(beta) V
-        dW = -np.einsum("bihv,bhkv->bihk", d_delta, h_n)
-        R_w = np.einsum("bhji,bjhk->bihk", c["T"], dW)                        # T^T dW
-        R_u = np.einsum("bhji,bjhv->bihv", c["T"], d_delta)                   # T^T dU
-        d_kbe = R_w                                                          # d(diag(beta) K * E)
-        dv[:, n] = b_n * R_u
-        dbeta_n = (v_n * R_u).sum(-1) + (k_n * c["E"] * d_kbe).sum(-1)
-        dk_n += b_n * c["E"] * d_kbe
-        dG += (b_n * k_n * c["E"] * d_kbe).sum(-1)
-        # T = (I + A)^-1: dA = -(R_u U^T + R_w W^T), strictly lower; A = diag(beta) gram
-        dA = -(np.einsum("bihv,bjhv->bijh", R_u, c["U"]) + np.einsum("bihk,bjhk->bijh", R_w, c["W"])) * strict
-        dbeta_n += (dA * c["gram"]).sum(2)
-        d_gram = bc[:, n][:, :, None] * dA                                   # diag(beta) dA, [B, i, j, H]
-        d_pair = d_gram * c["M"]
-        dk_n += np.einsum("bijh,bjhk->bihk", d_pair, k_n) + np.einsum("bijh,bihk->bjhk", d_pair, k_n)
-        dG += (d_gram * c["gram"]).sum(2) - (d_gram * c["gram"]).sum(1)
-        dq[:, n], dk[:, n], dbeta[:, n] = dq_n, dk_n, dbeta_n
+        S_n, D_n, delta, ra = states[n], adjoints[n], deltas[n], corrections_adjoint[n]
+        q_n, k_n, b_n, E, F = qc[:, n], kc[:, n], bc[:, n], c["E"], c["F"]
+        dA = -np.einsum("bihv,bjhv->bijh", ra, delta) * strict
+        dpair = R["P"](b_n[:, :, None] * dA * c["M"])
+        dS_scores = R["P"](scale * np.einsum("bihv,bjhv->bijh", doc[:, n], delta) * c["M"] * causal)
+        dq_n = (rows(scale * E, np.einsum("bihv,bhkv->bihk", doc[:, n], S_n))
+                + np.einsum("bijh,bjhk->bihk", dS_scores, k_n))
+        r_w = -np.einsum("bihv,bhkv->bihk", ra, S_n)
+        dk_b = rows(b_n * E, r_w) + np.einsum("bijh,bjhk->bihk", dpair, k_n)
+        dk_end = rows(F, np.einsum("bihv,bhkv->bihk", delta, D_n))
+        dk_n = (dk_b + dk_end + np.einsum("bijh,bihk->bjhk", dpair, k_n)
+                + np.einsum("bijh,bihk->bjhk", dS_scores, q_n))
+        dbeta[:, n] = ((vc[:, n] * ra).sum(-1) + E * (k_n * r_w).sum(-1)
+                       + (dA * c["M"] * np.einsum("bihk,bjhk->bijh", k_n, k_n)).sum(2))
+        dG = (q_n * dq_n).sum(-1) - (k_n * dk_n).sum(-1) + 2 * (k_n * dk_b).sum(-1)
+        last = np.exp(G_last[:, n]) * (D_n * S_n).sum((-2, -1)) + (k_n * dk_end).sum((1, -1))   # [B, H]
+        dq[:, n], dk[:, n] = dq_n, dk_n
         dg[:, n] = np.cumsum(dG[:, ::-1], 1)[:, ::-1] + last[:, None]
 
     return {"dq": _tokens(dq, T), "dk": _tokens(dk, T), "dv": _tokens(dv, T), "dg": _tokens(dg, T),

@@ -1,0 +1,477 @@
+// delta_bwd v2 (chunked WY, tensor cores): the backward of the chunked delta rule (delta v3's chunk algorithm) in
+// three launches, the WY step, the two passes over the chunk boundaries side by side, then the chunks in parallel,
+// every product on bf16 tensor cores (mma.sync, fp32 accumulators), because v1's token loops are latency-bound
+// (52 ms where the forward takes 0.45).
+//
+// Per head and chunk of 64 tokens, with G the chunk-local cumulative log-gate (G_L its last entry), E = diag(exp(G)),
+// F = diag(exp(G_L - G)), M_ij = exp(G_i - G_j) for j <= i, S the state entering the chunk, S+ the one leaving it,
+// D+ = dL/dS+ its adjoint (dht after the last chunk), and T = (I + A)^-1, A = diag(beta) (K K^T * M) strictly below
+// the diagonal (the forward's WY step, delta/wy_prepare_blocked.cuh):
+//     Delta = T X,  X = diag(beta) (V - E K S)        the chunk's corrections (FLA's v_new = U - W S)
+//     S+    = exp(G_L) S + K^T F Delta
+//     O     = scale E Q S + P Delta,  P = scale (Q K^T) * M
+// Backward, the adjoint recursion first (it needs no state):
+//     dDelta = P^T dO + F K D+                        the corrections' adjoint
+//     R      = T^T dDelta                             = dL/dX, so dv = diag(beta) R
+//     D      = exp(G_L) D+ + scale Q^T E dO - K^T E diag(beta) R        (D of the first chunk is dh0)
+// and each chunk's gradients, R being all that T's backward needs: FLA's dW = -dDelta S^T and dU = dDelta become
+// R_w = T^T dW = -R S^T and T^T dU = R, and its dA = -(R U^T + R_w W^T) = -R (U - W S)^T = -R Delta^T:
+//     dA  = -R Delta^T (strictly lower),  dpair = diag(beta) dA * M,  dS = scale (dO Delta^T) * M (j <= i)
+//     dq  = scale E dO S^T + dS K
+//     dk  = dS^T Q + F Delta D+^T + diag(beta) E R_w + dpair K + dpair^T K
+//     dbeta = rowsum(V * R) + rowsum(E K * R_w) + rowsum(dA * (K K^T * M))
+//     dg, inside the chunk as linear_bwd v2 forms it: dL/dG_s = q_s . dq_s - k_s . dk^A_s + k_s . dk^B_s, where
+//       dk^B = diag(beta) E R_w + dpair K (the terms where k_s sits at the later token of a decay, or in W) and
+//       dk^A the rest (dk = dk^A + dk^B); plus at the last token exp(G_L) <D+, S> + sum_j k_j . (F Delta D+^T)_j;
+//       dg_t = the sum of dL/dG_s over t <= s < t0 + 64, plus that last-token term.
+// Launches: (1) T for every chunk (delta v10's prepare); (2) one block per (batch, head, 64 value columns) for
+// the states, forwards, and one for the adjoints, backwards, in one grid, storing S, D+ and Delta, R (bf16) and dv;
+// (3) one block per (chunk, head, batch) for dq, dk, dbeta and dg. The states are recomputed rather than saved by
+// the forward (which stays the inference kernel). Stored in bf16, as tools/emulate_bf16_backward.py shows they
+// may be (every gradient within 3e-3 of float64 with all of them rounded): workspace 2 B H N (K V + 64 V + 32 64)
+// bf16 for N = ceil(T / 64) chunks.
+#include "../common/chunk_backward.cuh"
+#include "../delta/wy_prepare_blocked.cuh"
+
+namespace minilin {
+namespace {
+
+using namespace chunk_bwd;
+
+// The workspace: T's tiles (wy_tiles.cuh's layout), then per (batch, head, chunk) the state entering it and the
+// adjoint of the one leaving it [K, V], its corrections Delta and their R = T^T dDelta [64, V].
+struct Workspace {
+  bf16 *wy, *states, *adjoints, *deltas, *corrections_adjoint;
+};
+
+size_t matrices(int B, int T, int H) { return static_cast<size_t>(B) * H * chunk_count(T); }
+
+size_t workspace_bytes(int B, int T, int H, int K, int V) {
+  return (wy_workspace_elements(B, T, H) + matrices(B, T, H) * 2 * (size_t(K) * V + size_t(kChunk) * V)) *
+         sizeof(bf16);
+}
+
+Workspace carve(void* base, int B, int T, int H, int K, int V) {
+  Workspace w;
+  w.wy = static_cast<bf16*>(base);
+  w.states = w.wy + wy_workspace_elements(B, T, H);
+  w.adjoints = w.states + matrices(B, T, H) * K * V;
+  w.deltas = w.adjoints + matrices(B, T, H) * K * V;
+  w.corrections_adjoint = w.deltas + matrices(B, T, H) * kChunk * V;
+  return w;
+}
+
+// Offsets of chunk c of head (b, h): into the [K, V] matrices, and into the [64, V] ones.
+__device__ __forceinline__ long long matrix_at(const BackwardProblem& p, int b, int h, int c) {
+  return (static_cast<long long>(b) * p.H + h) * chunk_count(p.T) + c;
+}
+
+// A warp's 16 x 8 NT accumulator tile at (m0, n0) into bf16 rows of stride ld (shared or global memory).
+template <int NT>
+__device__ __forceinline__ void store_tile_bf16(const float (&acc)[1][NT][4], bf16* dst, long long ld, int m0, int n0) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2)
+      store_bf16x2(dst + (m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e), acc[0][j][e], acc[0][j][e + 1]);
+}
+
+// A block's [rows, 64] bf16 shared tile copied into global rows of stride ld, 16 bytes per copy.
+__device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf16* src, int rows) {
+  for (int i = threadIdx.x; i < rows * kBlockV / 8; i += kThreads) {
+    const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+    *reinterpret_cast<uint4*>(dst + r * ld + col) = *reinterpret_cast<const uint4*>(src + r * kLdV + col);
+  }
+}
+
+// ---- launch 2: the states (forwards) and the adjoints (backwards) over the chunk boundaries ---------------------
+// One block of 8 warps per (batch, head, 64 value columns) and direction, the running matrix (S or D+) in fp32
+// registers split as linear_bwd v2's passes split it; the 64 x 64 products per warp: rows m0, columns n0 .. n0 + 31.
+// Both directions use one shared layout (the adjoints' is the larger): two stages of the chunk's inputs, the next
+// copied in while this one computes.
+template <int K>
+struct PassLayout {
+  static constexpr int kLdK = K + 8;
+  static constexpr size_t kStageBytes = (2 * kChunk * kLdK + kChunk * kLdV + kChunk * kLdC) * sizeof(bf16)  // q, k, y, T
+                                        + 2 * kChunk * sizeof(float);                                     // g, beta
+  static constexpr size_t kBytes = 2 * kStageBytes + (K * kLdV + kChunk * kLdC + 3 * kChunk * kLdV) * sizeof(bf16)
+                                   + kChunk * sizeof(float);
+  unsigned char* base;
+  __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
+  __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
+  __device__ bf16* y(int s) const { return k(s) + kChunk * kLdK; }  // V forwards, dO backwards
+  __device__ bf16* T(int s) const { return y(s) + kChunk * kLdV; }
+  __device__ float* g(int s) const { return reinterpret_cast<float*>(T(s) + kChunk * kLdC); }
+  __device__ float* beta(int s) const { return g(s) + kChunk; }
+  __device__ bf16* R() const { return reinterpret_cast<bf16*>(base + 2 * kStageBytes); }  // S or D+, bf16 copy
+  __device__ bf16* P() const { return R() + K * kLdV; }
+  __device__ bf16* a() const { return P() + kChunk * kLdC; }  // X forwards, scale E dO backwards
+  __device__ bf16* b() const { return a() + kChunk * kLdV; }  // F Delta forwards, dDelta backwards
+  __device__ bf16* c() const { return b() + kChunk * kLdV; }  // -E diag(beta) R backwards
+  __device__ float* G() const { return reinterpret_cast<float*>(c() + kChunk * kLdV); }
+};
+
+template <int K, bool kReverse>
+__device__ __forceinline__ void load_pass_chunk(const PassLayout<K>& L, int s, const BackwardProblem& p, const bf16* wy,
+                                                int b, int h, int c, int v0) {
+  constexpr int kLdK = PassLayout<K>::kLdK;
+  const int t0 = c * kChunk;
+  if (kReverse) cp_async_token_rows<K>(L.q(s), kLdK, p.q, p, b, h, t0, K, 0);
+  cp_async_token_rows<K>(L.k(s), kLdK, p.k, p, b, h, t0, K, 0);
+  cp_async_token_rows<kBlockV>(L.y(s), kLdV, kReverse ? p.do_ : p.v, p, b, h, t0, p.V, v0);
+  cp_async_rows(L.T(s), kLdC, wy + matrix_at(p, b, h, c) * kChunk * kChunk, kChunk, kChunk, kChunk, kChunk);
+  cp_async_token_scalars(L.g(s), p.g, p, b, h, t0);
+  cp_async_token_scalars(L.beta(s), p.beta, p, b, h, t0);
+}
+
+template <int K, bool kReverse>
+__device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspace& w, unsigned char* smem, int v0) {
+  constexpr int kLdK = PassLayout<K>::kLdK;
+  constexpr int kRowSharers = kWarps / (K / 16);
+  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
+  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+
+  const PassLayout<K> L{smem};
+  const int h = blockIdx.y, b = blockIdx.z, chunks = chunk_count(p.T);
+  const int warp = threadIdx.x >> 5;
+  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
+  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
+  const bool below = n0 < m0 + 16;  // this warp's 64 x 64 tile reaches the causal triangle
+  const long long head = (static_cast<long long>(b) * p.H + h) * K * p.V;
+  float* G = L.G();
+
+  load_pass_chunk<K, kReverse>(L, 0, p, w.wy, b, h, kReverse ? chunks - 1 : 0, v0);
+  cp_async_commit();
+  float R[1][kStateTiles][4];
+  load_state(R, kReverse ? p.dht : p.h0, head, p.V, v0, s_m0, s_n0, L.R(), kLdV);
+
+  for (int n = 0; n < chunks; ++n) {
+    const int s = n & 1, c = kReverse ? chunks - 1 - n : n;
+    cp_async_wait<0>();
+    __syncthreads();  // chunk c and R's copy are on chip; every read of the other stage is done
+    if (n + 1 < chunks) load_pass_chunk<K, kReverse>(L, s ^ 1, p, w.wy, b, h, kReverse ? c - 1 : c + 1, v0);
+    cp_async_commit();
+    if (warp == 0) warp_chunk_cumsum(G, L.g(s), p.g != nullptr);
+    const long long at = matrix_at(p, b, h, c);
+    copy_out_rows((kReverse ? w.adjoints : w.states) + at * K * p.V + v0, p.V, L.R(), K);
+    const float* beta = L.beta(s);
+
+    if constexpr (!kReverse) {
+      // X = diag(beta) (V - E K S)
+      float ks[1][4][4];
+      zero(ks);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(ks, L.k(s), kLdK, L.R(), kLdV, m0, n0, 0, K);
+      __syncthreads();  // G is on chip
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
+          const float decay = __expf(G[r]);
+          const __nv_bfloat162 v2 = *reinterpret_cast<const __nv_bfloat162*>(L.y(s) + r * kLdV + col);
+          store_bf16x2(L.a() + r * kLdV + col, beta[r] * (__low2float(v2) - decay * ks[0][j][e]),
+                       beta[r] * (__high2float(v2) - decay * ks[0][j][e + 1]));
+        }
+      __syncthreads();  // X is complete
+      // Delta = T X (T lower triangular: columns up to the tile's last row), stored; F Delta for the update
+      float delta[1][4][4];
+      zero(delta);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(delta, L.T(s), kLdC, L.a(), kLdV, m0, n0, 0, m0 + 16);
+      store_tile_bf16(delta, w.deltas + at * kChunk * p.V + v0, p.V, m0, n0);
+      const float G_last = G[kChunk - 1];
+      scale_rows(delta, m0, [&](int r) { return __expf(G_last - G[r]); });
+      store_tile_bf16(delta, L.b(), kLdV, m0, n0);
+      __syncthreads();  // F Delta is complete; every read of R's copy is done
+      // S+ = exp(G_L) S + K^T F Delta
+      scale_tiles(R, __expf(G_last));
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.b(), kLdV, s_m0, s_n0, 0,
+                                                                       kChunk);
+    } else {
+      // P = scale (Q K^T) * M and F K D+
+      float qk[1][4][4], dd[1][4][4];
+      zero(qk);
+      zero(dd);
+      if (below) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(qk, L.q(s), kLdK, L.k(s), kLdK, m0, n0, 0, K);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(dd, L.k(s), kLdK, L.R(), kLdV, m0, n0, 0, K);
+      __syncthreads();  // G is on chip
+      const float G_last = G[kChunk - 1];
+      scale_tiles(qk, p.scale);
+      store_decayed_scores(qk, G, L.P(), kLdC, m0, n0);
+      for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {  // scale E dO
+        const int j = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+        float x[8];
+        load8(L.y(s) + j * kLdV + col, x);
+        const float wgt = p.scale * __expf(G[j]);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) store_bf16x2(L.a() + j * kLdV + col + e, wgt * x[e], wgt * x[e + 1]);
+      }
+      scale_rows(dd, m0, [&](int r) { return __expf(G_last - G[r]); });
+      __syncthreads();  // P is complete
+      // dDelta = P^T dO + F K D+ (P^T's rows i take tokens j >= i)
+      warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(dd, L.P(), kLdC, L.y(s), kLdV, m0, n0, m0, kChunk);
+      store_tile_bf16(dd, L.b(), kLdV, m0, n0);
+      __syncthreads();  // dDelta is complete
+      // R = T^T dDelta (T^T upper triangular: rows j >= i), stored; dv = diag(beta) R; -E diag(beta) R for D
+      float ra[1][4][4];
+      zero(ra);
+      warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(ra, L.T(s), kLdC, L.b(), kLdV, m0, n0, m0, kChunk);
+      store_tile_bf16(ra, w.corrections_adjoint + at * kChunk * p.V + v0, p.V, m0, n0);
+      scale_rows(ra, m0, [&](int r) { return beta[r]; });
+      store_output_tile(ra, static_cast<bf16*>(p.dv), p.T, p.H, p.V, b, h, c * kChunk, v0, m0, n0, 1.0f);
+      scale_rows(ra, m0, [&](int r) { return -__expf(G[r]); });
+      store_tile_bf16(ra, L.c(), kLdV, m0, n0);
+      __syncthreads();  // scale E dO and -E diag(beta) R are complete; every read of R's copy is done
+      // D = exp(G_L) D+ + Q^T (scale E dO) - K^T (E diag(beta) R)
+      scale_tiles(R, __expf(G_last));
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.q(s), kLdK, L.a(), kLdV, s_m0, s_n0, 0,
+                                                                       kChunk);
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.c(), kLdV, s_m0, s_n0, 0,
+                                                                       kChunk);
+    }
+    store_state_copy(R, L.R(), kLdV, s_m0, s_n0);
+  }
+  if (kReverse && p.dh0) store_state(R, p.dh0, head, p.V, v0, s_m0, s_n0);
+}
+
+// Neither pass needs the other: blocks x < V / 64 run the states, the rest the adjoints, so that the two chains of
+// chunks share the card instead of running one after the other.
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_passes(const BackwardProblem p, const Workspace w) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int value_blocks = p.V / kBlockV;
+  if (static_cast<int>(blockIdx.x) < value_blocks) run_pass<K, false>(p, w, smem, blockIdx.x * kBlockV);
+  else run_pass<K, true>(p, w, smem, (blockIdx.x - value_blocks) * kBlockV);
+}
+
+// ---- launch 3: the gradients, one block of 8 warps per (chunk, head, batch) -----------------------------------
+// One value block on chip at a time; the sums over value columns (dO S^T, Delta D+^T, R S^T, dO Delta^T,
+// R Delta^T) accumulate in registers.
+template <int K>
+struct GradLayout {
+  static constexpr int kLdK = K + 8;
+  static constexpr size_t kBytes = (2 * kChunk * kLdK + 2 * kChunk * kLdC  // Q, K; dS, dpair
+                                    + 4 * kChunk * kLdV + 2 * K * kLdV)    // V, dO, Delta, R; S, D+ (a value block)
+                                       * sizeof(bf16) +
+                                   (3 * kChunk + 5 * kChunk) * sizeof(float)  // g, G, beta; dbeta's 5 parts
+                                   + GateScratch::kBytes;
+  unsigned char* base;
+  __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
+  __device__ bf16* k() const { return q() + kChunk * kLdK; }
+  __device__ bf16* dS() const { return k() + kChunk * kLdK; }
+  __device__ bf16* dpair() const { return dS() + kChunk * kLdC; }
+  __device__ bf16* v() const { return dpair() + kChunk * kLdC; }
+  __device__ bf16* dO() const { return v() + kChunk * kLdV; }
+  __device__ bf16* delta() const { return dO() + kChunk * kLdV; }
+  __device__ bf16* ra() const { return delta() + kChunk * kLdV; }  // R = T^T dDelta
+  __device__ bf16* S() const { return ra() + kChunk * kLdV; }
+  __device__ bf16* D() const { return S() + K * kLdV; }
+  __device__ float* g() const { return reinterpret_cast<float*>(D() + K * kLdV); }
+  __device__ float* G() const { return g() + kChunk; }
+  __device__ float* beta() const { return G() + kChunk; }
+  __device__ float* dbeta_part(int i) const { return beta() + kChunk + i * kChunk; }  // i < 5
+  __device__ GateScratch gate_scratch() const { return {dbeta_part(5), dbeta_part(5) + 2 * kChunk}; }
+};
+
+template <int K>
+__device__ __forceinline__ void load_value_block(const GradLayout<K>& L, const BackwardProblem& p, const Workspace& w,
+                                                 int b, int h, int c, int v0) {
+  const int t0 = c * kChunk;
+  const long long at = matrix_at(p, b, h, c);
+  cp_async_token_rows<kBlockV>(L.v(), kLdV, p.v, p, b, h, t0, p.V, v0);
+  cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, v0);
+  cp_async_rows(L.delta(), kLdV, w.deltas + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
+  cp_async_rows(L.ra(), kLdV, w.corrections_adjoint + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
+  cp_async_rows(L.S(), kLdV, w.states + at * K * p.V + v0, p.V, K, kBlockV, K);
+  cp_async_rows(L.D(), kLdV, w.adjoints + at * K * p.V + v0, p.V, K, kBlockV, K);
+}
+
+// Rows m0 + lane / 4 and 8 further of a 16-row part (sum_row_lanes' pair), written by the first lane of each row
+// into part[row].
+__device__ __forceinline__ void store_row_part(float* part, float2 t, int m0) {
+  t = sum_row_lanes(t);
+  if ((threadIdx.x & 3) == 0) {
+    part[m0 + acc_row(0, 0)] = t.x;
+    part[m0 + acc_row(0, 2)] = t.y;
+  }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const BackwardProblem p, const Workspace w) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = GradLayout<K>::kLdK;
+  constexpr int kKeyTiles = K / 16;  // 8-column tiles of a warp's half of a 64 x K gradient
+  const GradLayout<K> L{smem};
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * kChunk;
+  const int warp = threadIdx.x >> 5, half = warp & 1;
+  const int m0 = 16 * (warp >> 1), n0 = 32 * half, k0 = (K / 2) * half;
+  const bool below = n0 < m0 + 16;
+
+  cp_async_token_rows<K>(L.q(), kLdK, p.q, p, b, h, t0, K, 0);
+  cp_async_token_rows<K>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
+  cp_async_token_scalars(L.g(), p.g, p, b, h, t0);
+  cp_async_token_scalars(L.beta(), p.beta, p, b, h, t0);
+  load_value_block<K>(L, p, w, b, h, c, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  float* G = L.G();
+  const float* beta = L.beta();
+  if (warp == 0) warp_chunk_cumsum(G, L.g(), p.g != nullptr);
+  __syncthreads();
+  const float G_last = G[kChunk - 1];
+
+  float dP[1][4][4], dA[1][4][4], dq[1][kKeyTiles][4], dk_end[1][kKeyTiles][4], rs[1][kKeyTiles][4];
+  zero(dP);
+  zero(dA);
+  zero(dq);
+  zero(dk_end);
+  zero(rs);
+  float state_dot = 0.0f;  // this thread's part of <D+, S>
+  float v_r = 0.0f;        // ... of row threadIdx.x / 4's sum of V * R, over its 16 columns of each value block
+  for (int v0 = 0; v0 < p.V; v0 += kBlockV) {
+    if (v0 > 0) {
+      __syncthreads();  // every read of the previous value block is done
+      load_value_block<K>(L, p, w, b, h, c, v0);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    if (p.g)
+      for (int i = threadIdx.x; i < K * kBlockV / 8; i += kThreads) {
+        const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+        float x[8], y[8];
+        load8(L.S() + r * kLdV + col, x);
+        load8(L.D() + r * kLdV + col, y);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) state_dot = fmaf(x[e], y[e], state_dot);
+      }
+    {
+      const int r = threadIdx.x >> 2, col = 16 * (threadIdx.x & 3);
+#pragma unroll
+      for (int part = 0; part < 16; part += 8) {
+        float x[8], y[8];
+        load8(L.v() + r * kLdV + col + part, x);
+        load8(L.ra() + r * kLdV + col + part, y);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v_r = fmaf(x[e], y[e], v_r);
+      }
+    }
+    if (below) {
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dP, L.dO(), kLdV, L.delta(), kLdV, m0, n0, 0, kBlockV);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dA, L.ra(), kLdV, L.delta(), kLdV, m0, n0, 0, kBlockV);
+    }
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dq, L.dO(), kLdV, L.S(), kLdV, m0, k0, 0, kBlockV);
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dk_end, L.delta(), kLdV, L.D(), kLdV, m0, k0, 0,
+                                                                   kBlockV);
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(rs, L.ra(), kLdV, L.S(), kLdV, m0, k0, 0, kBlockV);
+  }
+
+  {  // dbeta's part sum_c V R, over the 4 lanes of each row
+    float x = v_r;
+    x += __shfl_xor_sync(kFullMask, x, 1);
+    x += __shfl_xor_sync(kFullMask, x, 2);
+    if ((threadIdx.x & 3) == 0) L.dbeta_part(0)[threadIdx.x >> 2] = x;
+  }
+  {  // dA = -R Delta^T below the diagonal: dpair = diag(beta) dA * M, and dbeta's part rowsum(dA * (K K^T * M))
+    float gram[1][4][4];
+    zero(gram);
+    if (below) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(gram, L.k(), kLdK, L.k(), kLdK, m0, n0, 0, K);
+    float top = 0.0f, bottom = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
+        float pair[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const float a = col + x < r ? -dA[0][j][e + x] * __expf(G[r] - G[col + x]) : 0.0f;  // dA * M
+          (e < 2 ? top : bottom) += a * gram[0][j][e + x];
+          pair[x] = beta[r] * a;
+        }
+        store_bf16x2(L.dpair() + r * kLdC + col, pair[0], pair[1]);
+      }
+    store_row_part(L.dbeta_part(3 + half), make_float2(top, bottom), m0);
+  }
+  scale_tiles(dP, p.scale);  // dS = scale (dO Delta^T) * M
+  store_decayed_scores(dP, G, L.dS(), kLdC, m0, n0);
+  __syncthreads();  // dS and dpair are complete
+
+  // dq = scale E dO S^T + dS K   (tokens j <= i: row tiles up to m0)
+  scale_rows(dq, m0, [&](int r) { return p.scale * __expf(G[r]); });
+  warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kRowMajor>(dq, L.dS(), kLdC, L.k(), kLdK, m0, k0, 0, m0 + 16);
+  store_output_tile(dq, static_cast<bf16*>(p.dq), p.T, p.H, K, b, h, t0, 0, m0, k0, 1.0f);
+
+  // dk^B = diag(beta) E R_w + dpair K, with R_w = -R S^T; dbeta's part rowsum(E K * R_w)
+  scale_tiles(rs, -1.0f);
+  const float2 k_rw = row_dots(rs, L.k(), kLdK, m0, k0);
+  store_row_part(L.dbeta_part(1 + half),
+                 make_float2(k_rw.x * __expf(G[m0 + acc_row(0, 0)]), k_rw.y * __expf(G[m0 + acc_row(0, 2)])), m0);
+  scale_rows(rs, m0, [&](int r) { return beta[r] * __expf(G[r]); });
+  warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kRowMajor>(rs, L.dpair(), kLdC, L.k(), kLdK, m0, k0, 0, m0 + 16);
+  const float2 k_dk_b = row_dots(rs, L.k(), kLdK, m0, k0);
+  // dk = dk^B + F Delta D+^T + dpair^T K + dS^T Q   (the transposed ones over tokens i >= j)
+  scale_rows(dk_end, m0, [&](int r) { return __expf(G_last - G[r]); });
+  const float k_dk_end = p.g ? tile_dot(dk_end, L.k(), kLdK, m0, k0) : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) rs[0][j][e] += dk_end[0][j][e];
+  warp_mma<1, kKeyTiles, Stored::kTransposed, Stored::kRowMajor>(rs, L.dpair(), kLdC, L.k(), kLdK, m0, k0, m0, kChunk);
+  warp_mma<1, kKeyTiles, Stored::kTransposed, Stored::kRowMajor>(rs, L.dS(), kLdC, L.q(), kLdK, m0, k0, m0, kChunk);
+  store_output_tile(rs, static_cast<bf16*>(p.dk), p.T, p.H, K, b, h, t0, 0, m0, k0, 1.0f);
+
+  __syncthreads();  // dbeta's parts are complete
+  if (threadIdx.x < kChunk && t0 + static_cast<int>(threadIdx.x) < p.T) {
+    const int r = threadIdx.x;
+    p.dbeta[token_index(p, b, t0 + r, h)] =
+        L.dbeta_part(0)[r] + L.dbeta_part(1)[r] + L.dbeta_part(2)[r] + L.dbeta_part(3)[r] + L.dbeta_part(4)[r];
+  }
+  if (p.g) {  // dL/dG_s = q . dq - k . dk + 2 k . dk^B (dk^A = dk - dk^B)
+    const float2 q_dq = row_dots(dq, L.q(), kLdK, m0, k0), k_dk = row_dots(rs, L.k(), kLdK, m0, k0);
+    store_gate_gradient(L.gate_scratch(), p,
+                        make_float2(q_dq.x - k_dk.x + 2.0f * k_dk_b.x, q_dq.y - k_dk.y + 2.0f * k_dk_b.y),
+                        __expf(G_last) * state_dot + k_dk_end, b, h, t0, m0);
+  }
+}
+
+template <int K>
+void launch(const BackwardProblem& p, const Workspace& w) {
+  Problem fp;  // the WY step reads the forward's arguments
+  fp.q = p.q;
+  fp.k = p.k;
+  fp.v = p.v;
+  fp.g = p.g;
+  fp.beta = p.beta;
+  fp.B = p.B;
+  fp.T = p.T;
+  fp.H = p.H;
+  fp.K = p.K;
+  fp.V = p.V;
+  fp.scale = p.scale;
+  fp.dtype = p.dtype;
+  fp.stream = p.stream;
+  launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(fp, w.wy, "delta_bwd_v2_wy_prepare");
+  launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K>, dim3(2 * (p.V / kBlockV), p.H, p.B), kThreads,
+                 PassLayout<K>::kBytes, w);
+  launch_checked(p, "delta_bwd_v2_gradients", delta_bwd_v2_gradients<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
+                 GradLayout<K>::kBytes, w);
+}
+
+void backward(const BackwardProblem& p) {
+  constexpr const char* name = "delta_bwd_v2_chunked_wy_mma";
+  check_tensor_core_backward(p, name, true, workspace_bytes(p.B, p.T, p.H, p.K, p.V), kBlockV);
+  const Workspace w = carve(p.workspace, p.B, p.T, p.H, p.K, p.V);
+  if (p.K == 64) launch<64>(p, w);
+  else launch<128>(p, w);
+}
+
+}  // namespace
+
+extern const Version delta_bwd_v2 = {
+    "delta_bwd", 2, "chunked_wy_mma",
+    "Chunks on bf16 tensor cores through the WY form: the forward's T per chunk, the chunk-boundary states and their "
+    "adjoints by one pass each way (one launch), then every chunk's gradients in parallel as matrix products.",
+    false, true, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+
+}  // namespace minilin
