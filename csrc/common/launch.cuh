@@ -43,6 +43,15 @@ inline void check_launch(const char* kernel, const P& p) {
   if (sync_after_launch()) check_cuda(cudaStreamSynchronize(stream_of(p)), kernel, "execution");
 }
 
+// The current device's SM count (a launch that picks its shape by how many blocks the card holds at once).
+inline int multiprocessor_count(const char* name) {
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), name, "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), name,
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  return sms;
+}
+
 // Kernels that need more than 48 KB of dynamic shared memory must say so before they launch (launch_checked
 // does, at every launch: a per-kernel flag would have to be per device too).
 template <typename Kernel>

@@ -87,14 +87,16 @@ __device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf1
 // ---- launch 2: the states (forwards) and the adjoints (backwards) over the chunk boundaries ---------------------
 // One block of 8 warps per (batch, head, 64 value columns) and direction, the running matrix (S or D+) in fp32
 // registers split as linear_bwd v2's passes split it; the 64 x 64 products per warp: rows m0, columns n0 .. n0 + 31.
-// Both directions use one shared layout (the adjoints' is the larger): two stages of the chunk's inputs, the next
-// copied in while this one computes.
-template <int K>
+// Both directions use one shared layout (the adjoints' is the larger), with kStages copies of the chunk's inputs:
+// two, the next copied in while this one computes (one block per SM: 163 KB at K = 128), or one (109 KB, two blocks
+// per SM, each block's copy waited out while the other computes). The launch takes two stages while the grid fits
+// the card at one block per SM, else one.
+template <int K, int kStages>
 struct PassLayout {
   static constexpr int kLdK = K + 8;
   static constexpr size_t kStageBytes = (2 * kChunk * kLdK + kChunk * kLdV + kChunk * kLdC) * sizeof(bf16)  // q, k, y, T
                                         + 2 * kChunk * sizeof(float);                                     // g, beta
-  static constexpr size_t kBytes = 2 * kStageBytes + (K * kLdV + kChunk * kLdC + 3 * kChunk * kLdV) * sizeof(bf16)
+  static constexpr size_t kBytes = kStages * kStageBytes + (K * kLdV + kChunk * kLdC + 3 * kChunk * kLdV) * sizeof(bf16)
                                    + kChunk * sizeof(float);
   unsigned char* base;
   __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
@@ -103,7 +105,7 @@ struct PassLayout {
   __device__ bf16* T(int s) const { return y(s) + kChunk * kLdV; }
   __device__ float* g(int s) const { return reinterpret_cast<float*>(T(s) + kChunk * kLdC); }
   __device__ float* beta(int s) const { return g(s) + kChunk; }
-  __device__ bf16* R() const { return reinterpret_cast<bf16*>(base + 2 * kStageBytes); }  // S or D+, bf16 copy
+  __device__ bf16* R() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }  // S or D+, bf16
   __device__ bf16* P() const { return R() + K * kLdV; }
   __device__ bf16* a() const { return P() + kChunk * kLdC; }  // X forwards, scale E dO backwards
   __device__ bf16* b() const { return a() + kChunk * kLdV; }  // F Delta forwards, dDelta backwards
@@ -111,10 +113,10 @@ struct PassLayout {
   __device__ float* G() const { return reinterpret_cast<float*>(c() + kChunk * kLdV); }
 };
 
-template <int K, bool kReverse>
-__device__ __forceinline__ void load_pass_chunk(const PassLayout<K>& L, int s, const BackwardProblem& p, const bf16* wy,
+template <int K, int kStages, bool kReverse>
+__device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages>& L, int s, const BackwardProblem& p, const bf16* wy,
                                                 int b, int h, int c, int v0) {
-  constexpr int kLdK = PassLayout<K>::kLdK;
+  constexpr int kLdK = PassLayout<K, kStages>::kLdK;
   const int t0 = c * kChunk;
   if (kReverse) cp_async_token_rows<K>(L.q(s), kLdK, p.q, p, b, h, t0, K, 0);
   cp_async_token_rows<K>(L.k(s), kLdK, p.k, p, b, h, t0, K, 0);
@@ -124,14 +126,14 @@ __device__ __forceinline__ void load_pass_chunk(const PassLayout<K>& L, int s, c
   cp_async_token_scalars(L.beta(s), p.beta, p, b, h, t0);
 }
 
-template <int K, bool kReverse>
+template <int K, int kStages, bool kReverse>
 __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspace& w, unsigned char* smem, int v0) {
-  constexpr int kLdK = PassLayout<K>::kLdK;
+  constexpr int kLdK = PassLayout<K, kStages>::kLdK;
   constexpr int kRowSharers = kWarps / (K / 16);
   constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
   static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
-  const PassLayout<K> L{smem};
+  const PassLayout<K, kStages> L{smem};
   const int h = blockIdx.y, b = blockIdx.z, chunks = chunk_count(p.T);
   const int warp = threadIdx.x >> 5;
   const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
@@ -140,16 +142,22 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
   const long long head = (static_cast<long long>(b) * p.H + h) * K * p.V;
   float* G = L.G();
 
-  load_pass_chunk<K, kReverse>(L, 0, p, w.wy, b, h, kReverse ? chunks - 1 : 0, v0);
+  load_pass_chunk<K, kStages, kReverse>(L, 0, p, w.wy, b, h, kReverse ? chunks - 1 : 0, v0);
   cp_async_commit();
   float R[1][kStateTiles][4];
   load_state(R, kReverse ? p.dht : p.h0, head, p.V, v0, s_m0, s_n0, L.R(), kLdV);
 
   for (int n = 0; n < chunks; ++n) {
-    const int s = n & 1, c = kReverse ? chunks - 1 - n : n;
+    const int s = kStages == 2 ? n & 1 : 0, c = kReverse ? chunks - 1 - n : n;
+    if (kStages == 1 && n > 0) {
+      __syncthreads();  // every read of the previous chunk is done
+      load_pass_chunk<K, kStages, kReverse>(L, 0, p, w.wy, b, h, c, v0);
+      cp_async_commit();
+    }
     cp_async_wait<0>();
     __syncthreads();  // chunk c and R's copy are on chip; every read of the other stage is done
-    if (n + 1 < chunks) load_pass_chunk<K, kReverse>(L, s ^ 1, p, w.wy, b, h, kReverse ? c - 1 : c + 1, v0);
+    if (kStages == 2 && n + 1 < chunks)
+      load_pass_chunk<K, kStages, kReverse>(L, s ^ 1, p, w.wy, b, h, kReverse ? c - 1 : c + 1, v0);
     cp_async_commit();
     if (warp == 0) warp_chunk_cumsum(G, L.g(s), p.g != nullptr);
     const long long at = matrix_at(p, b, h, c);
@@ -235,37 +243,40 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
 
 // Neither pass needs the other: blocks x < V / 64 run the states, the rest the adjoints, so that the two chains of
 // chunks share the card instead of running one after the other.
-template <int K>
-__global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_passes(const BackwardProblem p, const Workspace w) {
+template <int K, int kStages>
+__global__ void __launch_bounds__(kThreads, 3 - kStages) delta_bwd_v2_passes(const BackwardProblem p, const Workspace w) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int value_blocks = p.V / kBlockV;
-  if (static_cast<int>(blockIdx.x) < value_blocks) run_pass<K, false>(p, w, smem, blockIdx.x * kBlockV);
-  else run_pass<K, true>(p, w, smem, (blockIdx.x - value_blocks) * kBlockV);
+  if (static_cast<int>(blockIdx.x) < value_blocks) run_pass<K, kStages, false>(p, w, smem, blockIdx.x * kBlockV);
+  else run_pass<K, kStages, true>(p, w, smem, (blockIdx.x - value_blocks) * kBlockV);
 }
 
 // ---- launch 3: the gradients, one block of 8 warps per (chunk, head, batch) -----------------------------------
-// One value block on chip at a time; the sums over value columns (dO S^T, Delta D+^T, R S^T, dO Delta^T,
-// R Delta^T) accumulate in registers.
+// The sums over value columns (dO S^T, Delta D+^T, R S^T, dO Delta^T, R Delta^T) accumulate in registers over
+// the value blocks, two of which are on chip at a time (the next copied in while this one computes): the block
+// needs 224 registers a thread (one block per SM), so the second copy costs no occupancy (204 KB at K = 128).
 template <int K>
 struct GradLayout {
   static constexpr int kLdK = K + 8;
-  static constexpr size_t kBytes = (2 * kChunk * kLdK + 2 * kChunk * kLdC  // Q, K; dS, dpair
-                                    + 4 * kChunk * kLdV + 2 * K * kLdV)    // V, dO, Delta, R; S, D+ (a value block)
-                                       * sizeof(bf16) +
-                                   (3 * kChunk + 5 * kChunk) * sizeof(float)  // g, G, beta; dbeta's 5 parts
+  static constexpr size_t kValueBytes = (4 * kChunk * kLdV + 2 * K * kLdV) * sizeof(bf16);  // V, dO, Delta, R; S, D+
+  static constexpr size_t kBytes = (2 * kChunk * kLdK + 2 * kChunk * kLdC) * sizeof(bf16)  // Q, K; dS, dpair
+                                   + 2 * kValueBytes
+                                   + (3 * kChunk + 5 * kChunk) * sizeof(float)  // g, G, beta; dbeta's 5 parts
                                    + GateScratch::kBytes;
   unsigned char* base;
   __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
   __device__ bf16* k() const { return q() + kChunk * kLdK; }
   __device__ bf16* dS() const { return k() + kChunk * kLdK; }
   __device__ bf16* dpair() const { return dS() + kChunk * kLdC; }
-  __device__ bf16* v() const { return dpair() + kChunk * kLdC; }
-  __device__ bf16* dO() const { return v() + kChunk * kLdV; }
-  __device__ bf16* delta() const { return dO() + kChunk * kLdV; }
-  __device__ bf16* ra() const { return delta() + kChunk * kLdV; }  // R = T^T dDelta
-  __device__ bf16* S() const { return ra() + kChunk * kLdV; }
-  __device__ bf16* D() const { return S() + K * kLdV; }
-  __device__ float* g() const { return reinterpret_cast<float*>(D() + K * kLdV); }
+  __device__ bf16* v(int s) const {
+    return reinterpret_cast<bf16*>(reinterpret_cast<unsigned char*>(dpair() + kChunk * kLdC) + s * kValueBytes);
+  }
+  __device__ bf16* dO(int s) const { return v(s) + kChunk * kLdV; }
+  __device__ bf16* delta(int s) const { return dO(s) + kChunk * kLdV; }
+  __device__ bf16* ra(int s) const { return delta(s) + kChunk * kLdV; }  // R = T^T dDelta
+  __device__ bf16* S(int s) const { return ra(s) + kChunk * kLdV; }
+  __device__ bf16* D(int s) const { return S(s) + K * kLdV; }
+  __device__ float* g() const { return reinterpret_cast<float*>(v(2)); }
   __device__ float* G() const { return g() + kChunk; }
   __device__ float* beta() const { return G() + kChunk; }
   __device__ float* dbeta_part(int i) const { return beta() + kChunk + i * kChunk; }  // i < 5
@@ -273,16 +284,16 @@ struct GradLayout {
 };
 
 template <int K>
-__device__ __forceinline__ void load_value_block(const GradLayout<K>& L, const BackwardProblem& p, const Workspace& w,
-                                                 int b, int h, int c, int v0) {
+__device__ __forceinline__ void load_value_block(const GradLayout<K>& L, int s, const BackwardProblem& p,
+                                                 const Workspace& w, int b, int h, int c, int v0) {
   const int t0 = c * kChunk;
   const long long at = matrix_at(p, b, h, c);
-  cp_async_token_rows<kBlockV>(L.v(), kLdV, p.v, p, b, h, t0, p.V, v0);
-  cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, v0);
-  cp_async_rows(L.delta(), kLdV, w.deltas + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
-  cp_async_rows(L.ra(), kLdV, w.corrections_adjoint + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
-  cp_async_rows(L.S(), kLdV, w.states + at * K * p.V + v0, p.V, K, kBlockV, K);
-  cp_async_rows(L.D(), kLdV, w.adjoints + at * K * p.V + v0, p.V, K, kBlockV, K);
+  cp_async_token_rows<kBlockV>(L.v(s), kLdV, p.v, p, b, h, t0, p.V, v0);
+  cp_async_token_rows<kBlockV>(L.dO(s), kLdV, p.do_, p, b, h, t0, p.V, v0);
+  cp_async_rows(L.delta(s), kLdV, w.deltas + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
+  cp_async_rows(L.ra(s), kLdV, w.corrections_adjoint + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
+  cp_async_rows(L.S(s), kLdV, w.states + at * K * p.V + v0, p.V, K, kBlockV, K);
+  cp_async_rows(L.D(s), kLdV, w.adjoints + at * K * p.V + v0, p.V, K, kBlockV, K);
 }
 
 // Rows m0 + lane / 4 and 8 further of a 16-row part (sum_row_lanes' pair), written by the first lane of each row
@@ -310,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
   cp_async_token_rows<K>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
   cp_async_token_scalars(L.g(), p.g, p, b, h, t0);
   cp_async_token_scalars(L.beta(), p.beta, p, b, h, t0);
-  load_value_block<K>(L, p, w, b, h, c, 0);
+  load_value_block<K>(L, 0, p, w, b, h, c, 0);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -328,20 +339,24 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
   zero(rs);
   float state_dot = 0.0f;  // this thread's part of <D+, S>
   float v_r = 0.0f;        // ... of row threadIdx.x / 4's sum of V * R, over its 16 columns of each value block
-  for (int v0 = 0; v0 < p.V; v0 += kBlockV) {
-    if (v0 > 0) {
-      __syncthreads();  // every read of the previous value block is done
-      load_value_block<K>(L, p, w, b, h, c, v0);
+  for (int v0 = 0, s = 0; v0 < p.V; v0 += kBlockV, s ^= 1) {
+    const bool next = v0 + kBlockV < p.V;
+    if (next) {
+      if (v0 > 0) __syncthreads();  // every read of the value block before this one (in stage s ^ 1) is done
+      load_value_block<K>(L, s ^ 1, p, w, b, h, c, v0 + kBlockV);
       cp_async_commit();
-      cp_async_wait<0>();
+    }
+    if (v0 > 0) {  // this value block's copy, issued one block earlier
+      if (next) cp_async_wait<1>();
+      else cp_async_wait<0>();
       __syncthreads();
     }
     if (p.g)
       for (int i = threadIdx.x; i < K * kBlockV / 8; i += kThreads) {
         const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
         float x[8], y[8];
-        load8(L.S() + r * kLdV + col, x);
-        load8(L.D() + r * kLdV + col, y);
+        load8(L.S(s) + r * kLdV + col, x);
+        load8(L.D(s) + r * kLdV + col, y);
 #pragma unroll
         for (int e = 0; e < 8; ++e) state_dot = fmaf(x[e], y[e], state_dot);
       }
@@ -350,20 +365,20 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
 #pragma unroll
       for (int part = 0; part < 16; part += 8) {
         float x[8], y[8];
-        load8(L.v() + r * kLdV + col + part, x);
-        load8(L.ra() + r * kLdV + col + part, y);
+        load8(L.v(s) + r * kLdV + col + part, x);
+        load8(L.ra(s) + r * kLdV + col + part, y);
 #pragma unroll
         for (int e = 0; e < 8; ++e) v_r = fmaf(x[e], y[e], v_r);
       }
     }
     if (below) {
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dP, L.dO(), kLdV, L.delta(), kLdV, m0, n0, 0, kBlockV);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dA, L.ra(), kLdV, L.delta(), kLdV, m0, n0, 0, kBlockV);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dP, L.dO(s), kLdV, L.delta(s), kLdV, m0, n0, 0, kBlockV);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dA, L.ra(s), kLdV, L.delta(s), kLdV, m0, n0, 0, kBlockV);
     }
-    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dq, L.dO(), kLdV, L.S(), kLdV, m0, k0, 0, kBlockV);
-    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dk_end, L.delta(), kLdV, L.D(), kLdV, m0, k0, 0,
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dq, L.dO(s), kLdV, L.S(s), kLdV, m0, k0, 0, kBlockV);
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dk_end, L.delta(s), kLdV, L.D(s), kLdV, m0, k0, 0,
                                                                    kBlockV);
-    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(rs, L.ra(), kLdV, L.S(), kLdV, m0, k0, 0, kBlockV);
+    warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(rs, L.ra(s), kLdV, L.S(s), kLdV, m0, k0, 0, kBlockV);
   }
 
   {  // dbeta's part sum_c V R, over the 4 lanes of each row
@@ -452,8 +467,11 @@ void launch(const BackwardProblem& p, const Workspace& w) {
   fp.dtype = p.dtype;
   fp.stream = p.stream;
   launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(fp, w.wy, "delta_bwd_v2_wy_prepare");
-  launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K>, dim3(2 * (p.V / kBlockV), p.H, p.B), kThreads,
-                 PassLayout<K>::kBytes, w);
+  const dim3 pass_grid(2 * (p.V / kBlockV), p.H, p.B);
+  if (static_cast<long long>(pass_grid.x) * pass_grid.y * pass_grid.z <= multiprocessor_count("delta_bwd_v2_passes"))
+    launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K, 2>, pass_grid, kThreads, PassLayout<K, 2>::kBytes, w);
+  else
+    launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K, 1>, pass_grid, kThreads, PassLayout<K, 1>::kBytes, w);
   launch_checked(p, "delta_bwd_v2_gradients", delta_bwd_v2_gradients<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
                  GradLayout<K>::kBytes, w);
 }
