@@ -1,5 +1,6 @@
 // delta_bwd v2 (chunked WY, tensor cores): the backward of the chunked delta rule (delta v3's chunk algorithm) in
-// three launches, the WY step, the two passes over the chunk boundaries side by side, then the chunks in parallel,
+// four launches, the WY step and the chunk-local scores, the two passes over the chunk boundaries side by side, then
+// the chunks in parallel,
 // every product on bf16 tensor cores (mma.sync, fp32 accumulators), because v1's token loops are latency-bound
 // (52 ms where the forward takes 0.45).
 //
@@ -24,9 +25,11 @@
 //       dk^B = diag(beta) E R_w + dpair K (the terms where k_s sits at the later token of a decay, or in W) and
 //       dk^A the rest (dk = dk^A + dk^B); plus at the last token exp(G_L) <D+, S> + sum_j k_j . (F Delta D+^T)_j;
 //       dg_t = the sum of dL/dG_s over t <= s < t0 + 64, plus that last-token term.
-// Launches: (1) T for every chunk (delta v10's prepare); (2) one block per (batch, head, 64 value columns) for
-// the states, forwards, and one for the adjoints, backwards, in one grid, storing S, D+ and Delta, R (bf16) and dv;
-// (3) one block per (chunk, head, batch) for dq, dk, dbeta and dg. The states are recomputed rather than saved by
+// Launches: (1) T for every chunk (delta v10's prepare); (2) P^T dO for every chunk; (3) one block per (batch,
+// head, 64 value columns) for the states, forwards, and one for the adjoints, backwards, in one grid, storing S, D+
+// and Delta, R (bf16) and dv; (4) one block per (chunk, head, batch) for dq, dk, dbeta and dg. The adjoint pass is
+// the one long chain of the backward (its blocks walk every chunk, the state pass's do less per chunk), so what
+// does not depend on D+ is taken off it: P^T dO by launch 2, Q^T E dO while R is stored. The states are recomputed rather than saved by
 // the forward (which stays the inference kernel). Stored in bf16, as tools/emulate_bf16_backward.py shows they
 // may be (every gradient within 3e-3 of float64 with all of them rounded): workspace 2 B H N (K V + 64 V + 32 64)
 // bf16 for N = ceil(T / 64) chunks.
@@ -84,7 +87,62 @@ __device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf1
   }
 }
 
-// ---- launch 2: the states (forwards) and the adjoints (backwards) over the chunk boundaries ---------------------
+// ---- launch 2: the corrections' adjoint's chunk-local part P^T dO, every chunk at once -------------------------
+// One block of 8 warps per (chunk, head, batch): P = scale (Q K^T) * M once, then P^T dO per value block, stored
+// where the adjoint pass will store R (it reads the tile before it writes it), so that the adjoint pass, the
+// launch's one sequential chain, does neither product.
+template <int K>
+struct LocalLayout {
+  static constexpr int kLdK = K + 8;
+  static constexpr size_t kBytes = (2 * kChunk * kLdK + kChunk * kLdC + kChunk * kLdV) * sizeof(bf16)  // Q, K, P, dO
+                                   + 2 * kChunk * sizeof(float);                                       // g, G
+  unsigned char* base;
+  __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
+  __device__ bf16* k() const { return q() + kChunk * kLdK; }
+  __device__ bf16* P() const { return k() + kChunk * kLdK; }
+  __device__ bf16* dO() const { return P() + kChunk * kLdC; }
+  __device__ float* g() const { return reinterpret_cast<float*>(dO() + kChunk * kLdV); }
+  __device__ float* G() const { return g() + kChunk; }
+};
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 2) delta_bwd_v2_local(const BackwardProblem p, const Workspace w) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = LocalLayout<K>::kLdK;
+  const LocalLayout<K> L{smem};
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * kChunk;
+  const int warp = threadIdx.x >> 5, m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
+  cp_async_token_rows<K>(L.q(), kLdK, p.q, p, b, h, t0, K, 0);
+  cp_async_token_rows<K>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
+  cp_async_token_scalars(L.g(), p.g, p, b, h, t0);
+  cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  if (warp == 0) warp_chunk_cumsum(L.G(), L.g(), p.g != nullptr);
+  float qk[1][4][4];
+  zero(qk);
+  if (n0 < m0 + 16) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(qk, L.q(), kLdK, L.k(), kLdK, m0, n0, 0, K);
+  scale_tiles(qk, p.scale);
+  __syncthreads();  // G is on chip
+  store_decayed_scores(qk, L.G(), L.P(), kLdC, m0, n0);
+  bf16* out = w.corrections_adjoint + matrix_at(p, b, h, c) * kChunk * p.V;
+  for (int v0 = 0; v0 < p.V; v0 += kBlockV) {
+    if (v0 > 0) {
+      __syncthreads();  // every read of the previous value block is done
+      cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, v0);
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // P and this value block of dO are complete
+    float local[1][4][4];  // P^T dO: rows i take tokens j >= i
+    zero(local);
+    warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(local, L.P(), kLdC, L.dO(), kLdV, m0, n0, m0, kChunk);
+    store_tile_bf16(local, out + v0, p.V, m0, n0);
+  }
+}
+
+// ---- launch 3: the states (forwards) and the adjoints (backwards) over the chunk boundaries ---------------------
 // One block of 8 warps per (batch, head, 64 value columns) and direction, the running matrix (S or D+) in fp32
 // registers split as linear_bwd v2's passes split it; the 64 x 64 products per warp: rows m0, columns n0 .. n0 + 31.
 // Both directions use one shared layout (the adjoints' is the larger), with kStages copies of the chunk's inputs:
@@ -94,34 +152,38 @@ __device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf1
 template <int K, int kStages>
 struct PassLayout {
   static constexpr int kLdK = K + 8;
-  static constexpr size_t kStageBytes = (2 * kChunk * kLdK + kChunk * kLdV + kChunk * kLdC) * sizeof(bf16)  // q, k, y, T
-                                        + 2 * kChunk * sizeof(float);                                     // g, beta
-  static constexpr size_t kBytes = kStages * kStageBytes + (K * kLdV + kChunk * kLdC + 3 * kChunk * kLdV) * sizeof(bf16)
+  static constexpr size_t kStageBytes =
+      (2 * kChunk * kLdK + 2 * kChunk * kLdV + kChunk * kLdC) * sizeof(bf16)  // q, k, y, P^T dO, T
+      + 2 * kChunk * sizeof(float);                                           // g, beta
+  static constexpr size_t kBytes = kStages * kStageBytes + (K * kLdV + 3 * kChunk * kLdV) * sizeof(bf16)
                                    + kChunk * sizeof(float);
   unsigned char* base;
   __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
   __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
   __device__ bf16* y(int s) const { return k(s) + kChunk * kLdK; }  // V forwards, dO backwards
-  __device__ bf16* T(int s) const { return y(s) + kChunk * kLdV; }
+  __device__ bf16* local(int s) const { return y(s) + kChunk * kLdV; }  // P^T dO (backwards)
+  __device__ bf16* T(int s) const { return local(s) + kChunk * kLdV; }
   __device__ float* g(int s) const { return reinterpret_cast<float*>(T(s) + kChunk * kLdC); }
   __device__ float* beta(int s) const { return g(s) + kChunk; }
   __device__ bf16* R() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }  // S or D+, bf16
-  __device__ bf16* P() const { return R() + K * kLdV; }
-  __device__ bf16* a() const { return P() + kChunk * kLdC; }  // X forwards, scale E dO backwards
+  __device__ bf16* a() const { return R() + K * kLdV; }  // X forwards, scale E dO backwards
   __device__ bf16* b() const { return a() + kChunk * kLdV; }  // F Delta forwards, dDelta backwards
   __device__ bf16* c() const { return b() + kChunk * kLdV; }  // -E diag(beta) R backwards
   __device__ float* G() const { return reinterpret_cast<float*>(c() + kChunk * kLdV); }
 };
 
 template <int K, int kStages, bool kReverse>
-__device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages>& L, int s, const BackwardProblem& p, const bf16* wy,
-                                                int b, int h, int c, int v0) {
+__device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages>& L, int s, const BackwardProblem& p,
+                                                const Workspace& w, int b, int h, int c, int v0) {
   constexpr int kLdK = PassLayout<K, kStages>::kLdK;
   const int t0 = c * kChunk;
   if (kReverse) cp_async_token_rows<K>(L.q(s), kLdK, p.q, p, b, h, t0, K, 0);
   cp_async_token_rows<K>(L.k(s), kLdK, p.k, p, b, h, t0, K, 0);
   cp_async_token_rows<kBlockV>(L.y(s), kLdV, kReverse ? p.do_ : p.v, p, b, h, t0, p.V, v0);
-  cp_async_rows(L.T(s), kLdC, wy + matrix_at(p, b, h, c) * kChunk * kChunk, kChunk, kChunk, kChunk, kChunk);
+  if (kReverse)  // launch 2's P^T dO, which the adjoint pass overwrites with R once it has read it
+    cp_async_rows(L.local(s), kLdV, w.corrections_adjoint + matrix_at(p, b, h, c) * kChunk * p.V + v0, p.V, kChunk,
+                  kBlockV, kChunk);
+  cp_async_rows(L.T(s), kLdC, w.wy + matrix_at(p, b, h, c) * kChunk * kChunk, kChunk, kChunk, kChunk, kChunk);
   cp_async_token_scalars(L.g(s), p.g, p, b, h, t0);
   cp_async_token_scalars(L.beta(s), p.beta, p, b, h, t0);
 }
@@ -142,7 +204,7 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
   const long long head = (static_cast<long long>(b) * p.H + h) * K * p.V;
   float* G = L.G();
 
-  load_pass_chunk<K, kStages, kReverse>(L, 0, p, w.wy, b, h, kReverse ? chunks - 1 : 0, v0);
+  load_pass_chunk<K, kStages, kReverse>(L, 0, p, w, b, h, kReverse ? chunks - 1 : 0, v0);
   cp_async_commit();
   float R[1][kStateTiles][4];
   load_state(R, kReverse ? p.dht : p.h0, head, p.V, v0, s_m0, s_n0, L.R(), kLdV);
@@ -151,13 +213,13 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
     const int s = kStages == 2 ? n & 1 : 0, c = kReverse ? chunks - 1 - n : n;
     if (kStages == 1 && n > 0) {
       __syncthreads();  // every read of the previous chunk is done
-      load_pass_chunk<K, kStages, kReverse>(L, 0, p, w.wy, b, h, c, v0);
+      load_pass_chunk<K, kStages, kReverse>(L, 0, p, w, b, h, c, v0);
       cp_async_commit();
     }
     cp_async_wait<0>();
     __syncthreads();  // chunk c and R's copy are on chip; every read of the other stage is done
     if (kStages == 2 && n + 1 < chunks)
-      load_pass_chunk<K, kStages, kReverse>(L, s ^ 1, p, w.wy, b, h, kReverse ? c - 1 : c + 1, v0);
+      load_pass_chunk<K, kStages, kReverse>(L, s ^ 1, p, w, b, h, kReverse ? c - 1 : c + 1, v0);
     cp_async_commit();
     if (warp == 0) warp_chunk_cumsum(G, L.g(s), p.g != nullptr);
     const long long at = matrix_at(p, b, h, c);
@@ -195,16 +257,12 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
       warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.b(), kLdV, s_m0, s_n0, 0,
                                                                        kChunk);
     } else {
-      // P = scale (Q K^T) * M and F K D+
-      float qk[1][4][4], dd[1][4][4];
-      zero(qk);
+      // dDelta = P^T dO + F K D+, P^T dO copied in (launch 2 formed it, chunk-parallel)
+      float dd[1][4][4];
       zero(dd);
-      if (below) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(qk, L.q(s), kLdK, L.k(s), kLdK, m0, n0, 0, K);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(dd, L.k(s), kLdK, L.R(), kLdV, m0, n0, 0, K);
       __syncthreads();  // G is on chip
       const float G_last = G[kChunk - 1];
-      scale_tiles(qk, p.scale);
-      store_decayed_scores(qk, G, L.P(), kLdC, m0, n0);
       for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {  // scale E dO
         const int j = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
         float x[8];
@@ -214,11 +272,15 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
         for (int e = 0; e < 8; e += 2) store_bf16x2(L.a() + j * kLdV + col + e, wgt * x[e], wgt * x[e + 1]);
       }
       scale_rows(dd, m0, [&](int r) { return __expf(G_last - G[r]); });
-      __syncthreads();  // P is complete
-      // dDelta = P^T dO + F K D+ (P^T's rows i take tokens j >= i)
-      warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(dd, L.P(), kLdC, L.y(s), kLdV, m0, n0, m0, kChunk);
-      store_tile_bf16(dd, L.b(), kLdV, m0, n0);
-      __syncthreads();  // dDelta is complete
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
+          const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(L.local(s) + r * kLdV + col);
+          store_bf16x2(L.b() + r * kLdV + col, dd[0][j][e] + __low2float(x), dd[0][j][e + 1] + __high2float(x));
+        }
+      __syncthreads();  // dDelta and scale E dO are complete; every read of R's copy is done
       // R = T^T dDelta (T^T upper triangular: rows j >= i), stored; dv = diag(beta) R; -E diag(beta) R for D
       float ra[1][4][4];
       zero(ra);
@@ -228,11 +290,11 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
       store_output_tile(ra, static_cast<bf16*>(p.dv), p.T, p.H, p.V, b, h, c * kChunk, v0, m0, n0, 1.0f);
       scale_rows(ra, m0, [&](int r) { return -__expf(G[r]); });
       store_tile_bf16(ra, L.c(), kLdV, m0, n0);
-      __syncthreads();  // scale E dO and -E diag(beta) R are complete; every read of R's copy is done
-      // D = exp(G_L) D+ + Q^T (scale E dO) - K^T (E diag(beta) R)
+      // D = exp(G_L) D+ + Q^T (scale E dO) - K^T (E diag(beta) R): the first two terms while the others store
       scale_tiles(R, __expf(G_last));
       warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.q(s), kLdK, L.a(), kLdV, s_m0, s_n0, 0,
                                                                        kChunk);
+      __syncthreads();  // -E diag(beta) R is complete
       warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.c(), kLdV, s_m0, s_n0, 0,
                                                                        kChunk);
     }
@@ -251,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 3 - kStages) delta_bwd_v2_passes(con
   else run_pass<K, kStages, true>(p, w, smem, (blockIdx.x - value_blocks) * kBlockV);
 }
 
-// ---- launch 3: the gradients, one block of 8 warps per (chunk, head, batch) -----------------------------------
+// ---- launch 4: the gradients, one block of 8 warps per (chunk, head, batch) -----------------------------------
 // The sums over value columns (dO S^T, Delta D+^T, R S^T, dO Delta^T, R Delta^T) accumulate in registers over
 // the value blocks, two of which are on chip at a time (the next copied in while this one computes): the block
 // needs 224 registers a thread (one block per SM), so the second copy costs no occupancy (204 KB at K = 128).
@@ -467,6 +529,8 @@ void launch(const BackwardProblem& p, const Workspace& w) {
   fp.dtype = p.dtype;
   fp.stream = p.stream;
   launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(fp, w.wy, "delta_bwd_v2_wy_prepare");
+  launch_checked(p, "delta_bwd_v2_local", delta_bwd_v2_local<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
+                 LocalLayout<K>::kBytes, w);
   const dim3 pass_grid(2 * (p.V / kBlockV), p.H, p.B);
   if (static_cast<long long>(pass_grid.x) * pass_grid.y * pass_grid.z <= multiprocessor_count("delta_bwd_v2_passes"))
     launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K, 2>, pass_grid, kThreads, PassLayout<K, 2>::kBytes, w);
