@@ -1,6 +1,7 @@
 """The CUDA backward kernels (csrc/linear_bwd/, csrc/delta_bwd/) against the float64 NumPy backward.
 
-The GPU tests compare with the mixers' own `recurrent_backward` in float64. This file also keeps a small float64
+The GPU tests compare with the mixers' own `recurrent_backward` (or, at FLA's longer test shapes,
+`chunked_backward`) in float64. This file also keeps a small float64
 reference of its own, the definition run backwards with every state kept, written from the same derivation as the
 kernels (csrc/delta_bwd/v1_recurrent.cu): it is proved on the CPU against central finite differences of minilin's
 recurrent forms and against the mixers' recurrent_backward, and it drives the CPU test of the front's call into the
