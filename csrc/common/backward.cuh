@@ -41,6 +41,27 @@ __device__ __forceinline__ void load_rows(float (&out)[ROWS], const void* x, lon
   }
 }
 
+// The forward call a backward call differentiates (its inputs, sizes, scale, dtype and stream; no outputs), for a
+// backward version that runs a forward kernel's step (delta_bwd v2 the WY prepare).
+inline Problem forward_problem(const BackwardProblem& p) {
+  Problem f;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.g = p.g;
+  f.beta = p.beta;
+  f.h0 = p.h0;
+  f.B = p.B;
+  f.T = p.T;
+  f.H = p.H;
+  f.K = p.K;
+  f.V = p.V;
+  f.scale = p.scale;
+  f.dtype = p.dtype;
+  f.stream = p.stream;
+  return f;
+}
+
 // x[bth * V + col0 + c] for c < 8 (0 past V): a warp's 8 value columns of v or do, the same in every lane.
 template <typename Elem>
 __device__ __forceinline__ void load_columns(float (&out)[kBwdColumnsPerWarp], const void* x, long long bth, int V,

@@ -514,21 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
 
 template <int K>
 void launch(const BackwardProblem& p, const Workspace& w) {
-  Problem fp;  // the WY step reads the forward's arguments
-  fp.q = p.q;
-  fp.k = p.k;
-  fp.v = p.v;
-  fp.g = p.g;
-  fp.beta = p.beta;
-  fp.B = p.B;
-  fp.T = p.T;
-  fp.H = p.H;
-  fp.K = p.K;
-  fp.V = p.V;
-  fp.scale = p.scale;
-  fp.dtype = p.dtype;
-  fp.stream = p.stream;
-  launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(fp, w.wy, "delta_bwd_v2_wy_prepare");
+  launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(forward_problem(p), w.wy, "delta_bwd_v2_wy_prepare");
   launch_checked(p, "delta_bwd_v2_local", delta_bwd_v2_local<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
                  LocalLayout<K>::kBytes, w);
   const dim3 pass_grid(2 * (p.V / kBlockV), p.H, p.B);
@@ -552,8 +538,9 @@ void backward(const BackwardProblem& p) {
 
 extern const Version delta_bwd_v2 = {
     "delta_bwd", 2, "chunked_wy_mma",
-    "Chunks on bf16 tensor cores through the WY form: the forward's T per chunk, the chunk-boundary states and their "
-    "adjoints by one pass each way (one launch), then every chunk's gradients in parallel as matrix products.",
+    "Chunks on bf16 tensor cores through the WY form: the forward's T and the scores' P^T dO per chunk, the "
+    "chunk-boundary states and their adjoints by one pass each way (one launch), then every chunk's gradients in "
+    "parallel as matrix products.",
     false, true, 80, workspace_bytes, nullptr, 0, nullptr, backward};
 
 }  // namespace minilin
