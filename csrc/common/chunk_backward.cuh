@@ -42,6 +42,14 @@ __device__ __forceinline__ void cp_async_token_rows(bf16* dst, int ld, const voi
                 static_cast<long long>(p.H) * width, kChunk, kCols, min(kChunk, p.T - t0));
 }
 
+// A block's [rows, 64] bf16 shared tile (row stride kLdV) copied into global rows of stride ld, 16 bytes per copy.
+__device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf16* src, int rows) {
+  for (int i = threadIdx.x; i < rows * kBlockV / 8; i += kThreads) {
+    const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
+    *reinterpret_cast<uint4*>(dst + r * ld + col) = *reinterpret_cast<const uint4*>(src + r * kLdV + col);
+  }
+}
+
 // acc's rows r (of the warp's tile at row m0) times factor(m0 + r).
 template <int NT, typename Factor>
 __device__ __forceinline__ void scale_rows(float (&acc)[1][NT][4], int m0, Factor factor) {

@@ -92,15 +92,22 @@ __device__ __forceinline__ void load_state(float (&S)[1][NT][4], const float* h0
     }
 }
 
-// The bf16 copy of this warp's slice, which the next chunk's products read.
+// A warp's accumulator tile at (m0, n0) into bf16 rows of stride ld (shared or global memory).
 template <int NT>
-__device__ __forceinline__ void store_state_copy(const float (&S)[1][NT][4], __nv_bfloat16* S_copy, int ld, int s_m0,
-                                                 int s_n0) {
+__device__ __forceinline__ void store_tile_bf16(const float (&acc)[1][NT][4], __nv_bfloat16* dst, int ld, int m0,
+                                                int n0) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; e += 2)
-      store_bf16x2(S_copy + (s_m0 + acc_row(0, e)) * ld + s_n0 + acc_col(j, e), S[0][j][e], S[0][j][e + 1]);
+      store_bf16x2(dst + (m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e), acc[0][j][e], acc[0][j][e + 1]);
+}
+
+// The bf16 copy of this warp's slice, which the next chunk's products read.
+template <int NT>
+__device__ __forceinline__ void store_state_copy(const float (&S)[1][NT][4], __nv_bfloat16* S_copy, int ld, int s_m0,
+                                                 int s_n0) {
+  store_tile_bf16(S, S_copy, ld, s_m0, s_n0);
 }
 
 // The final state, fp32, into ht.

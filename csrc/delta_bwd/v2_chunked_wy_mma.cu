@@ -69,24 +69,6 @@ __device__ __forceinline__ long long matrix_at(const BackwardProblem& p, int b, 
   return (static_cast<long long>(b) * p.H + h) * chunk_count(p.T) + c;
 }
 
-// A warp's 16 x 8 NT accumulator tile at (m0, n0) into bf16 rows of stride ld (shared or global memory).
-template <int NT>
-__device__ __forceinline__ void store_tile_bf16(const float (&acc)[1][NT][4], bf16* dst, long long ld, int m0, int n0) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2)
-      store_bf16x2(dst + (m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e), acc[0][j][e], acc[0][j][e + 1]);
-}
-
-// A block's [rows, 64] bf16 shared tile copied into global rows of stride ld, 16 bytes per copy.
-__device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf16* src, int rows) {
-  for (int i = threadIdx.x; i < rows * kBlockV / 8; i += kThreads) {
-    const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
-    *reinterpret_cast<uint4*>(dst + r * ld + col) = *reinterpret_cast<const uint4*>(src + r * kLdV + col);
-  }
-}
-
 // ---- launch 2: the corrections' adjoint's chunk-local part P^T dO, every chunk at once -------------------------
 // One block of 8 warps per (chunk, head, batch): P = scale (Q K^T) * M once, then P^T dO per value block, stored
 // where the adjoint pass will store R (it reads the tile before it writes it), so that the adjoint pass, the
@@ -200,7 +182,6 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
   const int warp = threadIdx.x >> 5;
   const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
   const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
-  const bool below = n0 < m0 + 16;  // this warp's 64 x 64 tile reaches the causal triangle
   const long long head = (static_cast<long long>(b) * p.H + h) * K * p.V;
   float* G = L.G();
 

@@ -95,13 +95,8 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, bf16* stored,
 
     float* G = L.G();
     if (warp == 0) warp_chunk_cumsum(G, L.g(stage), p.g != nullptr);
-    // R (S_{c-1} forwards, D_c backwards) for pass 3, 16 bytes per thread and copy
-    bf16* out = stored + (static_cast<long long>(b) * p.H + h) * chunks * K * p.V + static_cast<long long>(c) * K * p.V;
-    for (int i = threadIdx.x; i < K * kBlockV / 8; i += kThreads) {
-      const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
-      *reinterpret_cast<uint4*>(out + static_cast<long long>(r) * p.V + v0 + col) =
-          *reinterpret_cast<const uint4*>(L.R() + r * kLdV + col);
-    }
+    // R (S_{c-1} forwards, D_c backwards) for pass 3
+    copy_out_rows(stored + ((static_cast<long long>(b) * p.H + h) * chunks + c) * K * p.V + v0, p.V, L.R(), K);
     __syncthreads();
     const float G_last = G[kChunk - 1];
 
