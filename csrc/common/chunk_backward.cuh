@@ -38,8 +38,15 @@ __device__ __forceinline__ void cp_async_token_scalars(float* dst, const float* 
 template <int kCols>
 __device__ __forceinline__ void cp_async_token_rows(bf16* dst, int ld, const void* src, const BackwardProblem& p, int b,
                                                     int h, int t0, int width, int c0) {
-  cp_async_rows(dst, ld, static_cast<const bf16*>(src) + token_index(p, b, t0, h) * width + c0,
-                static_cast<long long>(p.H) * width, kChunk, kCols, min(kChunk, p.T - t0));
+  cp_async_tile<kThreads, kChunk, kCols>(dst, ld, static_cast<const bf16*>(src) + token_index(p, b, t0, h) * width + c0,
+                                         static_cast<long long>(p.H) * width, min(kChunk, p.T - t0));
+}
+
+// A [kRows, 64] value block of a workspace matrix (global rows of stride V, the block's first column at src) into
+// shared rows of stride kLdV.
+template <int kRows>
+__device__ __forceinline__ void cp_async_value_block(bf16* dst, const bf16* src, int V) {
+  cp_async_tile<kThreads, kRows, kBlockV>(dst, kLdV, src, V);
 }
 
 // A block's [rows, 64] bf16 shared tile (row stride kLdV) copied into global rows of stride ld, 16 bytes per copy.
@@ -71,10 +78,12 @@ __device__ __forceinline__ float2 row_dots(const float (&acc)[1][NT][4], const b
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = acc[0][j][e] * __bfloat162float(X[(m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e)]);
-      if (e < 2) top += x;
-      else bottom += x;
+    for (int e = 0; e < 4; e += 2) {  // elements e and e + 1 sit in adjacent columns: one 4-byte load
+      const float2 x = __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(X + (m0 + acc_row(0, e)) * ld + n0 + acc_col(j, e)));
+      const float d = fmaf(acc[0][j][e], x.x, acc[0][j][e + 1] * x.y);
+      if (e < 2) top += d;
+      else bottom += d;
     }
   return make_float2(top, bottom);
 }

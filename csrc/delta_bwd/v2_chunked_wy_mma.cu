@@ -163,9 +163,8 @@ __device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages>& L,
   cp_async_token_rows<K>(L.k(s), kLdK, p.k, p, b, h, t0, K, 0);
   cp_async_token_rows<kBlockV>(L.y(s), kLdV, kReverse ? p.do_ : p.v, p, b, h, t0, p.V, v0);
   if (kReverse)  // launch 2's P^T dO, which the adjoint pass overwrites with R once it has read it
-    cp_async_rows(L.local(s), kLdV, w.corrections_adjoint + matrix_at(p, b, h, c) * kChunk * p.V + v0, p.V, kChunk,
-                  kBlockV, kChunk);
-  cp_async_rows(L.T(s), kLdC, w.wy + matrix_at(p, b, h, c) * kChunk * kChunk, kChunk, kChunk, kChunk, kChunk);
+    cp_async_value_block<kChunk>(L.local(s), w.corrections_adjoint + matrix_at(p, b, h, c) * kChunk * p.V + v0, p.V);
+  cp_async_tile<kThreads, kChunk, kChunk>(L.T(s), kLdC, w.wy + matrix_at(p, b, h, c) * kChunk * kChunk, kChunk);
   cp_async_token_scalars(L.g(s), p.g, p, b, h, t0);
   cp_async_token_scalars(L.beta(s), p.beta, p, b, h, t0);
 }
@@ -333,10 +332,10 @@ __device__ __forceinline__ void load_value_block(const GradLayout<K>& L, int s, 
   const long long at = matrix_at(p, b, h, c);
   cp_async_token_rows<kBlockV>(L.v(s), kLdV, p.v, p, b, h, t0, p.V, v0);
   cp_async_token_rows<kBlockV>(L.dO(s), kLdV, p.do_, p, b, h, t0, p.V, v0);
-  cp_async_rows(L.delta(s), kLdV, w.deltas + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
-  cp_async_rows(L.ra(s), kLdV, w.corrections_adjoint + at * kChunk * p.V + v0, p.V, kChunk, kBlockV, kChunk);
-  cp_async_rows(L.S(s), kLdV, w.states + at * K * p.V + v0, p.V, K, kBlockV, K);
-  cp_async_rows(L.D(s), kLdV, w.adjoints + at * K * p.V + v0, p.V, K, kBlockV, K);
+  cp_async_value_block<kChunk>(L.delta(s), w.deltas + at * kChunk * p.V + v0, p.V);
+  cp_async_value_block<kChunk>(L.ra(s), w.corrections_adjoint + at * kChunk * p.V + v0, p.V);
+  cp_async_value_block<K>(L.S(s), w.states + at * K * p.V + v0, p.V);
+  cp_async_value_block<K>(L.D(s), w.adjoints + at * K * p.V + v0, p.V);
 }
 
 // Rows m0 + lane / 4 and 8 further of a 16-row part (sum_row_lanes' pair), written by the first lane of each row

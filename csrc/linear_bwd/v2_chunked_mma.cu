@@ -166,8 +166,8 @@ __device__ __forceinline__ void load_value_block(const GradLayout<K>& L, const B
   cp_async_token_rows<kBlockV>(L.v(), kLdV, p.v, p, b, h, t0, p.V, v0);
   cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, v0);
   const long long at = ((static_cast<long long>(b) * p.H + h) * chunk_count(p.T) + c) * K * p.V + v0;
-  cp_async_rows(L.S(), kLdV, states + at, p.V, K, kBlockV, K);
-  cp_async_rows(L.D(), kLdV, adjoints + at, p.V, K, kBlockV, K);
+  cp_async_value_block<K>(L.S(), states + at, p.V);
+  cp_async_value_block<K>(L.D(), adjoints + at, p.V);
 }
 
 template <int K>
