@@ -34,19 +34,21 @@ __device__ __forceinline__ void cp_async_token_scalars(float* dst, const float* 
   }
 }
 
-// Rows [t0, t0 + 64) of a [B, T, H, width] bf16 tensor, columns [c0, c0 + cols), into shared rows of stride ld.
-template <int kCols>
+// Rows [t0, t0 + 64) of a [B, T, H, width] bf16 tensor, columns [c0, c0 + cols), into shared rows of stride ld,
+// by a block of kBlockThreads threads.
+template <int kCols, int kBlockThreads = kThreads>
 __device__ __forceinline__ void cp_async_token_rows(bf16* dst, int ld, const void* src, const BackwardProblem& p, int b,
                                                     int h, int t0, int width, int c0) {
-  cp_async_tile<kThreads, kChunk, kCols>(dst, ld, static_cast<const bf16*>(src) + token_index(p, b, t0, h) * width + c0,
-                                         static_cast<long long>(p.H) * width, min(kChunk, p.T - t0));
+  cp_async_tile<kBlockThreads, kChunk, kCols>(dst, ld,
+                                              static_cast<const bf16*>(src) + token_index(p, b, t0, h) * width + c0,
+                                              static_cast<long long>(p.H) * width, min(kChunk, p.T - t0));
 }
 
 // A [kRows, 64] value block of a workspace matrix (global rows of stride V, the block's first column at src) into
 // shared rows of stride kLdV.
-template <int kRows>
+template <int kRows, int kBlockThreads = kThreads>
 __device__ __forceinline__ void cp_async_value_block(bf16* dst, const bf16* src, int V) {
-  cp_async_tile<kThreads, kRows, kBlockV>(dst, kLdV, src, V);
+  cp_async_tile<kBlockThreads, kRows, kBlockV>(dst, kLdV, src, V);
 }
 
 // A block's [rows, 64] bf16 shared tile (row stride kLdV) copied into global rows of stride ld, 16 bytes per copy.
@@ -106,25 +108,30 @@ __device__ __forceinline__ float2 sum_row_lanes(float2 t) {
   return t;
 }
 
-// Shared scratch for store_gate_gradient: per-token terms of each column half [2][64], and a per-warp term [8].
+// Shared scratch for store_gate_gradient in a block of kBlockWarps warps whose tiles split their columns into
+// kColumnGroups groups (warp w takes group w % kColumnGroups): per-token terms of each group [kColumnGroups][64],
+// and a per-warp term [kBlockWarps].
+template <int kColumnGroups = 2, int kBlockWarps = kWarps>
 struct GateScratch {
-  float* term;  // [2 * kChunk]
-  float* last;  // [kWarps]
-  static constexpr size_t kBytes = (2 * kChunk + kWarps) * sizeof(float);
+  float* term;
+  float* last;
+  static constexpr size_t kBytes = (kColumnGroups * kChunk + kBlockWarps) * sizeof(float);
 };
 
 // dg of one chunk: dg_t = sum_{t <= s < t0 + 64} term_s + last, with term_s this thread's part of the per-token term
 // for its two rows (top, bottom: row_dots' rows) and `last` its part of the chunk's last-token term. The terms are
-// added over each row's 4 lanes and the two warps that share its rows, `last` over the block, then a reverse scan
-// over the 64 tokens by warp 0 stores dg (rows past T are not written). Every thread must call it; it ends with
-// warp 0 alone still running, so nothing may follow it but the kernel's end.
-__device__ __forceinline__ void store_gate_gradient(const GateScratch& s, const BackwardProblem& p, float2 term,
-                                                    float last, int b, int h, int t0, int m0) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// added over each row's 4 lanes and the warps that share its rows (one per column group), `last` over the block,
+// then a reverse scan over the 64 tokens by warp 0 stores dg (rows past T are not written). Every thread must call
+// it; it ends with warp 0 alone still running, so nothing may follow it but the kernel's end.
+template <int kColumnGroups, int kBlockWarps>
+__device__ __forceinline__ void store_gate_gradient(const GateScratch<kColumnGroups, kBlockWarps>& s,
+                                                    const BackwardProblem& p, float2 term, float last, int b, int h,
+                                                    int t0, int m0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp % kColumnGroups;
   term = sum_row_lanes(term);
   if ((lane & 3) == 0) {
-    s.term[(warp & 1) * kChunk + m0 + acc_row(0, 0)] = term.x;
-    s.term[(warp & 1) * kChunk + m0 + acc_row(0, 2)] = term.y;
+    s.term[group * kChunk + m0 + acc_row(0, 0)] = term.x;
+    s.term[group * kChunk + m0 + acc_row(0, 2)] = term.y;
   }
   last = warp_sum(last);
   if (lane == 0) s.last[warp] = last;
@@ -132,10 +139,14 @@ __device__ __forceinline__ void store_gate_gradient(const GateScratch& s, const 
   if (warp != 0) return;
   float total_last = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) total_last += s.last[w];
+  for (int w = 0; w < kBlockWarps; ++w) total_last += s.last[w];
   // lane l: tokens 2l and 2l + 1; x = the pair's sum, then the sum over pairs l .. 31
-  const float even = s.term[2 * lane] + s.term[kChunk + 2 * lane];
-  const float odd = s.term[2 * lane + 1] + s.term[kChunk + 2 * lane + 1];
+  float even = 0.0f, odd = 0.0f;
+#pragma unroll
+  for (int g = 0; g < kColumnGroups; ++g) {
+    even += s.term[g * kChunk + 2 * lane];
+    odd += s.term[g * kChunk + 2 * lane + 1];
+  }
   float x = even + odd;
 #pragma unroll
   for (int offset = 1; offset < 32; offset <<= 1) {

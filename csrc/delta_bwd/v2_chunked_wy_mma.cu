@@ -293,18 +293,27 @@ __global__ void __launch_bounds__(kThreads, 3 - kStages) delta_bwd_v2_passes(con
   else run_pass<K, kStages, true>(p, w, smem, (blockIdx.x - value_blocks) * kBlockV);
 }
 
-// ---- launch 4: the gradients, one block of 8 warps per (chunk, head, batch) -----------------------------------
+// ---- launch 4: the gradients, one block of 16 warps per (chunk, head, batch) ----------------------------------
 // The sums over value columns (dO S^T, Delta D+^T, R S^T, dO Delta^T, R Delta^T) accumulate in registers over
-// the value blocks, two of which are on chip at a time (the next copied in while this one computes): the block
-// needs 224 registers a thread (one block per SM), so the second copy costs no occupancy (204 KB at K = 128).
+// the value blocks, two of which are on chip at a time (the next copied in while this one computes: 204 KB at
+// K = 128, so one block per SM). Sixteen warps split every 64-row product four ways by columns (warp w: rows
+// 16 (w / 4), column quarter w % 4), so each holds half the accumulators an 8-warp block would (128 registers),
+// and the SM has twice the warps to hide the products' and copies' latency with (ncu, 8 warps: 12% occupancy,
+// issue-bound at a third of the SM's throughput).
+constexpr int kGradWarps = 16;
+constexpr int kGradThreads = 32 * kGradWarps;
+constexpr int kQuarters = kGradWarps / 4;  // column groups of a 64-row tile
+using GradGateScratch = GateScratch<kQuarters, kGradWarps>;
+
 template <int K>
 struct GradLayout {
   static constexpr int kLdK = K + 8;
+  static constexpr int kDbetaParts = 1 + 2 * kQuarters;  // sum_c V R; rowsum(E K * R_w) and of dA * (K K^T * M)
   static constexpr size_t kValueBytes = (4 * kChunk * kLdV + 2 * K * kLdV) * sizeof(bf16);  // V, dO, Delta, R; S, D+
   static constexpr size_t kBytes = (2 * kChunk * kLdK + 2 * kChunk * kLdC) * sizeof(bf16)  // Q, K; dS, dpair
                                    + 2 * kValueBytes
-                                   + (3 * kChunk + 5 * kChunk) * sizeof(float)  // g, G, beta; dbeta's 5 parts
-                                   + GateScratch::kBytes;
+                                   + (3 + kDbetaParts) * kChunk * sizeof(float)  // g, G, beta; dbeta's parts
+                                   + GradGateScratch::kBytes;
   unsigned char* base;
   __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
   __device__ bf16* k() const { return q() + kChunk * kLdK; }
@@ -321,8 +330,10 @@ struct GradLayout {
   __device__ float* g() const { return reinterpret_cast<float*>(v(2)); }
   __device__ float* G() const { return g() + kChunk; }
   __device__ float* beta() const { return G() + kChunk; }
-  __device__ float* dbeta_part(int i) const { return beta() + kChunk + i * kChunk; }  // i < 5
-  __device__ GateScratch gate_scratch() const { return {dbeta_part(5), dbeta_part(5) + 2 * kChunk}; }
+  __device__ float* dbeta_part(int i) const { return beta() + kChunk + i * kChunk; }  // i < kDbetaParts
+  __device__ GradGateScratch gate_scratch() const {
+    return {dbeta_part(kDbetaParts), dbeta_part(kDbetaParts) + kQuarters * kChunk};
+  }
 };
 
 template <int K>
@@ -330,12 +341,12 @@ __device__ __forceinline__ void load_value_block(const GradLayout<K>& L, int s, 
                                                  const Workspace& w, int b, int h, int c, int v0) {
   const int t0 = c * kChunk;
   const long long at = matrix_at(p, b, h, c);
-  cp_async_token_rows<kBlockV>(L.v(s), kLdV, p.v, p, b, h, t0, p.V, v0);
-  cp_async_token_rows<kBlockV>(L.dO(s), kLdV, p.do_, p, b, h, t0, p.V, v0);
-  cp_async_value_block<kChunk>(L.delta(s), w.deltas + at * kChunk * p.V + v0, p.V);
-  cp_async_value_block<kChunk>(L.ra(s), w.corrections_adjoint + at * kChunk * p.V + v0, p.V);
-  cp_async_value_block<K>(L.S(s), w.states + at * K * p.V + v0, p.V);
-  cp_async_value_block<K>(L.D(s), w.adjoints + at * K * p.V + v0, p.V);
+  cp_async_token_rows<kBlockV, kGradThreads>(L.v(s), kLdV, p.v, p, b, h, t0, p.V, v0);
+  cp_async_token_rows<kBlockV, kGradThreads>(L.dO(s), kLdV, p.do_, p, b, h, t0, p.V, v0);
+  cp_async_value_block<kChunk, kGradThreads>(L.delta(s), w.deltas + at * kChunk * p.V + v0, p.V);
+  cp_async_value_block<kChunk, kGradThreads>(L.ra(s), w.corrections_adjoint + at * kChunk * p.V + v0, p.V);
+  cp_async_value_block<K, kGradThreads>(L.S(s), w.states + at * K * p.V + v0, p.V);
+  cp_async_value_block<K, kGradThreads>(L.D(s), w.adjoints + at * K * p.V + v0, p.V);
 }
 
 // Rows m0 + lane / 4 and 8 further of a 16-row part (sum_row_lanes' pair), written by the first lane of each row
@@ -349,18 +360,19 @@ __device__ __forceinline__ void store_row_part(float* part, float2 t, int m0) {
 }
 
 template <int K>
-__global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const BackwardProblem p, const Workspace w) {
+__global__ void __launch_bounds__(kGradThreads, 1) delta_bwd_v2_gradients(const BackwardProblem p, const Workspace w) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = GradLayout<K>::kLdK;
-  constexpr int kKeyTiles = K / 16;  // 8-column tiles of a warp's half of a 64 x K gradient
+  constexpr int kKeyTiles = K / (8 * kQuarters);  // 8-column tiles of a warp's quarter of a 64 x K gradient
+  constexpr int kRowThreads = kGradThreads / kChunk;  // threads per row in the sum of V * R
   const GradLayout<K> L{smem};
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * kChunk;
-  const int warp = threadIdx.x >> 5, half = warp & 1;
-  const int m0 = 16 * (warp >> 1), n0 = 32 * half, k0 = (K / 2) * half;
+  const int warp = threadIdx.x >> 5, quarter = warp % kQuarters;
+  const int m0 = 16 * (warp / kQuarters), n0 = 16 * quarter, k0 = (K / kQuarters) * quarter;
   const bool below = n0 < m0 + 16;
 
-  cp_async_token_rows<K>(L.q(), kLdK, p.q, p, b, h, t0, K, 0);
-  cp_async_token_rows<K>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
+  cp_async_token_rows<K, kGradThreads>(L.q(), kLdK, p.q, p, b, h, t0, K, 0);
+  cp_async_token_rows<K, kGradThreads>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
   cp_async_token_scalars(L.g(), p.g, p, b, h, t0);
   cp_async_token_scalars(L.beta(), p.beta, p, b, h, t0);
   load_value_block<K>(L, 0, p, w, b, h, c, 0);
@@ -373,14 +385,14 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
   __syncthreads();
   const float G_last = G[kChunk - 1];
 
-  float dP[1][4][4], dA[1][4][4], dq[1][kKeyTiles][4], dk_end[1][kKeyTiles][4], rs[1][kKeyTiles][4];
+  float dP[1][2][4], dA[1][2][4], dq[1][kKeyTiles][4], dk_end[1][kKeyTiles][4], rs[1][kKeyTiles][4];
   zero(dP);
   zero(dA);
   zero(dq);
   zero(dk_end);
   zero(rs);
   float state_dot = 0.0f;  // this thread's part of <D+, S>
-  float v_r = 0.0f;        // ... of row threadIdx.x / 4's sum of V * R, over its 16 columns of each value block
+  float v_r = 0.0f;        // ... of row threadIdx.x / kRowThreads's sum of V * R, over its columns of each value block
   for (int v0 = 0, s = 0; v0 < p.V; v0 += kBlockV, s ^= 1) {
     const bool next = v0 + kBlockV < p.V;
     if (next) {
@@ -394,7 +406,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
       __syncthreads();
     }
     if (p.g)
-      for (int i = threadIdx.x; i < K * kBlockV / 8; i += kThreads) {
+#pragma unroll
+      for (int i = threadIdx.x; i < K * kBlockV / 8; i += kGradThreads) {
         const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
         float x[8], y[8];
         load8(L.S(s) + r * kLdV + col, x);
@@ -403,9 +416,9 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
         for (int e = 0; e < 8; ++e) state_dot = fmaf(x[e], y[e], state_dot);
       }
     {
-      const int r = threadIdx.x >> 2, col = 16 * (threadIdx.x & 3);
+      const int r = threadIdx.x / kRowThreads, col = (kBlockV / kRowThreads) * (threadIdx.x % kRowThreads);
 #pragma unroll
-      for (int part = 0; part < 16; part += 8) {
+      for (int part = 0; part < kBlockV / kRowThreads; part += 8) {
         float x[8], y[8];
         load8(L.v(s) + r * kLdV + col + part, x);
         load8(L.ra(s) + r * kLdV + col + part, y);
@@ -414,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
       }
     }
     if (below) {
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dP, L.dO(s), kLdV, L.delta(s), kLdV, m0, n0, 0, kBlockV);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dA, L.ra(s), kLdV, L.delta(s), kLdV, m0, n0, 0, kBlockV);
+      warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(dP, L.dO(s), kLdV, L.delta(s), kLdV, m0, n0, 0, kBlockV);
+      warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(dA, L.ra(s), kLdV, L.delta(s), kLdV, m0, n0, 0, kBlockV);
     }
     warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dq, L.dO(s), kLdV, L.S(s), kLdV, m0, k0, 0, kBlockV);
     warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dk_end, L.delta(s), kLdV, L.D(s), kLdV, m0, k0, 0,
@@ -423,19 +436,19 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
     warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(rs, L.ra(s), kLdV, L.S(s), kLdV, m0, k0, 0, kBlockV);
   }
 
-  {  // dbeta's part sum_c V R, over the 4 lanes of each row
+  {  // dbeta's part sum_c V R, over the kRowThreads lanes of each row
     float x = v_r;
-    x += __shfl_xor_sync(kFullMask, x, 1);
-    x += __shfl_xor_sync(kFullMask, x, 2);
-    if ((threadIdx.x & 3) == 0) L.dbeta_part(0)[threadIdx.x >> 2] = x;
+#pragma unroll
+    for (int offset = 1; offset < kRowThreads; offset <<= 1) x += __shfl_xor_sync(kFullMask, x, offset);
+    if (threadIdx.x % kRowThreads == 0) L.dbeta_part(0)[threadIdx.x / kRowThreads] = x;
   }
   {  // dA = -R Delta^T below the diagonal: dpair = diag(beta) dA * M, and dbeta's part rowsum(dA * (K K^T * M))
-    float gram[1][4][4];
+    float gram[1][2][4];
     zero(gram);
-    if (below) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(gram, L.k(), kLdK, L.k(), kLdK, m0, n0, 0, K);
+    if (below) warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(gram, L.k(), kLdK, L.k(), kLdK, m0, n0, 0, K);
     float top = 0.0f, bottom = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
@@ -448,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
         }
         store_bf16x2(L.dpair() + r * kLdC + col, pair[0], pair[1]);
       }
-    store_row_part(L.dbeta_part(3 + half), make_float2(top, bottom), m0);
+    store_row_part(L.dbeta_part(1 + kQuarters + quarter), make_float2(top, bottom), m0);
   }
   scale_tiles(dP, p.scale);  // dS = scale (dO Delta^T) * M
   store_decayed_scores(dP, G, L.dS(), kLdC, m0, n0);
@@ -462,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
   // dk^B = diag(beta) E R_w + dpair K, with R_w = -R S^T; dbeta's part rowsum(E K * R_w)
   scale_tiles(rs, -1.0f);
   const float2 k_rw = row_dots(rs, L.k(), kLdK, m0, k0);
-  store_row_part(L.dbeta_part(1 + half),
+  store_row_part(L.dbeta_part(1 + quarter),
                  make_float2(k_rw.x * __expf(G[m0 + acc_row(0, 0)]), k_rw.y * __expf(G[m0 + acc_row(0, 2)])), m0);
   scale_rows(rs, m0, [&](int r) { return beta[r] * __expf(G[r]); });
   warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kRowMajor>(rs, L.dpair(), kLdC, L.k(), kLdK, m0, k0, 0, m0 + 16);
@@ -481,8 +494,10 @@ __global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_gradients(const Back
   __syncthreads();  // dbeta's parts are complete
   if (threadIdx.x < kChunk && t0 + static_cast<int>(threadIdx.x) < p.T) {
     const int r = threadIdx.x;
-    p.dbeta[token_index(p, b, t0 + r, h)] =
-        L.dbeta_part(0)[r] + L.dbeta_part(1)[r] + L.dbeta_part(2)[r] + L.dbeta_part(3)[r] + L.dbeta_part(4)[r];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GradLayout<K>::kDbetaParts; ++i) sum += L.dbeta_part(i)[r];
+    p.dbeta[token_index(p, b, t0 + r, h)] = sum;
   }
   if (p.g) {  // dL/dG_s = q . dq - k . dk + 2 k . dk^B (dk^A = dk - dk^B)
     const float2 q_dq = row_dots(dq, L.q(), kLdK, m0, k0), k_dk = row_dots(rs, L.k(), kLdK, m0, k0);
@@ -502,8 +517,8 @@ void launch(const BackwardProblem& p, const Workspace& w) {
     launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K, 2>, pass_grid, kThreads, PassLayout<K, 2>::kBytes, w);
   else
     launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K, 1>, pass_grid, kThreads, PassLayout<K, 1>::kBytes, w);
-  launch_checked(p, "delta_bwd_v2_gradients", delta_bwd_v2_gradients<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
-                 GradLayout<K>::kBytes, w);
+  launch_checked(p, "delta_bwd_v2_gradients", delta_bwd_v2_gradients<K>, dim3(chunk_count(p.T), p.H, p.B),
+                 kGradThreads, GradLayout<K>::kBytes, w);
 }
 
 void backward(const BackwardProblem& p) {

@@ -143,7 +143,7 @@ struct GradLayout {
                                    + 2 * kChunk * kLdC * sizeof(bf16)  // P, dP
                                    + kStageBytes
                                    + 2 * kChunk * sizeof(float)        // g, G
-                                   + GateScratch::kBytes;              // dg's terms
+                                   + GateScratch<>::kBytes;              // dg's terms
   unsigned char* base;
   __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
   __device__ bf16* k() const { return q() + kChunk * kLdK; }
@@ -155,7 +155,7 @@ struct GradLayout {
   __device__ bf16* D() const { return S() + K * kLdV; }
   __device__ float* g() const { return reinterpret_cast<float*>(D() + K * kLdV); }
   __device__ float* G() const { return g() + kChunk; }
-  __device__ GateScratch gate_scratch() const { return {G() + kChunk, G() + 3 * kChunk}; }
+  __device__ GateScratch<> gate_scratch() const { return {G() + kChunk, G() + 3 * kChunk}; }
 };
 
 // One value block's V, dO, S_{c-1} and D_c columns.
