@@ -545,14 +545,17 @@ def test_the_chunked_backward_at_flas_test_shapes(mixer, version, T, K, V, with_
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "deltanet"])
-def test_the_chunked_delta_backward_when_its_passes_outnumber_the_sms(mixer):
-    """delta_bwd v2's passes copy one chunk at a time, two blocks per SM, when their 2 (V / 64) H B blocks are more
-    than the card's SMs (here 320), and two chunks at a time otherwise (the FLA-shape test's grids)."""
-    x = inputs(2, 200, 40, 128, 128, seed=11, gated=mixer == "gated_deltanet", delta=True, with_state=True)
-    assert 2 * (128 // 64) * 40 * 2 > cupy.cuda.Device().attributes["MultiProcessorCount"]
+@pytest.mark.parametrize("K, V", [(128, 128), (64, 64), (128, 192)])
+def test_the_chunked_delta_backward_when_its_passes_outnumber_the_sms(mixer, K, V):
+    """delta_bwd v2 runs both passes of a value block in one 16-warp block (the states copying one chunk at a
+    time, the adjoints two) when their 2 (V / 64) H B separate blocks are more than the card's SMs (here 160 to
+    480), and each pass in a block of its own otherwise (the FLA-shape test's grids); T = 200 ends in a partial
+    chunk."""
+    x = inputs(2, 200, 40, K, V, seed=11, gated=mixer == "gated_deltanet", delta=True, with_state=True)
+    assert 2 * (V // 64) * 40 * 2 > cupy.cuda.Device().attributes["MultiProcessorCount"]
     gx, host = device_inputs(x, "bfloat16")
     grads = run_backward(mixer, gx, version=2)
-    ref = numpy_backward(mixer, host, 128 ** -0.5, form="chunked")
+    ref = numpy_backward(mixer, host, K ** -0.5, form="chunked")
     for name in grads._fields:
         if ref[name] is not None:
             err = rel_err(as_host(getattr(grads, name)), ref[name])

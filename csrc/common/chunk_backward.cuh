@@ -23,14 +23,19 @@ using bf16 = __nv_bfloat16;
 
 __host__ __device__ inline int chunk_count(int T) { return (T + kChunk - 1) / kChunk; }
 
+// The helpers below split their work over a group of kThreads threads, the block or one of its 256-thread parts
+// (threads t with the same t / kThreads), each thread by its index in the group.
+__device__ __forceinline__ int group_thread() { return static_cast<int>(threadIdx.x % kThreads); }
+
 // The chunk's 64 per-token scalars of a [B, T, H] float32 array (the log-gates, the betas) into dst (zeros past
 // T; nothing when src is null).
 __device__ __forceinline__ void cp_async_token_scalars(float* dst, const float* src, const BackwardProblem& p, int b,
                                                        int h, int t0) {
-  if (src && threadIdx.x < kChunk) {
-    const bool ok = t0 + static_cast<int>(threadIdx.x) < p.T;
-    const long long row = token_index(p, b, t0, h) + static_cast<long long>(threadIdx.x) * p.H;
-    cp_async_4(dst + threadIdx.x, ok ? src + row : src, ok);
+  const int i = group_thread();
+  if (src && i < kChunk) {
+    const bool ok = t0 + i < p.T;
+    const long long row = token_index(p, b, t0, h) + static_cast<long long>(i) * p.H;
+    cp_async_4(dst + i, ok ? src + row : src, ok);
   }
 }
 
@@ -53,7 +58,7 @@ __device__ __forceinline__ void cp_async_value_block(bf16* dst, const bf16* src,
 
 // A block's [rows, 64] bf16 shared tile (row stride kLdV) copied into global rows of stride ld, 16 bytes per copy.
 __device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf16* src, int rows) {
-  for (int i = threadIdx.x; i < rows * kBlockV / 8; i += kThreads) {
+  for (int i = group_thread(); i < rows * kBlockV / 8; i += kThreads) {
     const int r = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
     *reinterpret_cast<uint4*>(dst + r * ld + col) = *reinterpret_cast<const uint4*>(src + r * kLdV + col);
   }

@@ -70,18 +70,20 @@ __device__ __forceinline__ void cp_async_rows(T* smem, int s_stride, const T* gm
   }
 }
 
-// cp_async_rows for a tile whose shape and block size are known at compile time (kThreads == blockDim.x): each
-// thread keeps one 16-byte column of the tile and steps down its rows, so a copy costs a pointer step instead of
-// the loop above's division and 64-bit multiply (~25 integer instructions a copy, a fifth of all the instructions
-// of the delta backward's gradients kernel under ncu).
+// cp_async_rows for a tile whose shape and copying threads are known at compile time: each thread of a group of
+// kThreads (threads t with the same t / kThreads: the block, or one of its parts that copies on its own) keeps one
+// 16-byte column of the tile and steps down its rows, so a copy costs a pointer step instead of the loop above's
+// division and 64-bit multiply (~25 integer instructions a copy, a fifth of all the instructions of the delta
+// backward's gradients kernel under ncu).
 template <int kThreads, int kRows, int kRowElems, typename T>
 __device__ __forceinline__ void cp_async_tile(T* smem, int s_stride, const T* gmem, long long g_stride,
                                               int valid_rows = kRows) {
   constexpr int kPer16 = 16 / sizeof(T);
   constexpr int kPieces = kRowElems / kPer16;
-  static_assert(kRowElems % kPer16 == 0 && kThreads % kPieces == 0, "rows of whole 16-byte pieces, a block of whole rows");
+  static_assert(kRowElems % kPer16 == 0 && kThreads % kPieces == 0, "rows of whole 16-byte pieces, a group of whole rows");
   constexpr int kRowStep = kThreads / kPieces;
-  const int r0 = static_cast<int>(threadIdx.x / kPieces), c = static_cast<int>(threadIdx.x % kPieces) * kPer16;
+  const unsigned tid = threadIdx.x % kThreads;
+  const int r0 = static_cast<int>(tid / kPieces), c = static_cast<int>(tid % kPieces) * kPer16;
   const T* src = gmem + r0 * g_stride + c;
   T* dst = smem + r0 * s_stride + c;
 #pragma unroll

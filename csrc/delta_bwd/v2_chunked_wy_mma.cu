@@ -125,39 +125,45 @@ __global__ void __launch_bounds__(kThreads, 2) delta_bwd_v2_local(const Backward
 }
 
 // ---- launch 3: the states (forwards) and the adjoints (backwards) over the chunk boundaries ---------------------
-// One block of 8 warps per (batch, head, 64 value columns) and direction, the running matrix (S or D+) in fp32
-// registers split as linear_bwd v2's passes split it; the 64 x 64 products per warp: rows m0, columns n0 .. n0 + 31.
-// Both directions use one shared layout (the adjoints' is the larger), with kStages copies of the chunk's inputs:
-// two, the next copied in while this one computes (one block per SM: 163 KB at K = 128), or one (109 KB, two blocks
-// per SM, each block's copy waited out while the other computes). The launch takes two stages while the grid fits
-// the card at one block per SM, else one.
-template <int K, int kStages>
+// 8 warps per (batch, head, 64 value columns) and direction, the running matrix (S or D+) in fp32 registers split
+// as linear_bwd v2's passes split it; the 64 x 64 products per warp: rows m0, columns n0 .. n0 + 31. Each direction
+// has its own shared memory: kStages copies of a chunk's inputs (two: the next copied in while this one computes),
+// then the running matrix's bf16 copy and one [64, 64] tile (F Delta forwards; dDelta, then -E diag(beta) R
+// backwards). The chunk's other intermediates overwrite the input they are made from: X = diag(beta) (V - E K S)
+// the V rows, scale E dO the dO rows.
+template <int K, int kStages, bool kReverse>
 struct PassLayout {
   static constexpr int kLdK = K + 8;
-  static constexpr size_t kStageBytes =
-      (2 * kChunk * kLdK + 2 * kChunk * kLdV + kChunk * kLdC) * sizeof(bf16)  // q, k, y, P^T dO, T
-      + 2 * kChunk * sizeof(float);                                           // g, beta
-  static constexpr size_t kBytes = kStages * kStageBytes + (K * kLdV + 3 * kChunk * kLdV) * sizeof(bf16)
+  static constexpr int kRowInputs = kReverse ? 2 : 1;  // k and V forwards; q, k, dO and P^T dO backwards
+  static constexpr size_t kStageBytes = (kRowInputs * (kChunk * kLdK + kChunk * kLdV) + kChunk * kLdC) * sizeof(bf16)
+                                        + 2 * kChunk * sizeof(float);  // ..., T; g, beta
+  static constexpr size_t kBytes = kStages * kStageBytes + (K * kLdV + kChunk * kLdV) * sizeof(bf16)
                                    + kChunk * sizeof(float);
   unsigned char* base;
-  __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
-  __device__ bf16* k(int s) const { return q(s) + kChunk * kLdK; }
+  __device__ bf16* k(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
   __device__ bf16* y(int s) const { return k(s) + kChunk * kLdK; }  // V forwards, dO backwards
-  __device__ bf16* local(int s) const { return y(s) + kChunk * kLdV; }  // P^T dO (backwards)
-  __device__ bf16* T(int s) const { return local(s) + kChunk * kLdV; }
+  __device__ bf16* T(int s) const { return y(s) + kChunk * kLdV; }
   __device__ float* g(int s) const { return reinterpret_cast<float*>(T(s) + kChunk * kLdC); }
   __device__ float* beta(int s) const { return g(s) + kChunk; }
+  __device__ bf16* q(int s) const { return reinterpret_cast<bf16*>(beta(s) + kChunk); }  // backwards only
+  __device__ bf16* local(int s) const { return q(s) + kChunk * kLdK; }                   // P^T dO, backwards only
   __device__ bf16* R() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }  // S or D+, bf16
-  __device__ bf16* a() const { return R() + K * kLdV; }  // X forwards, scale E dO backwards
-  __device__ bf16* b() const { return a() + kChunk * kLdV; }  // F Delta forwards, dDelta backwards
-  __device__ bf16* c() const { return b() + kChunk * kLdV; }  // -E diag(beta) R backwards
-  __device__ float* G() const { return reinterpret_cast<float*>(c() + kChunk * kLdV); }
+  __device__ bf16* tile() const { return R() + K * kLdV; }
+  __device__ float* G() const { return reinterpret_cast<float*>(tile() + kChunk * kLdV); }
 };
 
+// A barrier over one direction's 256 threads (named barrier 1 forwards, 2 backwards), so that the two directions
+// can share a block without waiting on each other.
+template <bool kReverse>
+__device__ __forceinline__ void pass_barrier() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kReverse ? 2 : 1), "n"(kThreads) : "memory");
+}
+
 template <int K, int kStages, bool kReverse>
-__device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages>& L, int s, const BackwardProblem& p,
-                                                const Workspace& w, int b, int h, int c, int v0) {
-  constexpr int kLdK = PassLayout<K, kStages>::kLdK;
+__device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages, kReverse>& L, int s,
+                                                const BackwardProblem& p, const Workspace& w, int b, int h, int c,
+                                                int v0) {
+  constexpr int kLdK = PassLayout<K, kStages, kReverse>::kLdK;
   const int t0 = c * kChunk;
   if (kReverse) cp_async_token_rows<K>(L.q(s), kLdK, p.q, p, b, h, t0, K, 0);
   cp_async_token_rows<K>(L.k(s), kLdK, p.k, p, b, h, t0, K, 0);
@@ -169,16 +175,18 @@ __device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages>& L,
   cp_async_token_scalars(L.beta(s), p.beta, p, b, h, t0);
 }
 
+// One direction's chain over the chunks, by 256 threads (the block, or one half of a paired block).
 template <int K, int kStages, bool kReverse>
 __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspace& w, unsigned char* smem, int v0) {
-  constexpr int kLdK = PassLayout<K, kStages>::kLdK;
+  using Layout = PassLayout<K, kStages, kReverse>;
+  constexpr int kLdK = Layout::kLdK;
   constexpr int kRowSharers = kWarps / (K / 16);
   constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
   static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
-  const PassLayout<K, kStages> L{smem};
+  const Layout L{smem};
   const int h = blockIdx.y, b = blockIdx.z, chunks = chunk_count(p.T);
-  const int warp = threadIdx.x >> 5;
+  const int warp = (threadIdx.x >> 5) % kWarps;
   const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);
   const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
   const long long head = (static_cast<long long>(b) * p.H + h) * K * p.V;
@@ -192,12 +200,12 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
   for (int n = 0; n < chunks; ++n) {
     const int s = kStages == 2 ? n & 1 : 0, c = kReverse ? chunks - 1 - n : n;
     if (kStages == 1 && n > 0) {
-      __syncthreads();  // every read of the previous chunk is done
+      pass_barrier<kReverse>();  // every read of the previous chunk is done
       load_pass_chunk<K, kStages, kReverse>(L, 0, p, w, b, h, c, v0);
       cp_async_commit();
     }
     cp_async_wait<0>();
-    __syncthreads();  // chunk c and R's copy are on chip; every read of the other stage is done
+    pass_barrier<kReverse>();  // chunk c and R's copy are on chip; every read of the other stage is done
     if (kStages == 2 && n + 1 < chunks)
       load_pass_chunk<K, kStages, kReverse>(L, s ^ 1, p, w, b, h, kReverse ? c - 1 : c + 1, v0);
     cp_async_commit();
@@ -207,49 +215,51 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
     const float* beta = L.beta(s);
 
     if constexpr (!kReverse) {
-      // X = diag(beta) (V - E K S)
+      // X = diag(beta) (V - E K S), over V's rows (each thread rewrites the elements it reads)
       float ks[1][4][4];
       zero(ks);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(ks, L.k(s), kLdK, L.R(), kLdV, m0, n0, 0, K);
-      __syncthreads();  // G is on chip
+      pass_barrier<kReverse>();  // G is on chip
+      bf16* X = L.y(s);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
           const float decay = __expf(G[r]);
-          const __nv_bfloat162 v2 = *reinterpret_cast<const __nv_bfloat162*>(L.y(s) + r * kLdV + col);
-          store_bf16x2(L.a() + r * kLdV + col, beta[r] * (__low2float(v2) - decay * ks[0][j][e]),
+          const __nv_bfloat162 v2 = *reinterpret_cast<const __nv_bfloat162*>(X + r * kLdV + col);
+          store_bf16x2(X + r * kLdV + col, beta[r] * (__low2float(v2) - decay * ks[0][j][e]),
                        beta[r] * (__high2float(v2) - decay * ks[0][j][e + 1]));
         }
-      __syncthreads();  // X is complete
+      pass_barrier<kReverse>();  // X is complete
       // Delta = T X (T lower triangular: columns up to the tile's last row), stored; F Delta for the update
       float delta[1][4][4];
       zero(delta);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(delta, L.T(s), kLdC, L.a(), kLdV, m0, n0, 0, m0 + 16);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(delta, L.T(s), kLdC, X, kLdV, m0, n0, 0, m0 + 16);
       store_tile_bf16(delta, w.deltas + at * kChunk * p.V + v0, p.V, m0, n0);
       const float G_last = G[kChunk - 1];
       scale_rows(delta, m0, [&](int r) { return __expf(G_last - G[r]); });
-      store_tile_bf16(delta, L.b(), kLdV, m0, n0);
-      __syncthreads();  // F Delta is complete; every read of R's copy is done
+      store_tile_bf16(delta, L.tile(), kLdV, m0, n0);
+      pass_barrier<kReverse>();  // F Delta is complete; every read of R's copy is done
       // S+ = exp(G_L) S + K^T F Delta
       scale_tiles(R, __expf(G_last));
-      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.b(), kLdV, s_m0, s_n0, 0,
-                                                                       kChunk);
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.tile(), kLdV, s_m0, s_n0,
+                                                                       0, kChunk);
     } else {
       // dDelta = P^T dO + F K D+, P^T dO copied in (launch 2 formed it, chunk-parallel)
       float dd[1][4][4];
       zero(dd);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(dd, L.k(s), kLdK, L.R(), kLdV, m0, n0, 0, K);
-      __syncthreads();  // G is on chip
+      pass_barrier<kReverse>();  // G is on chip
       const float G_last = G[kChunk - 1];
-      for (int i = threadIdx.x; i < kChunk * kBlockV / 8; i += kThreads) {  // scale E dO
+      bf16* scaled_dO = L.y(s);  // scale E dO, over dO's rows (each thread rewrites the elements it reads)
+      for (int i = group_thread(); i < kChunk * kBlockV / 8; i += kThreads) {
         const int j = i / (kBlockV / 8), col = (i % (kBlockV / 8)) * 8;
         float x[8];
-        load8(L.y(s) + j * kLdV + col, x);
+        load8(scaled_dO + j * kLdV + col, x);
         const float wgt = p.scale * __expf(G[j]);
 #pragma unroll
-        for (int e = 0; e < 8; e += 2) store_bf16x2(L.a() + j * kLdV + col + e, wgt * x[e], wgt * x[e + 1]);
+        for (int e = 0; e < 8; e += 2) store_bf16x2(scaled_dO + j * kLdV + col + e, wgt * x[e], wgt * x[e + 1]);
       }
       scale_rows(dd, m0, [&](int r) { return __expf(G_last - G[r]); });
 #pragma unroll
@@ -258,39 +268,52 @@ __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspa
         for (int e = 0; e < 4; e += 2) {
           const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
           const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(L.local(s) + r * kLdV + col);
-          store_bf16x2(L.b() + r * kLdV + col, dd[0][j][e] + __low2float(x), dd[0][j][e + 1] + __high2float(x));
+          store_bf16x2(L.tile() + r * kLdV + col, dd[0][j][e] + __low2float(x), dd[0][j][e + 1] + __high2float(x));
         }
-      __syncthreads();  // dDelta and scale E dO are complete; every read of R's copy is done
-      // R = T^T dDelta (T^T upper triangular: rows j >= i), stored; dv = diag(beta) R; -E diag(beta) R for D
+      pass_barrier<kReverse>();  // dDelta and scale E dO are complete; every read of R's copy is done
+      // R = T^T dDelta (T^T upper triangular: rows j >= i), stored; dv = diag(beta) R
       float ra[1][4][4];
       zero(ra);
-      warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(ra, L.T(s), kLdC, L.b(), kLdV, m0, n0, m0, kChunk);
+      warp_mma<1, 4, Stored::kTransposed, Stored::kRowMajor>(ra, L.T(s), kLdC, L.tile(), kLdV, m0, n0, m0, kChunk);
       store_tile_bf16(ra, w.corrections_adjoint + at * kChunk * p.V + v0, p.V, m0, n0);
       scale_rows(ra, m0, [&](int r) { return beta[r]; });
       store_output_tile(ra, static_cast<bf16*>(p.dv), p.T, p.H, p.V, b, h, c * kChunk, v0, m0, n0, 1.0f);
-      scale_rows(ra, m0, [&](int r) { return -__expf(G[r]); });
-      store_tile_bf16(ra, L.c(), kLdV, m0, n0);
-      // D = exp(G_L) D+ + Q^T (scale E dO) - K^T (E diag(beta) R): the first two terms while the others store
+      // D = exp(G_L) D+ + Q^T (scale E dO) - K^T (E diag(beta) R): the first two terms while the others read dDelta
       scale_tiles(R, __expf(G_last));
-      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.q(s), kLdK, L.a(), kLdV, s_m0, s_n0, 0,
-                                                                       kChunk);
-      __syncthreads();  // -E diag(beta) R is complete
-      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.c(), kLdV, s_m0, s_n0, 0,
-                                                                       kChunk);
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.q(s), kLdK, scaled_dO, kLdV, s_m0, s_n0,
+                                                                       0, kChunk);
+      scale_rows(ra, m0, [&](int r) { return -__expf(G[r]); });
+      pass_barrier<kReverse>();  // every read of dDelta is done: its tile takes -E diag(beta) R
+      store_tile_bf16(ra, L.tile(), kLdV, m0, n0);
+      pass_barrier<kReverse>();  // -E diag(beta) R is complete
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(R, L.k(s), kLdK, L.tile(), kLdV, s_m0, s_n0,
+                                                                       0, kChunk);
     }
     store_state_copy(R, L.R(), kLdV, s_m0, s_n0);
   }
   if (kReverse && p.dh0) store_state(R, p.dh0, head, p.V, v0, s_m0, s_n0);
 }
 
-// Neither pass needs the other: blocks x < V / 64 run the states, the rest the adjoints, so that the two chains of
-// chunks share the card instead of running one after the other.
-template <int K, int kStages>
-__global__ void __launch_bounds__(kThreads, 3 - kStages) delta_bwd_v2_passes(const BackwardProblem p, const Workspace w) {
+// Neither pass needs the other. Where the grid of both directions fits the card at one block per SM, blocks
+// x < V / 64 run the states and the rest the adjoints, each with two chunk copies and an SM of its own.
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) delta_bwd_v2_passes(const BackwardProblem p, const Workspace w) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int value_blocks = p.V / kBlockV;
-  if (static_cast<int>(blockIdx.x) < value_blocks) run_pass<K, kStages, false>(p, w, smem, blockIdx.x * kBlockV);
-  else run_pass<K, kStages, true>(p, w, smem, (blockIdx.x - value_blocks) * kBlockV);
+  if (static_cast<int>(blockIdx.x) < value_blocks) run_pass<K, 2, false>(p, w, smem, blockIdx.x * kBlockV);
+  else run_pass<K, 2, true>(p, w, smem, (blockIdx.x - value_blocks) * kBlockV);
+}
+
+// Larger grids: one block of 16 warps per (batch, head, value block) runs both directions side by side, the
+// states' 8 warps with one chunk copy, the adjoints' 8 (the longer chain) with two (213 KB at K = 128). The
+// adjoints keep their prefetch, where two 8-warp blocks per SM would have left both with one copy, waited out
+// every chunk (ncu, B=4, T=8192: ~7.2 us a chunk against ~4.1 with two copies).
+template <int K>
+__global__ void __launch_bounds__(2 * kThreads, 1) delta_bwd_v2_paired_passes(const BackwardProblem p,
+                                                                              const Workspace w) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (threadIdx.x < kThreads) run_pass<K, 1, false>(p, w, smem, blockIdx.x * kBlockV);
+  else run_pass<K, 2, true>(p, w, smem + PassLayout<K, 1, false>::kBytes, blockIdx.x * kBlockV);
 }
 
 // ---- launch 4: the gradients, one block of 16 warps per (chunk, head, batch) ----------------------------------
@@ -373,8 +396,10 @@ __global__ void __launch_bounds__(kGradThreads, 1) delta_bwd_v2_gradients(const 
 
   cp_async_token_rows<K, kGradThreads>(L.q(), kLdK, p.q, p, b, h, t0, K, 0);
   cp_async_token_rows<K, kGradThreads>(L.k(), kLdK, p.k, p, b, h, t0, K, 0);
-  cp_async_token_scalars(L.g(), p.g, p, b, h, t0);
-  cp_async_token_scalars(L.beta(), p.beta, p, b, h, t0);
+  if (threadIdx.x < kThreads) {  // the first 256 threads (the helper's group)
+    cp_async_token_scalars(L.g(), p.g, p, b, h, t0);
+    cp_async_token_scalars(L.beta(), p.beta, p, b, h, t0);
+  }
   load_value_block<K>(L, 0, p, w, b, h, c, 0);
   cp_async_commit();
   cp_async_wait<0>();
@@ -512,11 +537,13 @@ void launch(const BackwardProblem& p, const Workspace& w) {
   launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(forward_problem(p), w.wy, "delta_bwd_v2_wy_prepare");
   launch_checked(p, "delta_bwd_v2_local", delta_bwd_v2_local<K>, dim3(chunk_count(p.T), p.H, p.B), kThreads,
                  LocalLayout<K>::kBytes, w);
-  const dim3 pass_grid(2 * (p.V / kBlockV), p.H, p.B);
-  if (static_cast<long long>(pass_grid.x) * pass_grid.y * pass_grid.z <= multiprocessor_count("delta_bwd_v2_passes"))
-    launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K, 2>, pass_grid, kThreads, PassLayout<K, 2>::kBytes, w);
+  const int value_blocks = p.V / kBlockV;
+  if (2LL * value_blocks * p.H * p.B <= multiprocessor_count("delta_bwd_v2_passes"))
+    launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K>, dim3(2 * value_blocks, p.H, p.B), kThreads,
+                   PassLayout<K, 2, true>::kBytes, w);
   else
-    launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K, 1>, pass_grid, kThreads, PassLayout<K, 1>::kBytes, w);
+    launch_checked(p, "delta_bwd_v2_paired_passes", delta_bwd_v2_paired_passes<K>, dim3(value_blocks, p.H, p.B),
+                   2 * kThreads, PassLayout<K, 1, false>::kBytes + PassLayout<K, 2, true>::kBytes, w);
   launch_checked(p, "delta_bwd_v2_gradients", delta_bwd_v2_gradients<K>, dim3(chunk_count(p.T), p.H, p.B),
                  kGradThreads, GradLayout<K>::kBytes, w);
 }
