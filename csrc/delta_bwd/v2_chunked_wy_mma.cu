@@ -25,12 +25,13 @@
 //       dk^B = diag(beta) E R_w + dpair K (the terms where k_s sits at the later token of a decay, or in W) and
 //       dk^A the rest (dk = dk^A + dk^B); plus at the last token exp(G_L) <D+, S> + sum_j k_j . (F Delta D+^T)_j;
 //       dg_t = the sum of dL/dG_s over t <= s < t0 + 64, plus that last-token term.
-// Launches: (1) T for every chunk (delta v10's prepare); (2) P^T dO for every chunk; (3) one block per (batch,
-// head, 64 value columns) for the states, forwards, and one for the adjoints, backwards, in one grid, storing S, D+
-// and Delta, R (bf16) and dv; (4) one block per (chunk, head, batch) for dq, dk, dbeta and dg. The adjoint pass is
-// the one long chain of the backward (its blocks walk every chunk, the state pass's do less per chunk), so what
-// does not depend on D+ is taken off it: P^T dO by launch 2, Q^T E dO while R is stored. The states are recomputed rather than saved by
-// the forward (which stays the inference kernel). Stored in bf16, as tools/emulate_bf16_backward.py shows they
+// Launches: (1) T for every chunk (delta v10's prepare); (2) P^T dO for every chunk; (3) per (batch, head, 64 value
+// columns) 8 warps for the states, forwards, and 8 for the adjoints, backwards, side by side (in separate blocks
+// where they fit the card at one block per SM, else in one 16-warp block), storing S, D+ and Delta, R (bf16) and
+// dv; (4) one block of 16 warps per (chunk, head, batch) for dq, dk, dbeta and dg. The adjoint pass is the one long
+// chain of the backward (its warps walk every chunk, the state pass's do less per chunk), so what does not depend
+// on D+ is taken off it: P^T dO by launch 2, Q^T E dO while R is stored, and its next chunk is copied in while it
+// computes. The states are recomputed rather than saved by the forward (which stays the inference kernel). Stored in bf16, as tools/emulate_bf16_backward.py shows they
 // may be (every gradient within 3e-3 of float64 with all of them rounded): workspace 2 B H N (K V + 64 V + 32 64)
 // bf16 for N = ceil(T / 64) chunks.
 #include "../common/chunk_backward.cuh"
