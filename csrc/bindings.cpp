@@ -56,10 +56,20 @@ PYBIND11_MODULE(_cuda, m) {
       d["bfloat16"] = v.supports_bfloat16;
       d["min_compute_capability"] = v.min_compute_capability;
       d["max_compute_capability"] = v.max_compute_capability;  // 0: no maximum
+      d["max_k"] = v.shape.max_k;
+      py::object keys = py::none();
+      if (v.shape.tensor_core_keys) {
+        py::list taken;
+        for (int K : minilin::kTensorCoreKeys) taken.append(K);
+        keys = taken;
+      }
+      d["keys"] = keys;
+      d["value_multiple"] = v.shape.value_multiple;
       out.append(d);
     }
     return out;
-  }, "Every kernel version: op, version, name, summary, dtypes, minimum and maximum (0: none) compute capability.");
+  }, "Every kernel version: op, version, name, summary, dtypes, minimum and maximum (0: none) compute capability, "
+     "and the shapes it takes: K <= max_k, K in keys (None: any), V a multiple of value_multiple.");
 
   m.def("workspace_bytes", [](const std::string& op, int version, int B, int T, int H, int K, int V) -> size_t {
     const auto& v = find_version(op, version);

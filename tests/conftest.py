@@ -44,6 +44,12 @@ def rng():
     return np.random.default_rng(1234)
 
 
+# The shape rules of minilin.cuda.versions() entries (csrc/minilin_cuda.h's ShapeRule), for the fake ladders of
+# tests that run without the extension: a token loop's (K <= 256) and a tensor-core version's.
+TOKEN_LOOP_SHAPE = {"max_k": 256, "keys": None, "value_multiple": 8}
+TENSOR_CORE_SHAPE = {"max_k": 128, "keys": [64, 128], "value_multiple": 64}
+
+
 def cuda_version_cases(op: str) -> list[tuple[int, str]]:
     """(version, dtype) for every kernel version of `op` that this GPU runs, in every dtype it takes (a Hopper-only
     version cannot be tested on an older card; minilin.cuda refuses it there); [] where minilin.cuda cannot run."""

@@ -24,7 +24,7 @@ from minilin.cuda import bf16, front
 from minilin.mixers import deltanet, gated_deltanet, linear_attention, simple_gla
 from minilin.mixers.lightning import default_slope as lightning_default_slope
 from minilin.mixers.retnet import default_gamma as retnet_default_gamma
-from conftest import rel_err
+from conftest import TENSOR_CORE_SHAPE, TOKEN_LOOP_SHAPE, rel_err
 
 OK, REASON = mcuda.available()
 gpu = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
@@ -259,7 +259,8 @@ def host_extension(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", module)
     bf16.native_dtype.cache_clear()
     ladder = tuple({"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-                    "min_compute_capability": 80, "max_compute_capability": 0} for op in ("linear_bwd", "delta_bwd"))
+                    "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
+                   for op in ("linear_bwd", "delta_bwd"))
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     monkeypatch.setattr(front, "_compute_capability", lambda device: 90)
     monkeypatch.setattr(mbackward, "extension", lambda: types.SimpleNamespace(
@@ -272,11 +273,11 @@ def test_the_default_backward_version_is_the_chunked_one_where_the_shape_fits(ho
     """version=None: linear_bwd v2 (bf16, K 64 or 128, V a multiple of 64) where it takes the shape, v1 elsewhere
     and for float32; a version asked for by number is kept (its own checks say what it takes)."""
     v2 = {"op": "linear_bwd", "version": 2, "name": "chunked_mma", "float32": False, "bfloat16": True,
-          "min_compute_capability": 80, "max_compute_capability": 0}
+          "min_compute_capability": 80, "max_compute_capability": 0, **TENSOR_CORE_SHAPE}
     ladder = ({"op": "linear_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_compute_capability": 0}, v2)
+               "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}, v2)
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
-    chosen = lambda version, bf, K, V: mbackward.backward_version("linear_bwd", version, bf, K, V)["version"]  # noqa: E731
+    chosen = lambda version, bf, K, V: front.runnable_version("linear_bwd", version, bf, K, V)["version"]  # noqa: E731
     assert [chosen(None, True, K, V) for K, V in [(64, 64), (128, 128), (64, 128), (128, 192)]] == [2, 2, 2, 2]
     assert [chosen(None, True, K, V) for K, V in [(32, 64), (256, 64), (64, 96), (128, 32)]] == [1, 1, 1, 1]
     assert chosen(None, False, 64, 64) == 1

@@ -87,7 +87,7 @@ def _fake_comparison(monkeypatch, *, our_error=0.0, fla_error=0.0, fla_raises=No
     theirs = (ref[0] * (1 + fla_error), ref[1])
     monkeypatch.setattr(gpu, "make_inputs", lambda mixer, T, seed, problem=None, with_state=False: {})
     monkeypatch.setattr(gpu, "reference", lambda mixer, inputs, dtype: ref)
-    monkeypatch.setattr(mcuda, "default_version", lambda op, dtype_is_bf16=True: 6)
+    monkeypatch.setattr(mcuda, "default_version", lambda op, dtype_is_bf16=True, K=None, V=None: 6)
 
     def run_ours():
         if ours_raises:

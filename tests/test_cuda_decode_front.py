@@ -16,6 +16,7 @@ import pytest
 from minilin import cuda as mcuda
 from minilin.cuda import bf16, decode, front, mixers
 from minilin.activations import L2_EPS as L2_NORM_EPS, l2_normalize
+from conftest import TOKEN_LOOP_SHAPE
 
 
 class FakeDevice:
@@ -475,7 +476,7 @@ def host_extension(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", module)
     bf16.native_dtype.cache_clear()
     ladder = ({"op": "decode", "version": 1, "name": "register_tiles", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_compute_capability": 0},)
+               "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE},)
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     monkeypatch.setattr(front, "_compute_capability", lambda device: 90)
     monkeypatch.setattr(decode, "extension", lambda: types.SimpleNamespace(decode=contract_decode))

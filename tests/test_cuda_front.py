@@ -13,6 +13,7 @@ import pytest
 
 from minilin import cuda as mcuda
 from minilin.cuda import bf16, front
+from conftest import TENSOR_CORE_SHAPE, TOKEN_LOOP_SHAPE
 
 UNPATCHED_LAUNCH = front._launch  # the fixture below records launches instead; one test needs the real loop
 
@@ -134,9 +135,9 @@ def test_bad_inputs_name_the_argument(fake_cupy, case, error, message):
 
 def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
     ladder = ({"op": "linear", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80},
+               "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
               {"op": "linear", "version": 2, "name": "hopper_only", "float32": False, "bfloat16": True,
-               "min_compute_capability": 90})
+               "min_compute_capability": 90, **TENSOR_CORE_SHAPE})
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     assert front._version_info("linear", None, True, 90)["version"] == 2
     assert front._version_info("linear", None, True, 80)["version"] == 1  # an A100 falls back to what it runs
@@ -152,18 +153,62 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
 
 def test_a_measured_faster_default_replaces_the_last_rung(monkeypatch):
     ladder = tuple({"op": "kda", "version": n, "name": name, "float32": True, "bfloat16": True,
-                    "min_compute_capability": 80} for n, name in ((1, "recurrent"), (2, "chunked")))
+                    "min_compute_capability": 80, **TOKEN_LOOP_SHAPE} for n, name in ((1, "recurrent"), (2, "chunked")))
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     assert front.FASTER_DEFAULT[("kda", True)] == 1
     assert front._version_info("kda", None, True, 90)["version"] == 1
     assert front._version_info("kda", 2, True, 90)["version"] == 2  # still callable by number
 
 
+def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
+    """version=None with K and V: the last rung whose shape rule takes them (a chunked CUDA-core rung takes
+    K <= 128, the tensor-core one K = 64 or 128 and V a multiple of 64), the last rung when none does (its checks
+    then say why); a version asked for by number is kept."""
+    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
+              {"op": "delta", "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, "max_k": 128, "keys": None, "value_multiple": 8},
+              {"op": "delta", "version": 3, "name": "chunked_mma", "float32": False, "bfloat16": True,
+               "min_compute_capability": 80, **TENSOR_CORE_SHAPE})
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    chosen = lambda bf, K, V, version=None: front._version_info("delta", version, bf, 90, K, V)["version"]  # noqa: E731
+    assert [chosen(True, K, V) for K, V in [(64, 64), (128, 192), (96, 64), (128, 96), (256, 64), (32, 256)]] == \
+        [3, 3, 2, 2, 1, 2]
+    assert [chosen(False, K, V) for K, V in [(64, 64), (256, 128)]] == [2, 1]
+    assert chosen(True, 512, 64) == 3  # nothing takes K = 512: the last rung, whose checks refuse it
+    assert chosen(True, 256, 64, version=3) == 3
+    assert front._version_info("delta", None, True, 90)["version"] == 3  # no shape given: the last rung
+    assert front.takes_shape(ladder[2], 128, 64) and not front.takes_shape(ladder[2], 128, 32)
+
+
+def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
+    # Runs wherever the extension is built, GPU or not (CI compiles it): each entry's rule is what its file's
+    # checks take (the token loops K <= 256, the chunked CUDA-core versions K <= 128, every bf16-only version the
+    # tensor-core shape), so that version=None at K = 256 or K = 96 runs a rung that takes it.
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    for v in cuda.versions():
+        rule = (v["max_k"], v["keys"], v["value_multiple"])
+        if v["op"] == "decode":
+            assert rule == (256, None, 4), v
+        elif not v["float32"]:
+            assert rule == (128, [64, 128], 64), v
+        elif v["version"] == 1:
+            assert rule == (256, None, 8), v
+        else:
+            assert rule == (128, None, 8), v
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(front, "_built_versions", lambda: [dict(v) for v in cuda.versions()])
+        assert front._version_info("delta", None, True, 90, 256, 256)["version"] == 1
+        assert front._version_info("delta", None, True, 90, 96, 128)["version"] == 2
+        assert front._version_info("linear_bwd", None, True, 90, 256, 128)["version"] == 1
+        assert front._version_info("delta_bwd", None, True, 90, 128, 128)["version"] == 2
+
+
 # A delta ladder of a recurrent version that runs from 8.0 up and an sm_90a-only one (as v10).
 WGMMA_LADDER = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-                 "min_compute_capability": 80, "max_compute_capability": 0},
+                 "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE},
                 {"op": "delta", "version": 2, "name": "wgmma", "float32": False, "bfloat16": True,
-                 "min_compute_capability": 90, "max_compute_capability": 90})
+                 "min_compute_capability": 90, "max_compute_capability": 90, **TENSOR_CORE_SHAPE})
 
 
 def test_an_sm90a_version_runs_on_compute_capability_9_0_only(monkeypatch):
@@ -253,7 +298,7 @@ def test_a_packed_call_launches_once_per_sequence_on_its_slices(fake_cupy, monke
         final_state._data[...] = q.shape[1]
 
     monkeypatch.setattr(front, "_launch_one", launch_one)
-    monkeypatch.setattr(front, "runnable_version", lambda op, version, is_bf16: {"version": 8})
+    monkeypatch.setattr(front, "runnable_version", lambda op, version, is_bf16, K, V: {"version": 8})
     h0 = FakeArray(np.zeros((2, 3, 16, 8), np.float32))
     o, state = UNPATCHED_LAUNCH("linear", q, k, v, g, None, h0, 0.25, None, (0, 4, 10))
     assert calls == [(4, 4, (1, 3, 16, 8), (1, 4, 3, 8), (1, 3, 16, 8)), (6, 6, (1, 3, 16, 8), (1, 6, 3, 8), (1, 3, 16, 8))]

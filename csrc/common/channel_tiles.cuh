@@ -84,7 +84,7 @@ void forward_channel_recurrent(const Problem& p, const char* name, bool needs_be
   require(p.g != nullptr, [&] {
     return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
   });
-  require(p.K <= 256, [&] {
+  require(p.K <= kKeysUpTo256.max_k, [&] {
     return std::string(name) + ": K must be <= 256 (the state rows live in registers), got K=" + std::to_string(p.K);
   });
   const auto launch_rows = [&](auto elem) {

@@ -125,7 +125,7 @@ void launch_recurrent(const Problem& p, const char* name) {
 template <typename Kernels>
 void forward_recurrent(const Problem& p, const char* name, bool needs_beta) {
   check_common(p, name, needs_beta);
-  require(p.K <= 256, [&] {
+  require(p.K <= kKeysUpTo256.max_k, [&] {
     return std::string(name) + ": K must be <= 256 (the state rows live in registers), got K=" + std::to_string(p.K);
   });
   const auto launch_rows = [&](auto elem) {

@@ -34,6 +34,7 @@ constexpr int kBlockColumns = 32;                    // value columns per block
 constexpr int kColumnThreads = kBlockColumns / 4;    // 4 columns (16 bytes of fp32 state) per thread
 constexpr int kRowGroups = kThreads / kColumnThreads;  // 16
 constexpr int kMaxK = 256;                           // key rows: ROWS = K / 16 <= 16 registers of float4
+constexpr ShapeRule kDecodeShape{kMaxK, false, 4};  // V in whole float4s of state
 constexpr float kNormEps = 1e-6f;  // normalize_qk: minilin.activations.L2_EPS, FLA's l2norm eps
 
 // Row n of an index array of int32 or int64.
@@ -253,6 +254,6 @@ extern const Version decode_v1 = {
     "decode", 1, "register_tiles",
     "One token per sequence: one block per (sequence, head, 32 value columns), its state slice in registers, read "
     "and written once with 16-byte accesses.",
-    true, true, 80, nullptr, nullptr, 0, decode};
+    true, true, kDecodeShape, 80, nullptr, nullptr, 0, decode};
 
 }  // namespace minilin

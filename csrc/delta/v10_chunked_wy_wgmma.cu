@@ -362,6 +362,6 @@ void forward(const Problem& p) {
 extern const Version delta_v10 = {
     "delta", 10, "chunked_wy_wgmma",
     "v9 with the chunk's products on Hopper warpgroup tensor cores (wgmma, sm_90a), one or two warpgroups per product, fed by a producer warpgroup: v9's chunk was one ldmatrix -> mma.sync chain per SM. 22% less time than v9 on an H200.",
-    false, true, 90, delta_wide::workspace_bytes, forward, 90};
+    false, true, kTensorCoreShape, 90, delta_wide::workspace_bytes, forward, 90};
 
 }  // namespace minilin

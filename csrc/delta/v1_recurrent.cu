@@ -123,6 +123,6 @@ void forward(const Problem& p) { forward_recurrent<Kernels>(p, "delta_v1_recurre
 extern const Version delta_v1 = {
     "delta", 1, "recurrent",
     "The definition, token by token: one block per (batch, head, 32 value columns), the state in registers.",
-    true, true, 80, nullptr, forward};
+    true, true, kKeysUpTo256, 80, nullptr, forward};
 
 }  // namespace minilin

@@ -158,7 +158,7 @@ void launch(const Problem& p) {
 
 void forward(const Problem& p) {
   check_common(p, "delta_v2_chunked", true);
-  require(p.K <= 128, [&] {
+  require(p.K <= kKeysUpTo128.max_k, [&] {
     return "delta_v2_chunked: K must be <= 128 (q, k and the state share one block's shared memory), got K=" +
            std::to_string(p.K);
   });
@@ -172,6 +172,6 @@ void forward(const Problem& p) {
 extern const Version delta_v2 = {
     "delta", 2, "chunked_wy",
     "Chunks of 64 tokens with the WY step T = (I + A)^-1 precomputed for all chunks, the rest dense fp32 products on CUDA cores.",
-    true, true, 80, workspace_bytes, forward};
+    true, true, kKeysUpTo128, 80, workspace_bytes, forward};
 
 }  // namespace minilin

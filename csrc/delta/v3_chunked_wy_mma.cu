@@ -187,6 +187,6 @@ void forward(const Problem& p) {
 extern const Version delta_v3 = {
     "delta", 3, "chunked_wy_mma",
     "v2's chunks and WY step on bf16 tensor cores (mma.sync, fp32 accumulators), the state in registers, the next chunk copied in meanwhile.",
-    false, true, 80, workspace_bytes, forward};
+    false, true, kTensorCoreShape, 80, workspace_bytes, forward};
 
 }  // namespace minilin

@@ -23,6 +23,6 @@ void forward(const Problem& p) {
 extern const Version delta_v4 = {
     "delta", 4, "chunked_wy_mma_wide",
     "v3 with 16 warps per block, three barriers per chunk instead of five and unrolled tensor-core loops: v3 waits on latency, not on the tensor cores.",
-    false, true, 80, delta_wide::workspace_bytes, forward};
+    false, true, kTensorCoreShape, 80, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin

@@ -20,6 +20,6 @@ void forward(const Problem& p) {
 extern const Version delta_v5 = {
     "delta", 5, "chunked_wy_blocked",
     "v4 with the WY step solved in 16 x 16 blocks (three waves of small fp32 products) instead of one 64-long chain per column: that chain was 29% of v4's time.",
-    false, true, 80, delta_wide::workspace_bytes, forward};
+    false, true, kTensorCoreShape, 80, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin

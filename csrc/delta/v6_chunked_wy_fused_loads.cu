@@ -20,6 +20,6 @@ void forward(const Problem& p) {
 extern const Version delta_v6 = {
     "delta", 6, "chunked_wy_fused_loads",
     "v5 with phase 1's three products in one k loop, each Q and S fragment loaded once: the wide kernels are bound by shared-memory fragment traffic.",
-    false, true, 80, delta_wide::workspace_bytes, forward};
+    false, true, kTensorCoreShape, 80, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin

@@ -22,6 +22,6 @@ void forward(const Problem& p) {
 extern const Version delta_v7 = {
     "delta", 7, "chunked_wy_pipelined_loads",
     "v6 with every k loop loading step s + 1's fragments before step s's mma: each mma waited on the ldmatrix issued just before it.",
-    false, true, 80, delta_wide::workspace_bytes, forward};
+    false, true, kTensorCoreShape, 80, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin

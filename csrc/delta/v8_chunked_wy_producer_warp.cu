@@ -24,6 +24,6 @@ void forward(const Problem& p) {
 extern const Version delta_v8 = {
     "delta", 8, "chunked_wy_producer_warp",
     "v7 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate, as linear v7: that made the linear chunk kernel 7-9% faster. 7-8% faster than v7 on an H200, and 3% more with its tiles placed to spare the producer's sub-partition; outputs bit-identical.",
-    false, true, 90, delta_wide::workspace_bytes, forward};
+    false, true, kTensorCoreShape, 90, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin

@@ -30,6 +30,6 @@ void forward(const Problem& p) {
 extern const Version delta_v9 = {
     "delta", 9, "chunked_wy_tensor_solve",
     "v8 with the WY solve's block products on tensor cores (mma.sync tf32, three per product for near-fp32 accuracy): the prepare kernel's shared-memory pipe was its busiest. 4% faster than v8 on an H200.",
-    false, true, 90, delta_wide::workspace_bytes, forward};
+    false, true, kTensorCoreShape, 90, delta_wide::workspace_bytes, forward};
 
 }  // namespace minilin

@@ -564,6 +564,6 @@ extern const Version delta_bwd_v2 = {
     "Chunks on bf16 tensor cores through the WY form: the forward's T and the scores' P^T dO per chunk, the "
     "chunk-boundary states and their adjoints by one pass each way (one launch), then every chunk's gradients in "
     "parallel as matrix products.",
-    false, true, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+    false, true, kTensorCoreShape, 80, workspace_bytes, nullptr, 0, nullptr, backward};
 
 }  // namespace minilin

@@ -110,6 +110,6 @@ extern const Version gla_v1 = {
     "gla", 1, "recurrent",
     "The definition with a decay per key channel, token by token: one block per (batch, head, 32 value columns), "
     "the state in registers.",
-    true, true, 80, nullptr, forward};
+    true, true, kKeysUpTo256, 80, nullptr, forward};
 
 }  // namespace minilin

@@ -179,7 +179,7 @@ void forward(const Problem& p) {
   require(p.g != nullptr, [&] {
     return std::string("gla_v2_chunked: g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null");
   });
-  require(p.K <= 128, [&] {
+  require(p.K <= kKeysUpTo128.max_k, [&] {
     return "gla_v2_chunked: K must be <= 128 (q, k, the gates and the state share one block's shared memory), got K=" +
            std::to_string(p.K);
   });
@@ -193,6 +193,6 @@ extern const Version gla_v2 = {
     "gla", 2, "chunked",
     "Chunks of 64 tokens as dense products on plain fp32 CUDA cores, the per-channel decays through references "
     "inside the chunk (16-token sub-chunks) so that only non-positive numbers are exponentiated.",
-    true, true, 80, nullptr, forward};
+    true, true, kKeysUpTo128, 80, nullptr, forward};
 
 }  // namespace minilin

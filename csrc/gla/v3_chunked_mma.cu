@@ -220,6 +220,6 @@ extern const Version gla_v3 = {
     "gla", 3, "chunked_mma",
     "v2's chunks with the products below the diagonal, the state read and update on bf16 tensor cores (mma.sync, "
     "fp32 accumulators), the state in registers; the diagonal 16-token blocks on CUDA cores.",
-    false, true, 80, nullptr, forward};
+    false, true, kTensorCoreShape, 80, nullptr, forward};
 
 }  // namespace minilin

@@ -127,6 +127,6 @@ extern const Version kda_v1 = {
     "kda", 1, "recurrent",
     "The delta rule with a decay per key channel, token by token: one block per (batch, head, 32 value columns), "
     "the state in registers.",
-    true, true, 80, nullptr, forward};
+    true, true, kKeysUpTo256, 80, nullptr, forward};
 
 }  // namespace minilin

@@ -221,7 +221,7 @@ void forward(const Problem& p) {
   require(p.g != nullptr, [&] {
     return std::string("kda_v2_chunked: g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null");
   });
-  require(p.K <= 128, [&] {
+  require(p.K <= kKeysUpTo128.max_k, [&] {
     return "kda_v2_chunked: K must be <= 128 (q, k, the gates and the state share one block's shared memory), got K=" +
            std::to_string(p.K);
   });
@@ -235,6 +235,6 @@ extern const Version kda_v2 = {
     "kda", 2, "chunked",
     "The chunked WY form with a decay per key channel: 64-token chunks as dense fp32 products and one triangular "
     "solve on CUDA cores, the decays through gla v2's 16-token sub-chunk references.",
-    true, true, 80, nullptr, forward};
+    true, true, kKeysUpTo128, 80, nullptr, forward};
 
 }  // namespace minilin

@@ -107,6 +107,6 @@ void forward(const Problem& p) { forward_recurrent<Kernels>(p, "linear_v1_recurr
 extern const Version linear_v1 = {
     "linear", 1, "recurrent",
     "The definition, token by token: one block per (batch, head, 32 value columns), the state in registers.",
-    true, true, 80, nullptr, forward};
+    true, true, kKeysUpTo256, 80, nullptr, forward};
 
 }  // namespace minilin

@@ -119,7 +119,7 @@ void launch(const Problem& p) {
 
 void forward(const Problem& p) {
   check_common(p, "linear_v2_chunked", false);
-  require(p.K <= 128, [&] {
+  require(p.K <= kKeysUpTo128.max_k, [&] {
     return "linear_v2_chunked: K must be <= 128 (q, k and the state share one block's shared memory), got K=" +
            std::to_string(p.K);
   });
@@ -132,6 +132,6 @@ void forward(const Problem& p) {
 extern const Version linear_v2 = {
     "linear", 2, "chunked",
     "Chunks of 64 tokens as dense products (intra-chunk P V, state read, state update) on plain fp32 CUDA cores.",
-    true, true, 80, nullptr, forward};
+    true, true, kKeysUpTo128, 80, nullptr, forward};
 
 }  // namespace minilin

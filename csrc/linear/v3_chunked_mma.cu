@@ -153,6 +153,6 @@ void forward(const Problem& p) {
 extern const Version linear_v3 = {
     "linear", 3, "chunked_mma",
     "v2's chunks on bf16 tensor cores (mma.sync, fp32 accumulators), the state in registers, the next chunk copied in meanwhile.",
-    false, true, 80, nullptr, forward};
+    false, true, kTensorCoreShape, 80, nullptr, forward};
 
 }  // namespace minilin

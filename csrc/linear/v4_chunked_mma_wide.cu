@@ -16,6 +16,6 @@ void forward(const Problem& p) { linear_wide::forward<Loads::kPerProduct>(p, "li
 extern const Version linear_v4 = {
     "linear", 4, "chunked_mma_wide",
     "v3 with 16 warps per block, two barriers per chunk instead of four and unrolled tensor-core loops: v3 waits on latency, not on the tensor cores.",
-    false, true, 80, nullptr, forward};
+    false, true, kTensorCoreShape, 80, nullptr, forward};
 
 }  // namespace minilin

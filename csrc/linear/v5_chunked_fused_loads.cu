@@ -13,6 +13,6 @@ void forward(const Problem& p) { linear_wide::forward<Loads::kFused>(p, "linear_
 extern const Version linear_v5 = {
     "linear", 5, "chunked_fused_loads",
     "v4 with Q K^T and Q S in one k loop, Q's fragments loaded once: v4 is bound by shared-memory fragment traffic.",
-    false, true, 80, nullptr, forward};
+    false, true, kTensorCoreShape, 80, nullptr, forward};
 
 }  // namespace minilin

@@ -16,6 +16,6 @@ void forward(const Problem& p) { linear_wide::forward<Loads::kFusedPipelined>(p,
 extern const Version linear_v6 = {
     "linear", 6, "chunked_pipelined_loads",
     "v5 with every k loop loading step s + 1's fragments before step s's mma: v5's mma each waited on the ldmatrix issued just before it.",
-    false, true, 80, nullptr, forward};
+    false, true, kTensorCoreShape, 80, nullptr, forward};
 
 }  // namespace minilin

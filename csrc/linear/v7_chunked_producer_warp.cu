@@ -144,6 +144,6 @@ int resident_blocks_per_sm(int K) {
 extern const Version linear_v7 = {
     "linear", 7, "chunked_producer_warp",
     "v6 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan. 7-9% faster than v6 on an H200, and 7% more with its tiles placed to spare the producer's sub-partition.",
-    false, true, 90, nullptr, linear_producer::forward};
+    false, true, kTensorCoreShape, 90, nullptr, linear_producer::forward};
 
 }  // namespace minilin

@@ -333,6 +333,6 @@ void forward(const Problem& p) {
 extern const Version linear_v8 = {
     "linear", 8, "split_sequence",
     "v7 on P segments of each sequence at once, each segment's start state then rebuilt by a pass over the segments and its contribution added to the outputs on tensor cores: with few (batch, head) pairs v7 leaves most SMs idle (P chosen per shape by a cost model; P = 1 is v7).",
-    false, true, 90, linear_split::workspace_bytes, linear_split::forward};
+    false, true, kTensorCoreShape, 90, linear_split::workspace_bytes, linear_split::forward};
 
 }  // namespace minilin

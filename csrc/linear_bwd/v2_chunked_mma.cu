@@ -285,6 +285,6 @@ extern const Version linear_bwd_v2 = {
     "linear_bwd", 2, "chunked_mma",
     "Chunks on bf16 tensor cores: the chunk-boundary states and their adjoints by one pass each way (one kernel, "
     "run both ways), then every chunk's gradients in parallel as matrix products.",
-    false, true, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+    false, true, kTensorCoreShape, 80, workspace_bytes, nullptr, 0, nullptr, backward};
 
 }  // namespace minilin

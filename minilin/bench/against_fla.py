@@ -77,7 +77,8 @@ def _compare(mixer: str, T: int, repeats: int, problem: dict, with_state: bool) 
 
     inputs = gpu.make_inputs(mixer, T, seed=T, problem=problem, with_state=with_state)
     ref_o, ref_state = gpu.reference(mixer, inputs, cupy.float64)
-    version = cuda.default_version(cuda.OPS[mixer], DTYPE == "bfloat16")  # what a user's call would run
+    # what a user's call would run at this shape
+    version = cuda.default_version(cuda.OPS[mixer], DTYPE == "bfloat16", problem["K"], problem["V"])
     row = {"mixer": mixer, "T": T, **{d: problem[d] for d in "BHKV"}, "initial_state": with_state, "dtype": DTYPE,
            "minilin_version": version}
     ours = gpu.cuda_call(mixer, inputs, DTYPE, version)

@@ -137,7 +137,6 @@ def bench(mixer: str, shape: tuple, repeats: int, against: bool, with_state: boo
     """One mixer at shape (B, T, H, K, V): forward, forward + backward (and FLA's); a shape the kernels do not take
     comes back with a "note" and no times."""
     from .. import cuda
-    from ..cuda.backward import backward_version
 
     B, T, H, K, V = shape
     x = _inputs(mixer, B, T, H, K, V, seed=1, state=with_state)
@@ -163,9 +162,9 @@ def bench(mixer: str, shape: tuple, repeats: int, against: bool, with_state: boo
     if isinstance(fla, tuple):
         runs += [(fla[0], "torch"), (fla[1], "torch")]
     timed = alternating_medians(runs, repeats=repeats, rounds=ROUNDS, budget_ms=3000.0)
-    info = backward_version(f"{family}_bwd", None, True, K, V)
-    row.update(forward_ms=timed[0][0], forward_backward_ms=timed[1][0], forward_version=cuda.default_version(family),
-               backward_version=info["version"])
+    row.update(forward_ms=timed[0][0], forward_backward_ms=timed[1][0],
+               forward_version=cuda.default_version(family, True, K, V),
+               backward_version=cuda.default_version(f"{family}_bwd", True, K, V))
     row["ratio"] = row["forward_backward_ms"] / row["forward_ms"]
     if isinstance(fla, tuple):
         row["fla_forward_ms"], row["fla_forward_backward_ms"] = timed[2][0], timed[3][0]

@@ -21,7 +21,7 @@ Kernels (csrc/linear_bwd/, csrc/delta_bwd/, `versions('linear_bwd')`, `versions(
 run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256; linear_bwd
 v2 and delta_bwd v2 (through the WY form) are chunked on bf16 tensor cores and take K = 64 or 128 and V a multiple
 of 64. version=None runs the last rung
-for the dtype where the shape is one it takes, else v1 (`backward_version`). Every version writes every gradient;
+for the dtype that takes the shape (`front.takes_shape`), as the forward does. Every version writes every gradient;
 for the gated linear family the gate's is a reverse cumulative sum of q_s . dq_s - k_s . dk_s (plus the final
 state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk.
 """
@@ -35,22 +35,6 @@ from .front import (_check_common, check_finite, check_input, check_key_strength
                     l2_normalized, runnable_version)
 from .mixers import (lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, per_head_shapes,
                      retnet_log_gate)
-
-
-# The shapes the tensor-core (bf16-only) backward versions take; v1 takes every other one.
-TENSOR_CORE_KEYS = (64, 128)
-TENSOR_CORE_VALUE_BLOCK = 64
-
-
-def backward_version(op: str, version, dtype_is_bf16: bool, K: int, V: int) -> dict:
-    """The entry of `versions(op)` that a backward call runs: `version` when given (its own checks say what it
-    takes); for None the last rung for the dtype (front.runnable_version), or v1 where that is a tensor-core
-    version and K, V are not a shape it takes (K in TENSOR_CORE_KEYS, V a multiple of TENSOR_CORE_VALUE_BLOCK)."""
-    info = runnable_version(op, version, dtype_is_bf16)
-    fits = K in TENSOR_CORE_KEYS and V % TENSOR_CORE_VALUE_BLOCK == 0
-    if version is None and not info["float32"] and not fits:
-        return runnable_version(op, 1, dtype_is_bf16)
-    return info
 
 
 def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values: bool):
@@ -113,7 +97,7 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
         check_finite("g", g)
         check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
-    info = backward_version("linear_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
+    info = runnable_version("linear_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
     q_rep, k_rep = grouped(q, k, shapes)
 
     def one(q, k, v, g, initial_state, do, dstate):
@@ -151,7 +135,7 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
             check_key_strength(k_rep, beta, allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
-    info = backward_version("delta_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
+    info = runnable_version("delta_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
 
     def one(q, k, v, g, beta, initial_state, do, dstate):
         dq, dk, dv, dg, dbeta, dh0 = _launch("delta_bwd", info, q, k, v, g, beta, initial_state, do, dstate, scale)

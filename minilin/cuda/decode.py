@@ -122,8 +122,8 @@ def _step(delta: bool, q, k, v, g, gate, beta, *, state, scale, state_indices, i
 def _launch(delta, q, k, v, g, gate, beta, state, state_indices, in_place, out, scale, normalize_qk, version, shapes):
     cupy = cupy_module()
     is_bf16 = bf16.is_bf16(q.dtype)
-    info = runnable_version("decode", version, is_bf16)
     N, H, K, V = (shapes[d] for d in "NHKV")
+    info = runnable_version("decode", version, is_bf16, K, V)
     o = cupy.empty(v.shape, v.dtype) if out is None else out
     if state is not None and in_place:
         new_state, out_indices, pool_out = state, state_indices, state.shape[0]

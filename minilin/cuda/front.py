@@ -78,10 +78,17 @@ def versions(op: str | None = None) -> list[dict]:
     return [dict(v) for v in _built_versions() if op is None or v["op"] == op]
 
 
-def default_version(op: str, dtype_is_bf16: bool = True) -> int:
-    """The version that version=None runs for `op` (one of `OPS`) and dtype on the current GPU."""
+def default_version(op: str, dtype_is_bf16: bool = True, K: int | None = None, V: int | None = None) -> int:
+    """The version that version=None runs for `op` (one of `OPS`) and dtype on the current GPU, for key and value
+    widths K and V when given (see `takes_shape`)."""
     capability = _compute_capability(cupy_module().cuda.Device().id)
-    return _version_info(op, None, dtype_is_bf16, capability)["version"]
+    return _version_info(op, None, dtype_is_bf16, capability, K, V)["version"]
+
+
+def takes_shape(info: dict, K: int, V: int) -> bool:
+    """Whether version `info` (a dict of `versions`) takes key width K and value width V: K <= its max_k, K one of
+    its keys (None: any), V a multiple of its value_multiple (the extension's ShapeRule, csrc/minilin_cuda.h)."""
+    return K <= info["max_k"] and (info["keys"] is None or K in info["keys"]) and V % info["value_multiple"] == 0
 
 
 def _runs_on(info: dict, capability: int) -> bool:
@@ -110,13 +117,18 @@ def _capability_range(info: dict) -> str:
 FASTER_DEFAULT = {("kda", True): 1, ("kda", False): 1, ("gla", False): 1}
 
 
-def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dict:
+def _version_info(op: str, version, dtype_is_bf16: bool, capability: int, K: int | None = None,
+                  V: int | None = None) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
-    if version is None:  # the last rung of the ladder that takes this dtype and runs on this GPU, or FASTER_DEFAULT's
+    if version is None:
+        # The last rung of the ladder that takes this dtype (and K, V when given) and runs on this GPU, or
+        # FASTER_DEFAULT's. Where no rung takes the shape the last one is chosen anyway: its checks say why.
         usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"]) and _runs_on(v, capability)]
         if not usable:
             raise RuntimeError(f"version: no {op} version runs on compute capability "
                                f"{capability // 10}.{capability % 10} (see versions('{op}'))")
+        if K is not None and V is not None:
+            usable = [v for v in usable if takes_shape(v, K, V)] or usable[-1:]
         faster = [v for v in usable if v["version"] == FASTER_DEFAULT.get((op, dtype_is_bf16))]
         return faster[0] if faster else usable[-1]
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
@@ -135,12 +147,14 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int) -> dic
     raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}{hint}")
 
 
-def runnable_version(op: str, version, dtype_is_bf16: bool) -> dict:
-    """The extension's entry (a dict of `versions`) that a call of `op` with `version` (None: the default) runs on
-    the current GPU; RuntimeError naming the compute capabilities when a version asked for by number does not run
-    on it (`_version_info` raises the rest: an unknown number, the wrong dtype, nothing that runs)."""
+def runnable_version(op: str, version, dtype_is_bf16: bool, K: int | None = None, V: int | None = None) -> dict:
+    """The extension's entry (a dict of `versions`) that a call of `op` with `version` (None: the default for the
+    dtype and, when given, key and value widths K and V) runs on the current GPU; RuntimeError naming the compute
+    capabilities when a version asked for by number does not run on it (`_version_info` raises the rest: an
+    unknown number, the wrong dtype, nothing that runs). A version asked for by number is kept whatever the shape:
+    its own checks say what it takes."""
     capability = _compute_capability(cupy_module().cuda.Device().id)
-    info = _version_info(op, version, dtype_is_bf16, capability)
+    info = _version_info(op, version, dtype_is_bf16, capability, K, V)
     if not _runs_on(info, capability):
         raise RuntimeError(f"version: {op} version {info['version']} ({info['name']}) needs compute capability "
                            f"{_capability_range(info)}, this GPU has {_dotted(capability)}")
@@ -247,9 +261,9 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, cu_seqlens
     offsets (a tuple), one launch per sequence on its slice of the arrays (B = 1, so each slice along T is
     contiguous), or None for one launch."""
     cupy = cupy_module()
-    info = runnable_version(op, version, bf16.is_bf16(q.dtype))
     B, T, H, K = q.shape
     V = v.shape[-1]
+    info = runnable_version(op, version, bf16.is_bf16(q.dtype), K, V)
     o = cupy.empty(v.shape, v.dtype)
     if cu_seqlens is None:
         final_state = cupy.empty((B, H, K, V), cupy.float32)
@@ -314,7 +328,8 @@ def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, cu_seqlens=
     [N, HV, K, V] with cu_seqlens).
 
     g: None (no decay) or [B, T, HV] float32 log-decays <= 0. scale: default K ** -0.5.
-    version: None (`default_version`: the last rung for the dtype and this GPU) or 1, 2, 3, ... (`versions('linear')`).
+    version: None (`default_version`: the last rung for the dtype, K and V and this GPU) or 1, 2, 3, ...
+    (`versions('linear')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
     return _gated_linear("linear", "B T HV", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values)
