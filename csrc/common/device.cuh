@@ -84,16 +84,16 @@ __device__ __forceinline__ void cp_async_tile(T* smem, int s_stride, const T* gm
   constexpr int kRowStep = kThreads / kPieces;
   const unsigned tid = threadIdx.x % kThreads;
   const int r0 = static_cast<int>(tid / kPieces), c = static_cast<int>(tid % kPieces) * kPer16;
-  const T* src = gmem + r0 * g_stride + c;
+  long long offset = r0 * g_stride + c;  // an offset, not a pointer, so rows past the tensor's end form no address
   T* dst = smem + r0 * s_stride + c;
 #pragma unroll
   for (int i = 0; i < (kRows + kRowStep - 1) / kRowStep; ++i) {
     const int r = r0 + i * kRowStep;
     if (kRows % kRowStep == 0 || r < kRows) {
       const bool valid = r < valid_rows;
-      cp_async_16(dst + i * kRowStep * s_stride, valid ? src : gmem, valid);
+      cp_async_16(dst + i * kRowStep * s_stride, valid ? gmem + offset : gmem, valid);
     }
-    src += kRowStep * g_stride;
+    offset += kRowStep * g_stride;
   }
 }
 
