@@ -190,6 +190,8 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
         rule = (v["max_k"], v["keys"], v["value_multiple"])
         if v["op"] == "decode":
             assert rule == (256, None, 4), v
+        elif v["op"].endswith("_bwd") and v["version"] == 1:  # its columns are bound-checked: any V
+            assert rule == (256, None, 1), v
         elif not v["float32"]:
             assert rule == (128, [64, 128], 64), v
         elif v["version"] == 1:
@@ -202,6 +204,7 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
         assert front._version_info("delta", None, True, 90, 96, 128)["version"] == 2
         assert front._version_info("linear_bwd", None, True, 90, 256, 128)["version"] == 1
         assert front._version_info("delta_bwd", None, True, 90, 128, 128)["version"] == 2
+        assert front._version_info("delta_bwd", None, True, 90, 128, 100)["version"] == 1
 
 
 # A delta ladder of a recurrent version that runs from 8.0 up and an sm_90a-only one (as v10).

@@ -1,10 +1,13 @@
 // What the tensor-core backward kernels (csrc/linear_bwd/v2_chunked_mma.cu, csrc/delta_bwd/v2_chunked_wy_mma.cu)
-// share: 8-warp blocks over 64-token chunks and 64-column value blocks, a chunk's rows and gates copied on chip,
-// rows of a warp's accumulator tile scaled, and dg formed inside a chunk (a reverse sum over its 64 tokens of
-// per-token terms, plus one term at the chunk's last token).
+// share: groups of 8 warps over 64-token chunks and 64-column value blocks, a chunk's rows and gates copied on
+// chip, rows of a warp's accumulator tile scaled, and dg formed inside a chunk (a reverse sum over its 64 tokens
+// of per-token terms, plus one term at the chunk's last token).
 //
-// A warp's tiles in these kernels: rows m0 .. m0 + 15 (m0 = 16 (warp / 2)) of every product with 64 rows, and of
-// its columns the half warp % 2 (32 of 64, K / 2 of K). So the two warps 2i and 2i + 1 share their rows.
+// A warp's tiles in the 8-warp kernels: rows m0 .. m0 + 15 (m0 = 16 (warp / 2)) of every product with 64 rows,
+// and of its columns the half warp % 2 (32 of 64, K / 2 of K), so the two warps 2i and 2i + 1 share their rows;
+// delta_bwd v2's 16-warp gradients kernel splits the columns in quarters instead (its header says how). A block
+// may run more than one group of 8 warps (delta_bwd v2's paired passes): the copy helpers split their work by a
+// thread's index in its group.
 #pragma once
 
 #include "backward.cuh"
@@ -17,6 +20,7 @@ namespace chunk_bwd {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockV = 64;        // value columns per value block
+static_assert(kBlockV == kTensorCoreShape.value_multiple, "the tensor-core versions' ShapeRule names this block");
 constexpr int kLdV = kBlockV + 8;  // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
 constexpr int kLdC = kChunk + 8;
 using bf16 = __nv_bfloat16;

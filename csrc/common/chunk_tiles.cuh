@@ -18,6 +18,7 @@ namespace wide {
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockV = 64;
+static_assert(kBlockV == kTensorCoreShape.value_multiple, "the tensor-core versions' ShapeRule names this block");
 constexpr int kLdV = kBlockV + 8;
 constexpr int kLdC = kChunk + 8;
 template <int K>

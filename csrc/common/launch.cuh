@@ -113,9 +113,8 @@ inline void require_tensor_core_shape(const char* kernel, DType dtype, int K, in
   const auto k = [kernel] { return std::string(kernel); };
   static_assert(kTensorCoreKeys[0] == 64 && kTensorCoreKeys[1] == 128, "the message below names the keys");
   require(dtype == kBFloat16, [&] { return k() + ": bfloat16 inputs only (tensor cores multiply bf16), got float32"; });
-  require(takes_shape(kTensorCoreShape, K, kTensorCoreShape.value_multiple),
-          [&] { return k() + ": K must be 64 or 128, got K=" + std::to_string(K); });
-  require(block_v == kTensorCoreShape.value_multiple && V % block_v == 0, [&] {
+  require(is_tensor_core_key(K), [&] { return k() + ": K must be 64 or 128, got K=" + std::to_string(K); });
+  require(V % block_v == 0, [&] {
     return k() + ": V must be a multiple of " + std::to_string(block_v) + ", got V=" + std::to_string(V);
   });
 }

@@ -259,6 +259,6 @@ extern const Version delta_bwd_v1 = {
     "delta_bwd", 1, "recurrent",
     "The definition run backwards: states checkpointed every 64 tokens by a forward pass and recomputed chunk by "
     "chunk, the state's adjoint in registers, one block per (batch, head, 32 value columns).",
-    true, true, kKeysUpTo256, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+    true, true, kBackwardKeysUpTo256, 80, workspace_bytes, nullptr, 0, nullptr, backward};
 
 }  // namespace minilin

@@ -197,6 +197,6 @@ extern const Version linear_bwd_v1 = {
     "linear_bwd", 1, "recurrent",
     "The definition run backwards: a forward token loop for dq, a backward one for the state's adjoint, dk and dv, "
     "one block per (batch, head, 32 value columns); dg a reverse cumulative sum.",
-    true, true, kKeysUpTo256, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+    true, true, kBackwardKeysUpTo256, 80, workspace_bytes, nullptr, 0, nullptr, backward};
 
 }  // namespace minilin
