@@ -70,12 +70,26 @@ def check_array(name: str, x, dims: str, shapes: Shapes, xp):
     if x.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array (float32 or float64), got {x.dtype}")
     shapes.bind(name, x.shape, dims)
-    finite = xp.isfinite(x)
-    if not bool(finite.all()):
-        bad = ~finite if xp is np else (~finite).get()
+    if not all_finite(x, xp):
+        bad = ~xp.isfinite(x) if xp is np else (~xp.isfinite(x)).get()
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"{name}: expected finite values, got {x[first]} at index {first}")
     return x
+
+
+def all_finite(x, xp) -> bool:
+    """Whether every element of the floating-point array x is finite, exactly, in one read of x.
+
+    An inf or a NaN anywhere makes the sum of all elements inf or NaN (inf + finite = inf, inf - inf =
+    NaN, NaN + anything = NaN, however the sum is grouped), so a finite sum proves every element finite.
+    The converse fails only where finite values overflow the sum (magnitudes near the dtype's largest):
+    then the elementwise test decides. The sum reads x once and writes nothing, where `isfinite(x).all()`
+    also writes and reads a boolean array of x's size: on the CPU bench's inputs (1M float32 numbers each,
+    not in cache) 0.1-0.2 ms against 0.3-0.4 ms per array.
+    """
+    if bool(xp.isfinite(x.sum())):
+        return True
+    return bool(xp.isfinite(x).all())
 
 
 def check_max(name: str, x, bound: float, what: str) -> None:
