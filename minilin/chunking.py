@@ -96,6 +96,21 @@ def local_cumsum(g):
     return _running_sum(g, 3, reverse=False, in_place=False)
 
 
+def chunk_gate_sums(g, chunk_size: int):
+    """A scalar log-gate's chunk-local cumulative sums in float64: g [B, T, H] -> G [B, H, N, C], G_i =
+    g_1 + ... + g_i from each chunk's start (zero gates past T, as `chunk_view` pads).
+
+    In float64 so that each later difference G_i - G_j is exact before its one rounding (the module's note
+    on numerics). The gates are copied into a fresh contiguous float64 array first and summed there in
+    place: NumPy's cumsum straight over the strided chunk view of float32 gates (rows H apart, a cast per
+    element) took about twice as long (21 against 11 us per 512 tokens of 4 heads at C = 16, on the 2-core
+    development machine). Always a copy, never g itself, since the sum overwrites it.
+    """
+    xp = array_module(g)
+    G = xp.array(chunk_view(g, chunk_size), dtype=xp.float64, order="C", copy=True)
+    return xp.cumsum(G, axis=-1, out=G)
+
+
 def _running_sum(x, axis: int, *, reverse: bool, in_place: bool):
     """The inclusive running sum of x along `axis`, from its start (reverse: from its end); in x itself
     when in_place. Along the last axis NumPy's cumsum; along any other, a loop of row additions over that

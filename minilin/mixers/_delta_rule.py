@@ -14,9 +14,9 @@ from __future__ import annotations
 from .. import heads, varlen
 from ..activations import l2_normalize
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
-                        decay_state, from_chunks, num_chunks, reverse_cumsum, segments, state_or_zeros, to_chunks,
-                        transposed, unit_lower_inverse, unit_lower_solve)
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_gate_sums, chunk_view, chunked_output,
+                        decay_matrix, decay_state, from_chunks, num_chunks, reverse_cumsum, segments, state_or_zeros,
+                        to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
 from ..validation import check_chunk_size, check_delta_keys, check_scale
 
 
@@ -146,7 +146,7 @@ def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
             q_from_start[...] = qc
             k_from_start, chunk_decay = kc, None
         else:
-            G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)   # [B, H, N, C]
+            G = chunk_gate_sums(g, C)                                # [B, H, N, C]
             L = decay_matrix(G, dtype=q.dtype)
             A *= L
             P *= L
