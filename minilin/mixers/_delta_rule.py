@@ -20,20 +20,23 @@ from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_
 from ..validation import check_chunk_size, check_delta_keys, check_scale
 
 
-def qk_forward(a, scale, normalize_qk: bool, allow_neg_eigval: bool):
+def qk_forward(a, scale, normalize_qk: bool, allow_neg_eigval: bool, scaled: bool = True):
     """The public modules' mapping of their checked q and k onto the engine's (undone by `qk_backward`):
     q -> scale * l2_normalize(q), k -> l2_normalize(k) when normalize_qk, else q -> scale * q, k -> k, and
     each q/k head repeated over its group of value heads (`heads.expand`). Unnormalized keys are checked
     against the beta of each value head that reads them: beta_t |k_t|^2 <= 1 (<= 2 with allow_neg_eigval,
     `validation.check_delta_keys`). a: the mixer's `Checked` inputs (q, k [B, T, H, K], beta [B, T, HV]);
-    normalize_qk and allow_neg_eigval already checked flags. Returns (q', k') [B, T, HV, K]."""
+    normalize_qk and allow_neg_eigval already checked flags. Returns (q', k') [B, T, HV, K]. scaled=False
+    leaves out the scale (still checked), for `chunked`, which takes it apart and folds it into the rows
+    and scores it multiplies anyway: one pass over q fewer."""
     q, k = a.q, a.k
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
     q, k = heads.expand(q, a.group), heads.expand(k, a.group)
     if not normalize_qk:
         check_delta_keys(k, a.beta, allow_neg_eigval)
-    return q * check_scale(scale, a.shapes["K"]), k
+    scale = check_scale(scale, a.shapes["K"])
+    return (q * scale if scaled else q), k
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
@@ -83,7 +86,7 @@ def recurrent(q, k, v, g, beta, S0):
     return o, S
 
 
-def chunked(q, k, v, g, beta, S0, chunk_size):
+def chunked(q, k, v, g, beta, S0, chunk_size, scale=1.0):
     """Chunked form with the WY representation (DeltaNet: Yang et al. 2024; gated: Yang et al. 2025).
 
     Inside one chunk, with G the chunk-local cumulative gate and S the state entering the chunk,
@@ -111,6 +114,11 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
     Gates: scalar ones are summed in float64 per chunk and rounded once after each difference
     (`decay_matrix`); per-channel ones go through `chunking.channel_gram`, which builds A and P by halving
     the chunk and returns K * exp(G), Q * exp(G), K * exp(G_C - G) and exp(G_C) with them.
+
+    scale: q's scale, for a q without it (`qk_forward(..., scaled=False)`; 1 for a q that carries it). It
+    enters only O_n, through [Q * exp(G) | P], so it is folded into the numbers that scale those anyway:
+    scale * exp(G) on the rows of Q, scale * exp(G_t - G_j) (or the causal mask) on P, [C] and [C, C]
+    numbers per chunk instead of a pass over q.
     """
     xp = array_module(q)
     B, T, H, K = q.shape
@@ -122,42 +130,46 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
         first = seg.start // C
         out = o_chunks[:, :, first:first + num_chunks(seg.stop - seg.start, C)]
         _chunked_segment(q[:, seg], k[:, seg], v[:, seg], None if g is None else g[:, seg], beta[:, seg],
-                         state_and_delta, C, out, solve=num_chunks(T, C) == 1)
+                         state_and_delta, C, out, scale, solve=num_chunks(T, C) == 1)
     return (o if o.shape[1] == T else xp.ascontiguousarray(o[:, :T])), state_and_delta[:, :, :K].copy()
 
 
-def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
+def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, scale=1.0, solve=False):
     """`chunked` on one stretch of whole chunks: O into out [B, H, N, C, V]; state_and_delta [B, H, K + C, V]
     holds the state entering the stretch in its first K rows and leaves there the state after it.
-    solve: one chunk, solved by blocks rather than inverted (the parallel form)."""
+    scale: q's, folded into the reads [scale Q * exp(G) | scale P]. solve: one chunk, solved by blocks rather
+    than inverted (the parallel form)."""
     xp = array_module(q)
     B, _, H, K = q.shape
     qc, kc, vc = (chunk_view(x, C) for x in (q, k, v))             # [B, H, N, C, .], views
     beta_c = chunk_view(beta, C)                                     # [B, H, N, C]
     N = qc.shape[2]
-    reads = xp.empty((B, H, N, C, K + C), q.dtype)                   # [Q * exp(G) | P] of every chunk
+    reads = xp.empty((B, H, N, C, K + C), q.dtype)                   # [Q * exp(G) | P] of every chunk, scaled
     q_from_start, P = reads[..., :K], reads[..., K:]
     if g is None or g.ndim == 3:
         k_to_end_T = transposed(kc)                                  # [B, H, N, K, C]; K^T for the grams first
         A = kc @ k_to_end_T                                          # k_t . k_j
         xp.matmul(qc, k_to_end_T, out=P)                             # q_t . k_j
         if g is None:
-            P *= causal_mask(C, xp)                                  # (A needs no mask: the solve reads below it)
-            q_from_start[...] = qc
+            P *= xp.asarray(scale * causal_mask(C, xp), q.dtype)     # (A needs no mask: the solve reads below it)
+            xp.multiply(qc, scale, out=q_from_start)
             k_from_start, chunk_decay = kc, None
         else:
             G = chunk_gate_sums(g, C)                                # [B, H, N, C]
             L = decay_matrix(G, dtype=q.dtype)
             A *= L
+            if scale != 1:
+                L *= scale                                           # scale exp(G_t - G_j): [C, C] numbers per chunk
             P *= L
             from_start = xp.exp(G).astype(q.dtype)[..., None]
-            xp.multiply(qc, from_start, out=q_from_start)
+            xp.multiply(qc, from_start * scale, out=q_from_start)
             k_from_start = kc * from_start
             k_to_end_T *= xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None, :]   # K^T now decayed to the end
             chunk_decay = xp.exp(G[..., -1]).astype(q.dtype)[..., None, None]   # [B, H, N, 1, 1]
     else:
         (A, P_), (k_from_start, q_from_start_), k_to_end, chunk_decay = channel_gram((kc, qc), kc, chunk_view(g, C))
-        P[...], q_from_start[...] = P_, q_from_start_
+        xp.multiply(P_, scale, out=P)
+        xp.multiply(q_from_start_, scale, out=q_from_start)
         k_to_end_T = k_to_end.swapaxes(-1, -2)
         chunk_decay = chunk_decay[..., None]                         # [B, H, N, K, 1]
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
