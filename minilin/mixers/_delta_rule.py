@@ -101,10 +101,10 @@ def chunked(q, k, v, g, beta, S0, chunk_size, scale=1.0):
         R_n     = V_n - K_e,n S_n                                        what the memory mispredicts
         O_n     = [Q * exp(G) | P T diag(beta)]_n [S_n; R_n]             its output, P = (Q K^T) decayed, causal
         S_{n+1} = exp(G_C) S_n + ((K * exp(G_C - G))^T T diag(beta))_n R_n   the state it leaves
-    where each product with Delta_n = (T diag(beta) R)_n would be. The pass is then the state-dependent
-    products alone, K_e S_n, O_n and the write, and no C x C x V product per chunk; P T diag(beta) and
+    (each product X Delta_n taken as (X T diag(beta)) R_n). The pass is then the state-dependent products
+    alone, K_e S_n, O_n and the write, and no C x C x V product per chunk; P T diag(beta) and
     (K * exp(G_C - G))^T T diag(beta) cost C x C x (C + K) per chunk for all chunks at once (on the 2-core
-    development machine about 3% of the call less than T diag(beta) R_n inside the pass). FLA's order, W =
+    development machine 2-3% of the call less than T diag(beta) R_n inside the pass). FLA's order, W =
     T diag(beta) K_e and U = T diag(beta) V for all chunks first and Delta_n = U_n - W_n S_n in the pass,
     measured no faster. The output's two terms are one product against [S_n; R_n], the state and the
     residual side by side in one buffer, so neither the states nor the residuals of all chunks are stored.
