@@ -152,13 +152,13 @@ def _chunked_segment(q, k, v, g, beta, state_and_residual, C, out, scale=1.0, so
     reads = xp.empty((B, H, N, C, K + C), q.dtype)                   # [Q * exp(G) | P T diag(beta)], scaled
     q_from_start = reads[..., :K]
     if g is None or g.ndim == 3:
-        k_to_end_T = transposed(kc)                                  # [B, H, N, K, C]; K^T for the grams first
-        A = kc @ k_to_end_T                                          # k_t . k_j
-        P = qc @ k_to_end_T                                          # q_t . k_j
+        keys_T = transposed(kc)                                      # [B, H, N, K, C]: K^T, for the grams first
+        A = kc @ keys_T                                              # k_t . k_j
+        P = qc @ keys_T                                              # q_t . k_j
         if g is None:
             P *= xp.asarray(scale * causal_mask(C, xp), q.dtype)     # (A needs no mask: the solve reads below it)
             xp.multiply(qc, scale, out=q_from_start)
-            k_from_start, chunk_decay = kc, None
+            k_from_start, to_end, chunk_decay = kc, None, None
         else:
             G = chunk_gate_sums(g, C)                                # [B, H, N, C]
             L = decay_matrix(G, dtype=q.dtype)
@@ -169,13 +169,13 @@ def _chunked_segment(q, k, v, g, beta, state_and_residual, C, out, scale=1.0, so
             from_start = xp.exp(G).astype(q.dtype)[..., None]
             xp.multiply(qc, from_start * scale, out=q_from_start)
             k_from_start = kc * from_start
-            k_to_end_T *= xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None, :]   # K^T now decayed to the end
+            to_end = xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None]   # exp(G_C - G_j), [B, H, N, C, 1]
             chunk_decay = xp.exp(G[..., -1]).astype(q.dtype)[..., None, None]   # [B, H, N, 1, 1]
     else:
         (A, P), (k_from_start, q_from_start_), k_to_end, chunk_decay = channel_gram((kc, qc), kc, chunk_view(g, C))
         P *= scale
         xp.multiply(q_from_start_, scale, out=q_from_start)
-        k_to_end_T = k_to_end.swapaxes(-1, -2)
+        keys_T, to_end = k_to_end.swapaxes(-1, -2), None            # (K * exp(G_C - G))^T, per channel
         chunk_decay = chunk_decay[..., None]                         # [B, H, N, K, 1]
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
     S, residual = state_and_residual[:, :, :K], state_and_residual[:, :, K:]
@@ -186,12 +186,14 @@ def _chunked_segment(q, k, v, g, beta, state_and_residual, C, out, scale=1.0, so
         xp.matmul(reads[:, :, 0], xp.concatenate([S, delta], axis=-2), out=out[:, :, 0])
         if chunk_decay is not None:
             S *= chunk_decay[:, :, 0]
-        S += k_to_end_T[:, :, 0] @ delta
+        S += keys_T[:, :, 0] @ (delta if to_end is None else delta * to_end[:, :, 0])
         return
     T_beta = unit_lower_inverse(A)
     T_beta *= beta_c[..., None, :]                                   # T diag(beta)
     xp.matmul(P, T_beta, out=reads[..., K:])                         # P T diag(beta)
-    writes = k_to_end_T @ T_beta                                     # (K * exp(G_C - G))^T T diag(beta)
+    if to_end is not None:   # K^T diag(exp(G_C - G)) T: the decay on T's rows, [C, C] numbers, not K^T's [K, C]
+        T_beta *= to_end
+    writes = keys_T @ T_beta                                         # (K * exp(G_C - G))^T T diag(beta)
     del A, P, T_beta
 
     predicted, write = xp.empty(residual.shape, q.dtype), xp.empty(S.shape, q.dtype)
