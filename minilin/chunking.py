@@ -389,11 +389,11 @@ def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: i
     view will do); chunk_decay: None, [B, H, N] or [B, H, N, K], the decay over each whole chunk (factors,
     not logs); v [B, T, H, V]; S0 or None. Then
         S_0 = S0,    S_{n+1} = chunk_decay_n S_n + (k_to_end)_n^T V_n,    O_n = (q_from_start)_n S_n + A_n V_n.
-    The writes (k_to_end)_n^T V_n of all N chunks are one batched product straight into the slots 1 .. N of
-    an array of N + 1 states, which the pass then turns into the states in place (S_n += chunk_decay_{n-1}
-    S_{n-1}): no array of writes besides the states, and the last slot is the final state. V is read where
-    it lies (a chunk view): NumPy's products read its strided rows a little slower than a contiguous copy,
-    but less slowly than the copy costs.
+    The writes (k_to_end)_n^T V_n of chunks 0 .. N-2 are one batched product straight into the slots
+    1 .. N-1 of the array of entering states S_n, which the pass then turns into the states in place
+    (S_n += chunk_decay_{n-1} S_{n-1}): no array of writes besides the states. V is read where it lies
+    (a chunk view): NumPy's products read its strided rows a little slower than a contiguous copy, but
+    less slowly than the copy costs.
     out: None, or where to write O, [B, H, N, C, V] (a chunk view of the output, `chunk_view`); then the
     result is (out, final state), with no layout copy of O.
     """
@@ -404,18 +404,19 @@ def read_and_pass(A, q_from_start, k_to_end_T, chunk_decay, v, S0, chunk_size: i
     K, V = k_to_end_T.shape[-2], v.shape[-1]
     if chunk_decay is not None:  # [B, H, N, 1, 1] (scalar) or [B, H, N, K, 1]: scales the rows of each state
         chunk_decay = chunk_decay[..., None, None] if chunk_decay.ndim == 3 else chunk_decay[..., None]
-    S = xp.empty((B, H, N + 1, K, V), v.dtype)               # S_n, the state entering chunk n; S_N: the final
-    S[:, :, 0] = 0 if S0 is None else S0
-    xp.matmul(k_to_end_T, vc, out=S[:, :, 1:])               # the writes of chunks 0 .. N-1
+    S_in = xp.empty((B, H, N, K, V), v.dtype)                # S_n, the state entering chunk n
+    S_in[:, :, 0] = 0 if S0 is None else S0
+    xp.matmul(k_to_end_T[:, :, :-1], vc[:, :, :-1], out=S_in[:, :, 1:])   # the writes of chunks 0 .. N-2
     carried = None if chunk_decay is None else xp.empty((B, H, K, V), v.dtype)
-    for n in range(1, N + 1):                                # the pass, in place: the only sequential part
+    for n in range(1, N):                                    # the pass, in place: the only sequential part
         if chunk_decay is None:
-            S[:, :, n] += S[:, :, n - 1]
+            S_in[:, :, n] += S_in[:, :, n - 1]
         else:
-            S[:, :, n] += xp.multiply(S[:, :, n - 1], chunk_decay[:, :, n - 1], out=carried)
-    o = xp.matmul(q_from_start, S[:, :, :N], out=out)        # inter-chunk: the state entering chunk n
+            S_in[:, :, n] += xp.multiply(S_in[:, :, n - 1], chunk_decay[:, :, n - 1], out=carried)
+    S_final = k_to_end_T[:, :, -1] @ vc[:, :, -1]
+    S_final += S_in[:, :, -1] if chunk_decay is None else chunk_decay[:, :, -1] * S_in[:, :, -1]
+    o = xp.matmul(q_from_start, S_in, out=out)               # inter-chunk: the state entering chunk n
     o += A @ vc                                              # intra-chunk
-    S_final = S[:, :, N].copy()                              # (a copy: not a view holding all N + 1 states)
     return (o if out is not None else from_chunks(o, T)), S_final
 
 
