@@ -78,17 +78,23 @@ def check_array(name: str, x, dims: str, shapes: Shapes, xp):
 
 
 def all_finite(x, xp) -> bool:
-    """Whether every element of the floating-point array x is finite, exactly, in one read of x.
+    """Whether every element of the floating-point array x is finite, exactly.
 
-    An inf or a NaN anywhere makes the sum of all elements inf or NaN (inf + finite = inf, inf - inf =
-    NaN, NaN + anything = NaN, however the sum is grouped), so a finite sum proves every element finite.
-    The converse fails only where finite values overflow the sum (magnitudes near the dtype's largest):
-    then the elementwise test decides. The sum reads x once and writes nothing, where `isfinite(x).all()`
-    also writes and reads a boolean array of x's size: on the CPU bench's inputs (1M float32 numbers each,
-    not in cache) about 0.19 ms against 0.27 ms per array on the 2-core development machine.
+    x . x = sum_i x_i^2, and an inf or a NaN anywhere makes it inf or NaN (inf^2 = inf, NaN propagates, and
+    no 0 * inf arises: each element multiplies itself), so a finite x . x proves every element finite. The
+    converse fails only where finite squares or their sum overflow (|x_i| above about 1.8e19 in float32):
+    then the elementwise test decides, as it does for arrays that are not contiguous (a flat view of them
+    would be a copy) or not float32 / float64 (BLAS's dot takes those). The dot product reads x once and
+    writes nothing, where `isfinite(x).all()` also writes and reads a boolean array of x's size: on the CPU
+    bench's inputs (1M float32 numbers each) 0.18 against 0.28 ms per array out of cache, 0.05 against 0.08
+    in cache, on the 2-core development machine (the sum of x, the same argument, ran slower than either in
+    cache).
     """
-    if bool(xp.isfinite(x.sum())):
-        return True
+    if x.flags.c_contiguous and x.dtype in (xp.float32, xp.float64):
+        flat = x.reshape(-1)
+        with np.errstate(over="ignore"):              # an overflow here only sends x to the elementwise test
+            if bool(xp.isfinite(xp.dot(flat, flat))):
+                return True
     return bool(xp.isfinite(x).all())
 
 
