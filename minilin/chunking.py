@@ -96,6 +96,21 @@ def local_cumsum(g):
     return _running_sum(g, 3, reverse=False, in_place=False)
 
 
+def chunk_gate_sums(g, chunk_size: int):
+    """A scalar log-gate's chunk-local cumulative sums in float64: g [B, T, H] -> G [B, H, N, C], G_i =
+    g_1 + ... + g_i from each chunk's start (zero gates past T, as `chunk_view` pads).
+
+    In float64 so that each later difference G_i - G_j is exact before its one rounding (the module's note
+    on numerics). The gates are copied into a fresh contiguous float64 array first and summed there in
+    place: NumPy's cumsum straight over the strided chunk view of float32 gates (rows H apart, a cast per
+    element) took about twice as long (21 against 11 us per 512 tokens of 4 heads at C = 16, on the 2-core
+    development machine). Always a copy, never g itself, since the sum overwrites it.
+    """
+    xp = array_module(g)
+    G = xp.array(chunk_view(g, chunk_size), dtype=xp.float64, order="C", copy=True)
+    return xp.cumsum(G, axis=-1, out=G)
+
+
 def _running_sum(x, axis: int, *, reverse: bool, in_place: bool):
     """The inclusive running sum of x along `axis`, from its start (reverse: from its end); in x itself
     when in_place. Along the last axis NumPy's cumsum; along any other, a loop of row additions over that
@@ -456,12 +471,14 @@ def unit_lower_inverse(A):
 
     This is the matrix T of the delta rule's WY representation. Doubling the block size: the inverse of a
     block lower-triangular matrix is
-        [[I + A11, 0], [A21, I + A22]]^-1 = [[T1, 0], [-T2 A21 T1, T2]],
-    so the inverses of the 1 x 1 diagonal blocks (ones) give those of the 2 x 2 blocks, then 4 x 4, ...,
-    in log2(C) rounds of batched matrix products (C is padded to a power of two with an identity). The
-    blocks are the aligned ones of `channel_gram`: at level s, each aligned block of 2s positions has its
-    two diagonal s-blocks T1 (left) and T2 (right) already inverted, and its lower-left block is filled in
-    place.
+        [[I + A11, 0], [A21, I + A22]]^-1 = [[T1, 0], [-T2 A21 T1, T2]] = [[T1, 0], [T2 M21 T1, T2]]
+    with M = -A, so the inverses of the 1 x 1 diagonal blocks (ones) give those of the 2 x 2 blocks, then
+    4 x 4, ..., in log2(C) rounds of batched matrix products (C is padded to a power of two with an
+    identity). The blocks are the aligned ones of `channel_gram`: at level s, each aligned block of 2s
+    positions has its two diagonal s-blocks T1 (left) and T2 (right) already inverted, and its lower-left
+    block is filled in place. The rounds read M, negated once here, so that no round negates its own
+    blocks (bit for bit the same numbers: a negation is exact; 15-20% faster at C = 16 to 64 than a
+    negation per round, measured on the 2-core development machine).
 
     Why not `scipy.linalg.solve_triangular`? It gives the same result to rounding (tests/test_chunking.py
     checks), but it solves a batch one matrix at a time in Python, about 40 us of overhead per 64 x 64
@@ -471,44 +488,49 @@ def unit_lower_inverse(A):
     xp = array_module(A)
     *lead, C, _ = A.shape
     P = 1 << max(C - 1, 0).bit_length()
+    M = xp.negative(A)                               # M = -A: the blocks T2 M21 T1 need no sign
     if P != C:
-        A = xp.pad(A, [(0, 0)] * len(lead) + [(0, P - C), (0, P - C)])
-    T = xp.empty(A.shape, A.dtype)
-    T.fill(0)
+        M = xp.pad(M, [(0, 0)] * len(lead) + [(0, P - C), (0, P - C)])
+    T = xp.zeros(M.shape, M.dtype)
     _diagonal_view(T)[...] = 1  # the inverses of the P diagonal blocks of size 1
     s = 1
     if P >= 4:
-        _small_levels(T, A, xp)
+        _small_levels(T, M, xp)
         s = 4
     while s < P:
-        T21, A21 = _lower_blocks(T, s), _lower_blocks(A, s)
+        T21, M21 = _lower_blocks(T, s), _lower_blocks(M, s)
         diagonal = _diagonal_blocks(T, s)            # [..., P / s, s, s], already inverted
         T1, T2 = diagonal[..., 0::2, :, :], diagonal[..., 1::2, :, :]
-        xp.matmul(T2 @ A21, T1, out=T21)
-        xp.negative(T21, out=T21)
+        xp.matmul(T2 @ M21, T1, out=T21)
         s *= 2
     return T[..., :C, :C]
 
 
-def _small_levels(T, A, xp):
-    """The first two levels of `unit_lower_inverse` (s = 1, 2) written out, in place in T [..., P, P].
+def _small_levels(T, M, xp):
+    """The first two levels of `unit_lower_inverse` (s = 1, 2) written out, in place in T [..., P, P], from
+    M = -A.
 
     As batched products they would be P / 2 products of 1 x 1 and P / 4 of 2 x 2 matrices per chunk: tens
     of thousands of BLAS calls for a few multiplications each, the slowest rounds of the inverse. By hand:
-    s = 1: T1 = T2 = 1, so T21 = -A21, the single entry t_{2m+1, 2m} = -a_{2m+1, 2m}.
-    s = 2: T1 = [[1, 0], [x, 1]], T2 = [[1, 0], [y, 1]] (from s = 1), A21 = [[a, b], [c, d]]:
-        T2 A21 T1 = [[a + b x, b], [(y a + c) + (y b + d) x, y b + d]],   T21 = -(T2 A21 T1).
+    s = 1: T1 = T2 = 1, so T21 = M21, the single entry t_{2m+1, 2m} = m_{2m+1, 2m}.
+    s = 2: T1 = [[1, 0], [x, 1]], T2 = [[1, 0], [y, 1]] (from s = 1), M21 = [[a, b], [c, d]]:
+        T21 = T2 M21 T1 = [[a + b x, b], [(y a + c) + (y b + d) x, y b + d]],
+    each entry computed where it is stored (no temporaries).
     """
     T1_entries = _lower_blocks(T, 1)[..., 0, 0]               # [..., P / 2]: t_{2m+1, 2m}
-    xp.negative(_lower_blocks(A, 1)[..., 0, 0], out=T1_entries)
-    A21, T21 = _lower_blocks(A, 2), _lower_blocks(T, 2)       # [..., P / 4, 2, 2]
+    T1_entries[...] = _lower_blocks(M, 1)[..., 0, 0]
+    M21, T21 = _lower_blocks(M, 2), _lower_blocks(T, 2)       # [..., P / 4, 2, 2]
     x, y = T1_entries[..., 0::2], T1_entries[..., 1::2]       # the 2 x 2 diagonal blocks' lower entries
-    a, b, c, d = A21[..., 0, 0], A21[..., 0, 1], A21[..., 1, 0], A21[..., 1, 1]
-    lower_right = y * b + d
-    T21[..., 0, 0] = -(a + b * x)
-    T21[..., 0, 1] = -b
-    T21[..., 1, 0] = -(y * a + c + lower_right * x)
-    T21[..., 1, 1] = -lower_right
+    a, b, c, d = M21[..., 0, 0], M21[..., 0, 1], M21[..., 1, 0], M21[..., 1, 1]
+    upper_left, upper_right, lower_left, lower_right = T21[..., 0, 0], T21[..., 0, 1], T21[..., 1, 0], T21[..., 1, 1]
+    xp.multiply(b, x, out=upper_left)
+    upper_left += a                                           # a + b x
+    upper_right[...] = b
+    xp.multiply(y, b, out=lower_right)
+    lower_right += d                                          # y b + d
+    xp.multiply(y, a, out=lower_left)
+    lower_left += c
+    lower_left += lower_right * x                             # (y a + c) + (y b + d) x
 
 
 def unit_lower_solve(A, X):

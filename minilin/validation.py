@@ -70,12 +70,32 @@ def check_array(name: str, x, dims: str, shapes: Shapes, xp):
     if x.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array (float32 or float64), got {x.dtype}")
     shapes.bind(name, x.shape, dims)
-    finite = xp.isfinite(x)
-    if not bool(finite.all()):
-        bad = ~finite if xp is np else (~finite).get()
+    if not all_finite(x, xp):
+        bad = ~xp.isfinite(x) if xp is np else (~xp.isfinite(x)).get()
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"{name}: expected finite values, got {x[first]} at index {first}")
     return x
+
+
+def all_finite(x, xp) -> bool:
+    """Whether every element of the floating-point array x is finite, exactly.
+
+    x . x = sum_i x_i^2, and an inf or a NaN anywhere makes it inf or NaN (inf^2 = inf, NaN propagates, and
+    no 0 * inf arises: each element multiplies itself), so a finite x . x proves every element finite. The
+    converse fails only where finite squares or their sum overflow (|x_i| above about 1.8e19 in float32):
+    then the elementwise test decides, as it does for arrays that are not contiguous (a flat view of them
+    would be a copy) or not float32 / float64 (BLAS's dot takes those). The dot product reads x once and
+    writes nothing, where `isfinite(x).all()` also writes and reads a boolean array of x's size: on the CPU
+    bench's inputs (1M float32 numbers each) 0.18 against 0.28 ms per array out of cache, 0.05 against 0.08
+    in cache, on the 2-core development machine (the sum of x, the same argument, ran slower than either in
+    cache).
+    """
+    if x.flags.c_contiguous and x.dtype in (xp.float32, xp.float64):
+        flat = x.reshape(-1)
+        with np.errstate(over="ignore"):              # an overflow here only sends x to the elementwise test
+            if bool(xp.isfinite(xp.dot(flat, flat))):
+                return True
+    return bool(xp.isfinite(x).all())
 
 
 def check_max(name: str, x, bound: float, what: str) -> None:

@@ -80,3 +80,16 @@ def test_unit_lower_inverse_matches_scipy_triangular_solve(rng, C):
     # The diagonal and the upper triangle are never read.
     noisy = A + np.triu(rng.standard_normal(A.shape))
     assert np.array_equal(chunking.unit_lower_inverse(noisy), chunking.unit_lower_inverse(A))
+
+
+@pytest.mark.parametrize("C", [1, 2, 3, 4, 5, 8, 16, 37, 64])
+def test_unit_lower_inverse_in_float32_batches(rng, C):
+    """float32, a batch of batches (as the chunked forms call it): T (I + A) = I to float32 rounding. (At
+    C = 2 a float32 batch once came out wrong while float64 was right.)"""
+    k = rng.standard_normal((3, 4, C, 16))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    A = np.tril((rng.uniform(0, 1, (3, 4, C, 1)) * k) @ k.swapaxes(-1, -2), -1).astype(np.float32)
+    T = chunking.unit_lower_inverse(A)
+    assert T.dtype == np.float32
+    identity = np.broadcast_to(np.eye(C), A.shape)
+    assert np.abs(T.astype(np.float64) @ (identity + A) - identity).max() < 1e-5

@@ -31,7 +31,8 @@ RUNS_PER_ROUND = 3  # runs of each non-baseline form per round (the baseline: on
 # The chunk size each chunked form runs at here, chosen by measurement on the 2-core development machine
 # (speed-ups at C = 16, 32 and 64 in one process): the gated linear family is fastest at 32 (16 and 64 8-15%
 # slower), the WY forms of the delta rule at 16 (32 within 2%, 64 20-25% slower: their C x C x V products
-# and their triangular inverses grow with C). Mixers not listed run at their chunked form's default (64).
+# and their triangular inverses grow with C; Gated DeltaNet at 32 3-7% slower once its pass no longer
+# multiplies by T). Mixers not listed run at their chunked form's default (64).
 CHUNK_SIZES = {name: 32 for name in ("linear_attention", "retnet", "lightning", "mamba2", "simple_gla", "gla",
                                      "hgrn2", "rwkv6")}
 CHUNK_SIZES.update({name: 16 for name in ("deltanet", "gated_deltanet", "kda", "rwkv7")})
@@ -46,22 +47,32 @@ ELEMENTWISE = ("one elementwise update per token (no matrix state, no matrix pro
 NOTES = {"mamba": ELEMENTWISE, "hgrn": ELEMENTWISE}
 
 # Where the targets are missed, where the time goes: one chunked call split into its steps, timed one after
-# another in the form's own order, segment by segment, on the 2-core development machine, 2026-12-01, load
-# average 1.8 (in the same minutes the bench measured the loops at 53 and 97 ms).
+# another in the form's own order, segment by segment (medians of 30-40 calls in one process; the timing
+# itself adds about 1 ms to Gated DeltaNet's 256-step pass), on the 2-core development machine, 2026-12-01
+# (x86_64 VM, NumPy 2.4.6, one BLAS thread), in the minutes in which the bench measured the loops at 52-54 and
+# 92-94 ms. The box is shared: a call's time moves by 5% from run to run, and by up to 30% while other work
+# runs on it.
 NOTES["linear_attention"] = (
     "8x asks for 6.6 ms. The four products alone (Q K^T, A V, K^T V, Q S_n at C = 32: 200 M multiply-adds, the "
-    "floor column) take 4.3-4.9 ms, at 80-95 GFLOP/s the peak of one core (OpenBLAS keeps products this small "
-    "on one thread), and the input checks 0.8 ms (finiteness of q, k, v): 5.7 ms before anything else. The "
-    "rest of an 8.6 ms call: K^T copied for Q K^T (0.8 ms; a transposed right operand runs 2-4x slower), the "
-    "sum of the two output terms (0.7), the state pass (0.5: 127 additions of [4, 64, 64]), a round of calls "
-    "per segment (0.5), q * scale (0.3), the causal mask (0.2)")
+    "floor column) take 4.4-4.9 ms, at 80-95 GFLOP/s the peak of one core (OpenBLAS keeps products this small "
+    "on one thread), and the input checks 0.6 ms (q . q, k . k and v . v, whose finiteness proves theirs: "
+    "three reads of 4 MB): 5-5.5 ms before anything else. The rest of a 7.6-8.3 ms call, each step a pass over "
+    "an array no larger than an input: K^T copied for Q K^T (0.8 ms; a transposed right operand runs 2-4x "
+    "slower), the state pass (0.55: 8 x 16 additions of [4, 64, 64]), the sum of the two output terms (0.45), "
+    "a round of calls per segment (0.3), q * scale (0.25), the causal mask (0.2). Measured no faster: q * scale "
+    "folded into A and the inter-chunk output, one fused [Q | A][S; V] output product, segment buffers "
+    "allocated once per call, N + 1 state slots for one product of all writes, C = 16, 48 or 64")
 NOTES["gated_deltanet"] = (
-    "6x asks for 16 ms. Of an 18.2 ms call at C = 16 the state pass takes 8.9 ms: 256 chunks one after "
-    "another, each four products (5.8 ms in all: per head 16 x 16 to 80 x 64 operands, where the BLAS runs far "
-    "below its peak and NumPy's cost per call counts) and three elementwise steps; then the gates' decays "
-    "3.3 (exp(G_i - G_j) from float64 sums; Q, K and K^T times their decays), the inverses (I + A)^-1 1.7, "
-    "the input checks 1.5 (finiteness, beta |k|^2 <= 1, q * scale), the grams 1.4 and K^T's copy 1.0. At "
-    "C = 32 the pass takes 7.5 ms, but the inverses and the grams grow by about as much")
+    "6x asks for 15.3-15.6 ms (the loop at 92-94 ms); the chunked call takes 15.2-15.9. Its state pass takes "
+    "8-9 ms: 256 chunks one after another, each three products (K_e S_n; the output [Q_e | P T diag(beta)] "
+    "[S_n; R_n]; the write K^T diag(exp(G_C - G)) T diag(beta) R_n: per head 16 x 64 to 64 x 80 operands, at "
+    "75-85 GFLOP/s near one core's peak) and three elementwise steps (the residual R_n = V_n - K_e S_n, the "
+    "decay, the sum); then the gates' decays 2.2 (exp(G_i - G_j) from float64 sums; Q and K times their "
+    "decays), the inverses (I + A)^-1 diag(beta) 1.7, the grams 1.4, K^T's copy 0.85, the input checks 0.8 "
+    "(finiteness, beta |k|^2 <= 1) and T folded into P and K^T 0.5. Measured no faster: FLA's order (W and U "
+    "for all chunks, Delta_n = U_n - W_n S_n in the pass), the outputs of all chunks as one product after the "
+    "pass, Delta_n = [T | T] [V_n; -K_e S_n] as one product, C = 24 or 32 (the pass halves its calls at 32, but "
+    "the grams, inverses and fold grow by more)")
 
 
 def machine() -> str:

@@ -62,10 +62,11 @@ def gated_deltanet_products(args, C: int, with_solve: bool = False):
 
     Of the two orders of the WY form this uses the one with fewer products: T times X_n = beta (V - K S_n)
     inside the state pass, instead of W = T beta K and U = T beta V made for all chunks first (FLA's order;
-    on the dev box 7-10% slower as a floor). The chunked form itself uses FLA's order: one C x C x K product
-    more per chunk, made for a whole segment at once, buys one NumPy call fewer per chunk in the pass, and at
-    C = 16 the pass's time is mostly calls. The operands are the real T of these inputs (gates left out), so
-    that the state pass stays bounded as it does in the chunked form."""
+    on the dev box 7-10% slower as a floor). The chunked form itself (`_delta_rule.chunked`) uses neither: it
+    multiplies T diag(beta) into P and K^T for all chunks at once, so that its pass does K S_n, the output
+    and the write, and no product with T; the floor's order stays the one with the fewest products. The
+    operands are the real T of these inputs (gates left out), so that the state pass stays bounded as it
+    does in the chunked form."""
     q, k, v, g, beta = args
     Q, Kc, Vc = _chunks((q, k, v), C)
     beta_c = to_chunks(beta, C)[..., None]

@@ -14,26 +14,29 @@ from __future__ import annotations
 from .. import heads, varlen
 from ..activations import l2_normalize
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
-                        decay_state, from_chunks, num_chunks, reverse_cumsum, segments, state_or_zeros, to_chunks,
-                        transposed, unit_lower_inverse, unit_lower_solve)
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_gate_sums, chunk_view, chunked_output,
+                        decay_matrix, decay_state, from_chunks, num_chunks, reverse_cumsum, segments, state_or_zeros,
+                        to_chunks, transposed, unit_lower_inverse, unit_lower_solve)
 from ..validation import check_chunk_size, check_delta_keys, check_scale
 
 
-def qk_forward(a, scale, normalize_qk: bool, allow_neg_eigval: bool):
+def qk_forward(a, scale, normalize_qk: bool, allow_neg_eigval: bool, scaled: bool = True):
     """The public modules' mapping of their checked q and k onto the engine's (undone by `qk_backward`):
     q -> scale * l2_normalize(q), k -> l2_normalize(k) when normalize_qk, else q -> scale * q, k -> k, and
     each q/k head repeated over its group of value heads (`heads.expand`). Unnormalized keys are checked
     against the beta of each value head that reads them: beta_t |k_t|^2 <= 1 (<= 2 with allow_neg_eigval,
     `validation.check_delta_keys`). a: the mixer's `Checked` inputs (q, k [B, T, H, K], beta [B, T, HV]);
-    normalize_qk and allow_neg_eigval already checked flags. Returns (q', k') [B, T, HV, K]."""
+    normalize_qk and allow_neg_eigval already checked flags. Returns (q', k') [B, T, HV, K]. scaled=False
+    leaves out the scale (still checked), for `chunked`, which takes it apart and folds it into the rows
+    and scores it multiplies anyway: one pass over q fewer."""
     q, k = a.q, a.k
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
     q, k = heads.expand(q, a.group), heads.expand(k, a.group)
     if not normalize_qk:
         check_delta_keys(k, a.beta, allow_neg_eigval)
-    return q * check_scale(scale, a.shapes["K"]), k
+    scale = check_scale(scale, a.shapes["K"])
+    return (q * scale if scaled else q), k
 
 
 def qk_backward(q, k, dq, dk, scale, normalize_qk):
@@ -83,7 +86,7 @@ def recurrent(q, k, v, g, beta, S0):
     return o, S
 
 
-def chunked(q, k, v, g, beta, S0, chunk_size):
+def chunked(q, k, v, g, beta, S0, chunk_size, scale=1.0):
     """Chunked form with the WY representation (DeltaNet: Yang et al. 2024; gated: Yang et al. 2025).
 
     Inside one chunk, with G the chunk-local cumulative gate and S the state entering the chunk,
@@ -91,91 +94,114 @@ def chunked(q, k, v, g, beta, S0, chunk_size):
     corrections delta_t = beta_t (v_t - S_{t-1}'^T k_t) solve the unit lower-triangular system
         (I + A) Delta = diag(beta) (V - (K * exp(G)) S),
         A_tj = beta_t k_t . exp(G_t - G_j) k_j   for j < t.
-    With T = (I + A)^-1 for all chunks at once (`chunking.unit_lower_inverse`), Delta = T diag(beta) (V - K_e S)
-    with K_e = K * exp(G). Then chunk after chunk (the only sequential part):
-        Delta_n = (T diag(beta))_n (V_n - K_e,n S_n)                      the chunk's corrections
-        O_n     = [Q * exp(G) | P]_n [S_n; Delta_n]                       its output, P = (Q K^T) decayed, causal
-        S_{n+1} = exp(G_C) S_n + (K * exp(G_C - G))_n^T Delta_n           the state it leaves
-    T multiplies each chunk's residual inside the pass, rather than making W = T diag(beta) K_e and
-    U = T diag(beta) V for all chunks first as FLA's kernels do: one C x C x K product fewer per chunk (FLA's
-    order saves one NumPy call per chunk in the pass instead, and measured no faster here). The output's two
-    terms are one product against [S_n; Delta_n], the state and the corrections side by side in one buffer,
-    so neither the states nor the corrections of all chunks are ever stored.
+    With T = (I + A)^-1 for all chunks at once (`chunking.unit_lower_inverse`), Delta = T diag(beta) R with
+    the residual R = V - K_e S, K_e = K * exp(G). Delta enters the chunk's output and the state it leaves
+    only through products, so T diag(beta) is multiplied into their other factors, chunk-parallel, and the
+    pass carries R itself. Then chunk after chunk (the only sequential part):
+        R_n     = V_n - K_e,n S_n                                        what the memory mispredicts
+        O_n     = [Q * exp(G) | P T diag(beta)]_n [S_n; R_n]             its output, P = (Q K^T) decayed, causal
+        S_{n+1} = exp(G_C) S_n + ((K * exp(G_C - G))^T T diag(beta))_n R_n   the state it leaves
+    (each product X Delta_n taken as (X T diag(beta)) R_n). The pass is then the state-dependent products
+    alone, K_e S_n, O_n and the write, and no C x C x V product per chunk; P T diag(beta) and
+    (K * exp(G_C - G))^T T diag(beta) cost C x C x (C + K) per chunk for all chunks at once (on the 2-core
+    development machine 2-3% of the call less than T diag(beta) R_n inside the pass). FLA's order, W =
+    T diag(beta) K_e and U = T diag(beta) V for all chunks first and Delta_n = U_n - W_n S_n in the pass,
+    measured no faster. The output's two terms are one product against [S_n; R_n], the state and the
+    residual side by side in one buffer, so neither the states nor the residuals of all chunks are stored.
 
     The chunks are taken a segment of about 512 tokens at a time (`chunking.segments`): the grams and T of
     all chunks of a segment at once, then its chunks in order, the state carried on into the next segment.
     The same arithmetic as all chunks at once, with temporaries that stay in the CPU's cache. One chunk
-    holding the whole sequence (the parallel form) solves (I + A) Delta = diag(beta) (V - K_e S) by blocks
-    instead (`chunking.unit_lower_solve`): C^2 V work where the inverse would cost C^3.
+    holding the whole sequence (the parallel form) solves (I + A) Delta = diag(beta) R by blocks instead
+    (`chunking.unit_lower_solve`): C^2 V work where the inverse would cost C^3; its output and state are then
+    [Q * exp(G) | P] [S; Delta] and exp(G_C) S + (K * exp(G_C - G))^T Delta.
 
     Gates: scalar ones are summed in float64 per chunk and rounded once after each difference
     (`decay_matrix`); per-channel ones go through `chunking.channel_gram`, which builds A and P by halving
     the chunk and returns K * exp(G), Q * exp(G), K * exp(G_C - G) and exp(G_C) with them.
+
+    scale: q's scale, for a q without it (`qk_forward(..., scaled=False)`; 1 for a q that carries it). It
+    enters only O_n, through Q * exp(G) and P, so it is folded into the numbers that scale those anyway:
+    scale * exp(G) on the rows of Q, scale * exp(G_t - G_j) (or the causal mask) on P, [C] and [C, C]
+    numbers per chunk instead of a pass over q.
     """
     xp = array_module(q)
     B, T, H, K = q.shape
     V, C = v.shape[-1], chunk_size
     o, o_chunks = chunked_output(v, C)                               # [B, N * C, H, V], [B, H, N, C, V]
-    state_and_delta = xp.empty((B, H, K + C, V), q.dtype)            # [S_n; Delta_n]
-    state_and_delta[:, :, :K] = 0 if S0 is None else S0
+    state_and_residual = xp.empty((B, H, K + C, V), q.dtype)         # [S_n; R_n]
+    state_and_residual[:, :, :K] = 0 if S0 is None else S0
     for seg in segments(T, C, xp):
         first = seg.start // C
         out = o_chunks[:, :, first:first + num_chunks(seg.stop - seg.start, C)]
         _chunked_segment(q[:, seg], k[:, seg], v[:, seg], None if g is None else g[:, seg], beta[:, seg],
-                         state_and_delta, C, out, solve=num_chunks(T, C) == 1)
-    return (o if o.shape[1] == T else xp.ascontiguousarray(o[:, :T])), state_and_delta[:, :, :K].copy()
+                         state_and_residual, C, out, scale, solve=num_chunks(T, C) == 1)
+    return (o if o.shape[1] == T else xp.ascontiguousarray(o[:, :T])), state_and_residual[:, :, :K].copy()
 
 
-def _chunked_segment(q, k, v, g, beta, state_and_delta, C, out, solve=False):
-    """`chunked` on one stretch of whole chunks: O into out [B, H, N, C, V]; state_and_delta [B, H, K + C, V]
-    holds the state entering the stretch in its first K rows and leaves there the state after it.
-    solve: one chunk, solved by blocks rather than inverted (the parallel form)."""
+def _chunked_segment(q, k, v, g, beta, state_and_residual, C, out, scale=1.0, solve=False):
+    """`chunked` on one stretch of whole chunks: O into out [B, H, N, C, V]; state_and_residual
+    [B, H, K + C, V] holds the state entering the stretch in its first K rows and leaves there the state after
+    it (its last C rows: scratch for each chunk's residual). scale: q's, folded into the rows and scores of
+    Q. solve: one chunk, solved by blocks rather than inverted (the parallel form)."""
     xp = array_module(q)
     B, _, H, K = q.shape
     qc, kc, vc = (chunk_view(x, C) for x in (q, k, v))             # [B, H, N, C, .], views
     beta_c = chunk_view(beta, C)                                     # [B, H, N, C]
     N = qc.shape[2]
-    reads = xp.empty((B, H, N, C, K + C), q.dtype)                   # [Q * exp(G) | P] of every chunk
-    q_from_start, P = reads[..., :K], reads[..., K:]
+    reads = xp.empty((B, H, N, C, K + C), q.dtype)                   # [Q * exp(G) | P T diag(beta)], scaled
+    q_from_start = reads[..., :K]
     if g is None or g.ndim == 3:
-        k_to_end_T = transposed(kc)                                  # [B, H, N, K, C]; K^T for the grams first
-        A = kc @ k_to_end_T                                          # k_t . k_j
-        xp.matmul(qc, k_to_end_T, out=P)                             # q_t . k_j
+        keys_T = transposed(kc)                                      # [B, H, N, K, C]: K^T, for the grams first
+        A = kc @ keys_T                                              # k_t . k_j
+        P = qc @ keys_T                                              # q_t . k_j
         if g is None:
-            P *= causal_mask(C, xp)                                  # (A needs no mask: the solve reads below it)
-            q_from_start[...] = qc
-            k_from_start, chunk_decay = kc, None
+            P *= xp.asarray(scale * causal_mask(C, xp), q.dtype)     # (A needs no mask: the solve reads below it)
+            xp.multiply(qc, scale, out=q_from_start)
+            k_from_start, to_end, chunk_decay = kc, None, None
         else:
-            G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)   # [B, H, N, C]
+            G = chunk_gate_sums(g, C)                                # [B, H, N, C]
             L = decay_matrix(G, dtype=q.dtype)
             A *= L
+            if scale != 1:
+                L *= scale                                           # scale exp(G_t - G_j): [C, C] numbers per chunk
             P *= L
             from_start = xp.exp(G).astype(q.dtype)[..., None]
-            xp.multiply(qc, from_start, out=q_from_start)
+            xp.multiply(qc, from_start * scale, out=q_from_start)
             k_from_start = kc * from_start
-            k_to_end_T *= xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None, :]   # K^T now decayed to the end
+            to_end = xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None]   # exp(G_C - G_j), [B, H, N, C, 1]
             chunk_decay = xp.exp(G[..., -1]).astype(q.dtype)[..., None, None]   # [B, H, N, 1, 1]
     else:
-        (A, P_), (k_from_start, q_from_start_), k_to_end, chunk_decay = channel_gram((kc, qc), kc, chunk_view(g, C))
-        P[...], q_from_start[...] = P_, q_from_start_
-        k_to_end_T = k_to_end.swapaxes(-1, -2)
+        (A, P), (k_from_start, q_from_start_), k_to_end, chunk_decay = channel_gram((kc, qc), kc, chunk_view(g, C))
+        P *= scale
+        xp.multiply(q_from_start_, scale, out=q_from_start)
+        keys_T, to_end = k_to_end.swapaxes(-1, -2), None            # (K * exp(G_C - G))^T, per channel
         chunk_decay = chunk_decay[..., None]                         # [B, H, N, K, 1]
     A *= beta_c[..., None]                                           # beta_t k_t . k_j, decayed
-    if not solve:
-        T_beta = unit_lower_inverse(A)
-        T_beta *= beta_c[..., None, :]                               # T diag(beta)
+    S, residual = state_and_residual[:, :, :K], state_and_residual[:, :, K:]
+    if solve:  # one chunk (the parallel form): solve rather than invert, C^2 V work instead of C^3
+        xp.subtract(vc[:, :, 0], k_from_start[:, :, 0] @ S, out=residual)
+        delta = unit_lower_solve(A[:, :, 0], residual * beta_c[:, :, 0, :, None])
+        reads[..., K:] = P
+        xp.matmul(reads[:, :, 0], xp.concatenate([S, delta], axis=-2), out=out[:, :, 0])
+        if chunk_decay is not None:
+            S *= chunk_decay[:, :, 0]
+        S += keys_T[:, :, 0] @ (delta if to_end is None else delta * to_end[:, :, 0])
+        return
+    T_beta = unit_lower_inverse(A)
+    T_beta *= beta_c[..., None, :]                                   # T diag(beta)
+    xp.matmul(P, T_beta, out=reads[..., K:])                         # P T diag(beta)
+    if to_end is not None:   # K^T diag(exp(G_C - G)) T: the decay on T's rows, [C, C] numbers, not K^T's [K, C]
+        T_beta *= to_end
+    writes = keys_T @ T_beta                                         # (K * exp(G_C - G))^T T diag(beta)
+    del A, P, T_beta
 
-    S, delta = state_and_delta[:, :, :K], state_and_delta[:, :, K:]
-    residual, write = xp.empty(delta.shape, q.dtype), xp.empty(S.shape, q.dtype)
+    predicted, write = xp.empty(residual.shape, q.dtype), xp.empty(S.shape, q.dtype)
     for n in range(N):
-        xp.matmul(k_from_start[:, :, n], S, out=residual)            # K_e S_n: what the memory predicts
-        xp.subtract(vc[:, :, n], residual, out=residual)
-        if solve:  # one chunk (the parallel form): solve rather than invert, C^2 V work instead of C^3
-            delta[...] = unit_lower_solve(A[:, :, 0], residual * beta_c[:, :, 0, :, None])
-        else:
-            xp.matmul(T_beta[:, :, n], residual, out=delta)          # Delta_n
-        xp.matmul(reads[:, :, n], state_and_delta, out=out[:, :, n])  # O_n
-        xp.matmul(k_to_end_T[:, :, n], delta, out=write)
+        xp.matmul(k_from_start[:, :, n], S, out=predicted)           # K_e S_n: what the memory predicts
+        xp.subtract(vc[:, :, n], predicted, out=residual)            # R_n
+        xp.matmul(reads[:, :, n], state_and_residual, out=out[:, :, n])   # O_n
+        xp.matmul(writes[:, :, n], residual, out=write)
         if chunk_decay is not None:
             S *= chunk_decay[:, :, n]
         S += write

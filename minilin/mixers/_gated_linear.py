@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 
 from ..backend import array_module
-from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_view, chunked_output, decay_matrix,
-                        decay_state, from_chunks, num_chunks, output_rows, pass_states_backward, read_and_pass,
-                        reverse_cumsum, row_dot, segments, state_or_zeros, states_after_chunks, to_chunks_transposed,
-                        transposed)
+from ..chunking import (causal_mask, channel_gram, channel_gram_backward, chunk_gate_sums, chunk_view, chunked_output,
+                        decay_matrix, decay_state, from_chunks, num_chunks, output_rows, pass_states_backward,
+                        read_and_pass, reverse_cumsum, row_dot, segments, state_or_zeros, states_after_chunks,
+                        to_chunks_transposed, transposed)
 
 
 def step(q, k, v, g, S):
@@ -88,7 +88,7 @@ def _chunked_segment(q, k, v, g, S0, C, out):
         A *= causal_mask(C, xp)
         q_from_start, chunk_decay = qc, None
     elif g.ndim == 3:                                        # scalar gate [B, T, H]
-        G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)                 # [B, H, N, C]
+        G = chunk_gate_sums(g, C)                                                # [B, H, N, C]
         A *= decay_matrix(G, dtype=q.dtype)
         G_last = G[..., -1:]
         q_from_start = qc * xp.exp(G).astype(q.dtype)[..., None]
@@ -292,7 +292,7 @@ def _chunked_backward_segment(q, k, v, g, S0, do, dS, chunk_size):
     if g is None:
         P, from_start, to_end, chunk_decay, k_to_end = causal_mask(C, xp), None, None, None, kc
     else:
-        G = xp.cumsum(chunk_view(g, C), axis=-1, dtype=xp.float64)         # [B, H, N, C]
+        G = chunk_gate_sums(g, C)                                          # [B, H, N, C]
         P = decay_matrix(G, dtype=q.dtype)                                 # exp(G_i - G_j), j <= i
         from_start = xp.exp(G).astype(q.dtype)[..., None]                  # exp(G_i), [B, H, N, C, 1]
         to_end = xp.exp(G[..., -1:] - G).astype(q.dtype)[..., None]        # exp(G_C - G_i)

@@ -25,11 +25,13 @@ returning SIGNATURE.gradients: the gradients of <do, o> + <dstate, final_state>.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import examples, varlen
 from ..signature import Signature, Tensor
-from ..validation import check_beta, check_chunk_size, check_flag, check_log_gate
+from ..validation import check_beta, check_chunk_size, check_flag, check_log_gate, check_scale
 from . import _delta_rule
 
 SIGNATURE = Signature(
@@ -39,16 +41,16 @@ SIGNATURE = Signature(
 
 
 def _checked(q, k, v, g, beta, scale, state, allow_neg_eigval, normalize_qk, cu_seqlens=None,
-             step=False):
+             step=False, scaled=True):
     """Checked inputs and the engine's q' = scale * q and k: L2-normalized when normalize_qk, each q/k head
     repeated over its group of value heads, the keys checked against the beta of each value head that reads
-    them (`_delta_rule.qk_forward`)."""
+    them (`_delta_rule.qk_forward`). scaled=False: q without the scale (for `chunked`, which folds it in)."""
     a = SIGNATURE.check(q, k, v, g, beta, state=state, step=step, cu_seqlens=cu_seqlens)
     check_log_gate("g", a.g)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     check_beta(a.beta, allow_neg_eigval)
     normalize_qk = check_flag("normalize_qk", normalize_qk)
-    return (a, *_delta_rule.qk_forward(a, scale, normalize_qk, allow_neg_eigval))
+    return (a, *_delta_rule.qk_forward(a, scale, normalize_qk, allow_neg_eigval, scaled))
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
@@ -61,10 +63,11 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=No
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False,
             chunk_size=64):
     """Chunked form (gated WY representation); any T, chunk_size > 0 (clamped to T)."""
-    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens)
+    a, q, k = _checked(q, k, v, g, beta, scale, initial_state, allow_neg_eigval, normalize_qk, cu_seqlens,
+                       scaled=False)
     C = check_chunk_size(chunk_size, a.shapes["T"])
-    return varlen.forward(varlen.chunked(_delta_rule.chunked, C),
-                          (q, k, a.v, a.g, a.beta), a.state, a.cu_seqlens)
+    run = functools.partial(_delta_rule.chunked, scale=check_scale(scale, a.shapes["K"]))   # q's scale folded in
+    return varlen.forward(varlen.chunked(run, C), (q, k, a.v, a.g, a.beta), a.state, a.cu_seqlens)
 
 
 def parallel(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False, normalize_qk=False):
