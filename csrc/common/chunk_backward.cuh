@@ -24,6 +24,12 @@ static_assert(kBlockV == kTensorCoreShape.value_multiple, "the tensor-core versi
 constexpr int kLdV = kBlockV + 8;  // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
 constexpr int kLdC = kChunk + 8;
 using bf16 = __nv_bfloat16;
+// A pass's running [K, 64] matrix in the 8 warps' registers, split as linear v3 splits S: kRowSharers warps share
+// each 16-row tile, each holding kStateTiles 8-column tiles of it.
+template <int K>
+constexpr int kRowSharers = kWarps / (K / 16);
+template <int K>
+constexpr int kStateTiles = (kBlockV / 8) / kRowSharers<K>;
 
 __host__ __device__ inline int chunk_count(int T) { return (T + kChunk - 1) / kChunk; }
 

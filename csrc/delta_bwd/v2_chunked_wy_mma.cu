@@ -34,6 +34,8 @@
 // computes. The states are recomputed rather than saved by the forward (which stays the inference kernel). Stored in bf16, as tools/emulate_bf16_backward.py shows they
 // may be (every gradient within 3e-3 of float64 with all of them rounded): workspace 2 B H N (K V + 64 V + 32 64)
 // bf16 for N = ceil(T / 64) chunks.
+#include <algorithm>
+
 #include "../common/chunk_backward.cuh"
 #include "../delta/wy_prepare_blocked.cuh"
 
@@ -181,8 +183,7 @@ template <int K, int kStages, bool kReverse>
 __device__ __forceinline__ void run_pass(const BackwardProblem& p, const Workspace& w, unsigned char* smem, int v0) {
   using Layout = PassLayout<K, kStages, kReverse>;
   constexpr int kLdK = Layout::kLdK;
-  constexpr int kRowSharers = kWarps / (K / 16);
-  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
+  constexpr int kRowSharers = chunk_bwd::kRowSharers<K>, kStateTiles = chunk_bwd::kStateTiles<K>;
   static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
   const Layout L{smem};
@@ -541,7 +542,7 @@ void launch(const BackwardProblem& p, const Workspace& w) {
   const int value_blocks = p.V / kBlockV;
   if (2LL * value_blocks * p.H * p.B <= multiprocessor_count("delta_bwd_v2_passes"))
     launch_checked(p, "delta_bwd_v2_passes", delta_bwd_v2_passes<K>, dim3(2 * value_blocks, p.H, p.B), kThreads,
-                   PassLayout<K, 2, true>::kBytes, w);
+                   std::max(PassLayout<K, 2, false>::kBytes, PassLayout<K, 2, true>::kBytes), w);
   else
     launch_checked(p, "delta_bwd_v2_paired_passes", delta_bwd_v2_paired_passes<K>, dim3(value_blocks, p.H, p.B),
                    2 * kThreads, PassLayout<K, 1, false>::kBytes + PassLayout<K, 2, true>::kBytes, w);

@@ -71,8 +71,7 @@ __device__ __forceinline__ void load_pass_chunk(const PassLayout<K>& L, int stag
 template <int K, bool kReverse>
 __device__ __forceinline__ void run_pass(const BackwardProblem& p, bf16* stored, unsigned char* smem, int v0) {
   constexpr int kLdK = PassLayout<K>::kLdK;
-  constexpr int kRowSharers = kWarps / (K / 16);
-  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
+  constexpr int kRowSharers = chunk_bwd::kRowSharers<K>, kStateTiles = chunk_bwd::kStateTiles<K>;
   static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
   const PassLayout<K> L{smem};
@@ -143,7 +142,7 @@ struct GradLayout {
                                    + 2 * kChunk * kLdC * sizeof(bf16)  // P, dP
                                    + kStageBytes
                                    + 2 * kChunk * sizeof(float)        // g, G
-                                   + GateScratch<>::kBytes;              // dg's terms
+                                   + GateScratch<>::kBytes;            // dg's terms
   unsigned char* base;
   __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
   __device__ bf16* k() const { return q() + kChunk * kLdK; }
