@@ -20,7 +20,7 @@ namespace minilin {
 constexpr int kBwdWarps = 4;
 constexpr int kBwdColumnsPerWarp = 8;
 constexpr int kBwdBlockColumns = kBwdWarps * kBwdColumnsPerWarp;  // 32 value columns per block
-constexpr int kBwdMaxK = kKeysUpTo256.max_k;                                     // ROWS = K / 32 <= 8 register rows per lane
+constexpr int kBwdMaxK = kKeysUpTo256.max_k;                      // ROWS = K / 32 <= 8 register rows per lane
 
 __host__ __device__ inline int bwd_value_blocks(int V) { return (V + kBwdBlockColumns - 1) / kBwdBlockColumns; }
 
