@@ -65,26 +65,38 @@ PYBIND11_MODULE(_cuda, m) {
       }
       d["keys"] = keys;
       d["value_multiple"] = v.shape.value_multiple;
+      d["packed"] = v.packed;
       out.append(d);
     }
     return out;
   }, "Every kernel version: op, version, name, summary, dtypes, minimum and maximum (0: none) compute capability, "
-     "and the shapes it takes: K <= max_k, K in keys (None: any), V a multiple of value_multiple.");
+     "the shapes it takes: K <= max_k, K in keys (None: any), V a multiple of value_multiple; and whether it reads "
+     "packed sequences and grouped heads in the kernel (packed).");
 
-  m.def("workspace_bytes", [](const std::string& op, int version, int B, int T, int H, int K, int V) -> size_t {
+  m.def("workspace_bytes", [](const std::string& op, int version, int B, int T, int H, int K, int V,
+                               bool packed) -> size_t {
     const auto& v = find_version(op, version);
-    return v.workspace_bytes ? v.workspace_bytes(B, T, H, K, V) : 0;
+    return v.workspace_bytes ? v.workspace_bytes(B, T, H, K, V, packed) : 0;
   }, py::arg("op"), py::arg("version"), py::arg("B"), py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"),
-     "Scratch bytes the version needs for these sizes (0: none).");
+     py::arg("packed") = false,
+     "Scratch bytes the version needs for these sizes (0: none); packed: B sequences packed into T tokens.");
 
   m.def("forward",
         [](const std::string& op, int version, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t g,
            std::uintptr_t beta, std::uintptr_t h0, std::uintptr_t o, std::uintptr_t ht, std::uintptr_t workspace,
-           size_t workspace_size, int B, int T, int H, int K, int V, float scale, int dtype, std::uintptr_t stream) {
+           size_t workspace_size, int B, int T, int H, int K, int V, float scale, int dtype, std::uintptr_t stream,
+           std::uintptr_t cu_seqlens, int qk_heads) {
           const auto& ver = find_version(op, version);
           if (!ver.forward)
             throw minilin::ArgumentError("minilin._cuda: " + op + " is not a forward op (decode steps: decode(); "
                                          "backward ops: backward())");
+          const std::string which = "minilin._cuda: " + op + " v" + std::to_string(version);
+          if (qk_heads != 0 && (qk_heads < 0 || H % qk_heads != 0))
+            throw minilin::ArgumentError(which + ": qk_heads must divide H = " + std::to_string(H) + ", got " +
+                                         std::to_string(qk_heads));
+          if (!ver.packed && (cu_seqlens != 0 || (qk_heads != 0 && qk_heads != H)))
+            throw minilin::ArgumentError(which + " reads neither packed sequences (cu_seqlens) nor grouped heads "
+                                         "(qk_heads); versions()'s 'packed' lists those that do");
           minilin::Problem p;
           p.q = pointer<const void>(q);
           p.k = pointer<const void>(k);
@@ -100,14 +112,19 @@ PYBIND11_MODULE(_cuda, m) {
           p.scale = scale;
           p.dtype = static_cast<minilin::DType>(dtype);
           p.stream = pointer<void>(stream);
+          p.cu_seqlens = pointer<const int>(cu_seqlens);
+          p.qk_heads = qk_heads;
           py::gil_scoped_release release;
           ver.forward(p);
         },
         py::arg("op"), py::arg("version"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"),
         py::arg("h0"), py::arg("o"), py::arg("ht"), py::arg("workspace"), py::arg("workspace_size"), py::arg("B"),
         py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"), py::arg("scale"), py::arg("dtype"), py::arg("stream"),
+        py::arg("cu_seqlens") = 0, py::arg("qk_heads") = 0,
         "Launch one forward pass on `stream`. Pointers are device addresses (0 for an absent g, beta, h0 or "
-        "workspace); dtype 0 = float32, 1 = bfloat16. Checks sizes (ValueError) and the launch (RuntimeError).");
+        "workspace); dtype 0 = float32, 1 = bfloat16. Versions with 'packed' also take cu_seqlens (the address of "
+        "B + 1 int32 offsets, checked by the caller: B sequences packed into T tokens) and qk_heads (q and k heads, "
+        "a divisor of H; 0: H). Checks sizes (ValueError) and the launch (RuntimeError).");
 
   // Positional arguments are the fast path here: a decode step's host work is most of a small batch's time.
   m.def("decode",

@@ -27,6 +27,12 @@ struct KernelError : std::runtime_error {
 //   no decay; beta is read by the delta family only); h0, ht [B, H, K, V] float32 (h0 may be null:
 //   zeros). All arrays C-contiguous on the current device. `scale` multiplies q.
 //   The ops with a decay per key channel ("gla", "kda") read g as [B, T, H, K] float32 instead, never null.
+// Two layouts that versions with `packed` (Version below) read in the kernel; the others refuse them:
+//   grouped value heads: q, k [B, T, qk_heads, K] with H a multiple of qk_heads, value head h reading q/k head
+//     h / (H / qk_heads) (GVA, as Qwen3-Next); qk_heads = 0 means H.
+//   packed sequences: cu_seqlens [B + 1] int32 device offsets, 0 = cu_seqlens[0] < ... < cu_seqlens[B] = T, of B
+//     sequences laid end to end along T (the tensors' batch axis is 1 and T their total length); h0, ht hold one
+//     [H, K, V] state per sequence. The offsets are checked on the host (minilin/varlen.py) before any launch.
 struct Problem {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -42,6 +48,8 @@ struct Problem {
   float scale = 1.0f;
   DType dtype = kFloat32;
   void* stream = nullptr;        // a cudaStream_t; null is the legacy default stream
+  const int* cu_seqlens = nullptr;  // packed sequences (above), or null: B sequences of T tokens each
+  int qk_heads = 0;                 // q and k heads (grouped value heads, above); 0: H
 };
 
 // How a decode step decays the state before it writes: not at all, by one exp(g) per (sequence, head), or by
@@ -145,12 +153,15 @@ struct Version {
   bool supports_bfloat16;
   ShapeRule shape;                // the K and V it takes
   int min_compute_capability;     // e.g. 80 for mma.sync bf16
-  size_t (*workspace_bytes)(int B, int T, int H, int K, int V);  // null: needs none
+  // Scratch for B sequences of T tokens, or (packed) B sequences packed into T tokens; null: needs none.
+  size_t (*workspace_bytes)(int B, int T, int H, int K, int V, bool packed);
   void (*forward)(const Problem&);                               // throws ArgumentError / KernelError; null for "decode"
   int max_compute_capability = 0;  // 0: any from the minimum up; 90: sm_90a code (wgmma), which runs on 9.0 only
   void (*decode)(const DecodeProblem&) = nullptr;                // the "decode" op's entry; null for the others
   void (*backward)(const BackwardProblem&) = nullptr;            // "linear_bwd" / "delta_bwd"; null for the others
+  bool packed = false;  // forward: reads grouped heads and packed sequences (Problem) in the kernel
 };
+constexpr bool kReadsPacked = true;  // a Version's `packed`, by name
 
 // Every version the extension was built with, in op then version order.
 const std::vector<Version>& versions();

@@ -42,15 +42,18 @@ struct ChannelTiles {
     return raw + 2 * stage_bytes(K_);
   }
 
-  // Issue the copies of tokens t0 .. t0 + 31 of head (b, h) and value columns v0 .. v0 + 31 into `stage`.
-  // Tokens past T and columns past V are zero-filled: a zero key and value write nothing, a zero gate decays
-  // nothing, a zero beta corrects nothing.
-  __device__ void load(const Problem& p, int stage, int b, int h, int t0, int v0) const {
-    const int valid = min(kTileTokens, p.T - t0);
-    const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;  // (b, t0, h) in [B, T, H]
+  // Issue the copies of tokens t0 .. t0 + 31 of sequence seq, head h, and value columns v0 .. v0 + 31 into
+  // `stage`. Tokens past the sequence's end and columns past V are zero-filled: a zero key and value write
+  // nothing, a zero gate decays nothing, a zero beta corrects nothing.
+  __device__ void load(const Problem& p, int stage, const SequenceRows& seq, int h, int t0, int v0) const {
+    const int valid = min(kTileTokens, seq.length - t0);
+    const long long first = (seq.first + t0) * p.H + h;  // (token, h) in [B T, H]
     const long long row_stride = static_cast<long long>(p.H) * p.K;
-    cp_async_rows(q(stage), p.K, static_cast<const T*>(p.q) + first * p.K, row_stride, kTileTokens, p.K, valid);
-    cp_async_rows(k(stage), p.K, static_cast<const T*>(p.k) + first * p.K, row_stride, kTileTokens, p.K, valid);
+    const int qk_heads = qk_heads_of(p);
+    const long long first_qk = (seq.first + t0) * qk_heads + qk_head_of(p, h);
+    const long long qk_stride = static_cast<long long>(qk_heads) * p.K;
+    cp_async_rows(q(stage), p.K, static_cast<const T*>(p.q) + first_qk * p.K, qk_stride, kTileTokens, p.K, valid);
+    cp_async_rows(k(stage), p.K, static_cast<const T*>(p.k) + first_qk * p.K, qk_stride, kTileTokens, p.K, valid);
     cp_async_rows(g(stage), p.K, p.g + first * p.K, row_stride, kTileTokens, p.K, valid);
 
     constexpr int kPer16 = 16 / sizeof(T);

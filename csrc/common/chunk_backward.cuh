@@ -31,8 +31,6 @@ constexpr int kRowSharers = kWarps / (K / 16);
 template <int K>
 constexpr int kStateTiles = (kBlockV / 8) / kRowSharers<K>;
 
-__host__ __device__ inline int chunk_count(int T) { return (T + kChunk - 1) / kChunk; }
-
 // The helpers below split their work over a group of kThreads threads, the block or one of its 256-thread parts
 // (threads t with the same t / kThreads), each thread by its index in the group.
 __device__ __forceinline__ int group_thread() { return static_cast<int>(threadIdx.x % kThreads); }

@@ -8,7 +8,8 @@
 #include "../minilin_cuda.h"
 #include "device.cuh"
 #include "mma.cuh"
-#include "simt.cuh"  // kChunk
+#include "sequences.cuh"  // kChunk, SequenceRows
+#include "simt.cuh"
 
 namespace minilin {
 
@@ -133,20 +134,27 @@ __device__ __forceinline__ void scale_tiles(float (&acc)[1][NT][4], float factor
     for (int e = 0; e < 4; ++e) acc[0][j][e] *= factor;
 }
 
-// o[b, t0 + r, h, v0 + c] = scale acc for this warp's output tile at rows m0.., columns n0.. of the chunk and
-// value block; rows past T (the last chunk's padding) are not written.
+// o[token t0 + r of sequence seq, h, v0 + c] = scale acc for this warp's output tile at rows m0.., columns n0.. of
+// the chunk and value block; rows past the sequence's end (the last chunk's padding) are not written.
 template <int NT>
-__device__ __forceinline__ void store_output_tile(const float (&acc)[1][NT][4], __nv_bfloat16* o, int T, int H, int V,
-                                                  int b, int h, int t0, int v0, int m0, int n0, float scale) {
+__device__ __forceinline__ void store_output_tile(const float (&acc)[1][NT][4], __nv_bfloat16* o,
+                                                  const SequenceRows& seq, int H, int V, int h, int t0, int v0, int m0,
+                                                  int n0, float scale) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e), t = t0 + r;
-      if (t < T)
-        store_bf16x2(o + ((static_cast<long long>(b) * T + t) * H + h) * V + v0 + c, scale * acc[0][j][e],
-                     scale * acc[0][j][e + 1]);
+      if (t < seq.length)
+        store_bf16x2(o + ((seq.first + t) * H + h) * V + v0 + c, scale * acc[0][j][e], scale * acc[0][j][e + 1]);
     }
+}
+
+// The same for head (b, h) of B sequences of T tokens.
+template <int NT>
+__device__ __forceinline__ void store_output_tile(const float (&acc)[1][NT][4], __nv_bfloat16* o, int T, int H, int V,
+                                                  int b, int h, int t0, int v0, int m0, int n0, float scale) {
+  store_output_tile(acc, o, SequenceRows{static_cast<long long>(b) * T, T, 0}, H, V, h, t0, v0, m0, n0, scale);
 }
 
 }  // namespace minilin

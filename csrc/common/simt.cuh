@@ -3,11 +3,10 @@
 #pragma once
 
 #include "device.cuh"
+#include "sequences.cuh"  // kChunk
 #include "../minilin_cuda.h"
 
 namespace minilin {
-
-constexpr int kChunk = 64;  // tokens per chunk (CONVENTIONS.md's default chunk_size)
 
 // acc[i][j] += sum_{k_begin <= kk < k_end} A(m0 + i, kk) B(kk, n0 + j), each thread one TM x TN tile, with
 // A(m, kk) = a[m * a_m + kk * a_k] and B(kk, n) = b[kk * b_k + n * b_n]: the strides say which operand is
@@ -51,11 +50,16 @@ __device__ void load_chunk_f32(float* dst, int ld, const Elem* src, const Proble
 
 // Per-token scalars of a [B, T, H] float32 tensor for one chunk into shared x[kChunk]; zero past T or when
 // the tensor is absent.
-__device__ __forceinline__ void load_chunk_scalars(float* dst, const float* src, const Problem& p, int b, int h, int t0) {
+__device__ __forceinline__ void load_chunk_scalars(float* dst, const float* src, const Problem& p,
+                                                   const SequenceRows& seq, int h, int t0) {
   for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
     const int t = t0 + i;
-    dst[i] = (src && t < p.T) ? src[(static_cast<long long>(b) * p.T + t) * p.H + h] : 0.0f;
+    dst[i] = (src && t < seq.length) ? src[(seq.first + t) * p.H + h] : 0.0f;
   }
+}
+
+__device__ __forceinline__ void load_chunk_scalars(float* dst, const float* src, const Problem& p, int b, int h, int t0) {
+  load_chunk_scalars(dst, src, p, fixed_rows(p, b), h, t0);
 }
 
 }  // namespace minilin
@@ -64,12 +68,17 @@ namespace minilin {
 
 // Chunk-local cumulative log-gate G[0..63] of tokens [t0, t0 + 64), computed by the calling warp straight
 // from global memory (g == nullptr or tokens past T count as 0: no decay).
-__device__ __forceinline__ void load_chunk_cumsum(float* G, const float* g, const Problem& p, int b, int h, int t0) {
+__device__ __forceinline__ void load_chunk_cumsum(float* G, const float* g, const Problem& p, const SequenceRows& seq,
+                                                  int h, int t0) {
   const int lane = threadIdx.x & 31, t = t0 + 2 * lane;
-  const long long at = (static_cast<long long>(b) * p.T + t) * p.H + h;
-  const float g_even = (g && t < p.T) ? g[at] : 0.0f;
-  const float g_odd = (g && t + 1 < p.T) ? g[at + p.H] : 0.0f;
+  const long long at = (seq.first + t) * p.H + h;
+  const float g_even = (g && t < seq.length) ? g[at] : 0.0f;
+  const float g_odd = (g && t + 1 < seq.length) ? g[at + p.H] : 0.0f;
   store_chunk_cumsum(G, g_even, g_odd);
+}
+
+__device__ __forceinline__ void load_chunk_cumsum(float* G, const float* g, const Problem& p, int b, int h, int t0) {
+  load_chunk_cumsum(G, g, p, fixed_rows(p, b), h, t0);
 }
 
 // S <- exp(G_last) S + K^T X for the block's [K, kCols] fp32 state in shared rows S (stride ld), with K the

@@ -8,6 +8,7 @@
 
 #include "device.cuh"
 #include "launch.cuh"
+#include "sequences.cuh"
 #include "../minilin_cuda.h"
 
 namespace minilin {
@@ -42,15 +43,17 @@ struct TokenTiles {
     return raw + 2 * stage_bytes(K_);
   }
 
-  // Issue the copies of tokens t0 .. t0 + 31 of head (b, h) and value columns v0 .. v0 + 31 into
-  // `stage`. Tokens past T and columns past V are zero-filled.
-  __device__ void load(const Problem& p, int stage, int b, int h, int t0, int v0) const {
-    const int valid = min(kTileTokens, p.T - t0);
-    const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;  // (b, t0, h) in [B, T, H]
-    const T* qg = static_cast<const T*>(p.q) + first * p.K;
-    const T* kg = static_cast<const T*>(p.k) + first * p.K;
-    cp_async_rows(q(stage), p.K, qg, static_cast<long long>(p.H) * p.K, kTileTokens, p.K, valid);
-    cp_async_rows(k(stage), p.K, kg, static_cast<long long>(p.H) * p.K, kTileTokens, p.K, valid);
+  // Issue the copies of tokens t0 .. t0 + 31 of sequence seq, head h, and value columns v0 .. v0 + 31 into
+  // `stage`. Tokens past the sequence's end and columns past V are zero-filled.
+  __device__ void load(const Problem& p, int stage, const SequenceRows& seq, int h, int t0, int v0) const {
+    const int valid = min(kTileTokens, seq.length - t0);
+    const long long first = (seq.first + t0) * p.H + h;  // (token, h) in [B T, H]
+    const int qk_heads = qk_heads_of(p);
+    const long long first_qk = (seq.first + t0) * qk_heads + qk_head_of(p, h);
+    const T* qg = static_cast<const T*>(p.q) + first_qk * p.K;
+    const T* kg = static_cast<const T*>(p.k) + first_qk * p.K;
+    cp_async_rows(q(stage), p.K, qg, static_cast<long long>(qk_heads) * p.K, kTileTokens, p.K, valid);
+    cp_async_rows(k(stage), p.K, kg, static_cast<long long>(qk_heads) * p.K, kTileTokens, p.K, valid);
 
     constexpr int kPer16 = 16 / sizeof(T);
     constexpr int kPieces = kTileColumns / kPer16;
@@ -94,14 +97,15 @@ __device__ __forceinline__ void store_state_rows(const float (&S)[ROWS][kColumns
     }
 }
 
-// The block's outputs for tokens t0 .. t0 + 31, value columns v0 .. v0 + 31, from the fp32 tile o_tile
-// [kTileTokens][kTileColumns] to o [B, T, H, V] in the input dtype; past T and past V nothing.
+// The block's outputs for tokens t0 .. t0 + 31 of sequence seq, value columns v0 .. v0 + 31, from the fp32 tile
+// o_tile [kTileTokens][kTileColumns] to o [B, T, H, V] in the input dtype; past the sequence and past V nothing.
 template <typename T>
-__device__ __forceinline__ void write_output_tile(const float* o_tile, const Problem& p, int b, int h, int t0, int v0) {
+__device__ __forceinline__ void write_output_tile(const float* o_tile, const Problem& p, const SequenceRows& seq, int h,
+                                                  int t0, int v0) {
   T* o = static_cast<T*>(p.o);
   for (int i = threadIdx.x; i < kTileTokens * kTileColumns; i += blockDim.x) {
     const int r = i / kTileColumns, c = i % kTileColumns, t = t0 + r, col = v0 + c;
-    if (t < p.T && col < p.V) o[((static_cast<long long>(b) * p.T + t) * p.H + h) * p.V + col] = from_float<T>(o_tile[i]);
+    if (t < seq.length && col < p.V) o[((seq.first + t) * p.H + h) * p.V + col] = from_float<T>(o_tile[i]);
   }
 }
 

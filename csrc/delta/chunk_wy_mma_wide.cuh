@@ -193,12 +193,14 @@ void launch_chunks(const Problem& p, const bf16* wy, const char* name) {
                          delta_chunked_wy_mma_wide<128, kLoads>, Layout<128>::kBytes, wy);
 }
 
-inline size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspace_elements(B, T, H) * sizeof(bf16); }
+inline size_t workspace_bytes(int B, int T, int H, int, int, bool packed) {
+  return wy_workspace_elements(B, T, H, packed) * sizeof(bf16);
+}
 
 // The argument checks v4 - v10 share; `name` is the version's kernel name for the messages.
 inline void check_problem(const Problem& p, const std::string& name) {
   check_tensor_core_problem(p, name.c_str(), true, kBlockV);
-  check_workspace(p, name.c_str(), workspace_bytes(p.B, p.T, p.H, p.K, p.V));
+  check_workspace(p, name.c_str(), workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr));
 }
 
 }  // namespace delta_wide

@@ -71,7 +71,7 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
                               static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
     producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
                                 valid, lane);
-    producer_copy_rows<kChunk>(L.wy(s), kLdC, wy + wy_tile_offset(b, p.H, h, chunks, n), kChunk, kChunk, lane);
+    producer_copy_rows<kChunk>(L.wy(s), kLdC, wy + wy_tile_offset(p, b, h, n), kChunk, kChunk, lane);
     cp_async_arrive(L.full(s));
     producer_store_scalars(L, s, gates, betas,
                            producer_token_pair(p.g, first_token(n + 1), token_stride, valid_tokens(n + 1), lane),

@@ -103,12 +103,12 @@ constexpr int kProducerWarps = 4, kCopyingWarps = 3;
 [[maybe_unused]] constexpr int kScalarWarp = kCopyingWarps;  // the gates-and-betas warp (unused without sm_90a)
 constexpr int kBlockThreads = kComputeThreads + 32 * kProducerWarps;
 template <int K>
-__device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, int b, int h, int v0, int chunks,
-                        int producer_warp) {
-  const int lane = threadIdx.x & 31;
+__device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, const SequenceRows& seq, int h, int v0,
+                        int chunks, int producer_warp) {
+  const int lane = threadIdx.x & 31, qk_heads = qk_heads_of(p);
   const long long token_stride = p.H;
-  auto first_token = [&](int n) { return (static_cast<long long>(b) * p.T + n * kChunk) * p.H + h; };
-  auto valid_tokens = [&](int n) { return n < chunks ? min(kChunk, p.T - n * kChunk) : 0; };
+  auto first_token = [&](int n) { return (seq.first + n * kChunk) * p.H + h; };
+  auto valid_tokens = [&](int n) { return n < chunks ? min(kChunk, seq.length - n * kChunk) : 0; };
   if (producer_warp == kScalarWarp) {
     float2 gates = producer_token_pair(p.g, first_token(0), token_stride, valid_tokens(0), lane);
     float2 betas = producer_token_pair(p.beta, first_token(0), token_stride, valid_tokens(0), lane);
@@ -122,18 +122,19 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, in
     }
     return;
   }
+  const int qk_head = qk_head_of(p, h);
   for (int n = 0; n < chunks; ++n) {
     const int s = n % kStages, valid = valid_tokens(n);
-    const long long first = first_token(n);
+    const long long first_qk = (seq.first + n * kChunk) * qk_heads + qk_head;
     wait_empty(L, n);
     if (producer_warp == 0) {
-      producer_copy_rows_sw128<K>(L.q(s), static_cast<const bf16*>(p.q) + first * K, token_stride * K, valid, lane);
+      producer_copy_rows_sw128<K>(L.q(s), static_cast<const bf16*>(p.q) + first_qk * K, qk_heads * K, valid, lane);
     } else if (producer_warp == 1) {
-      producer_copy_rows_sw128<K>(L.k(s), static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
+      producer_copy_rows_sw128<K>(L.k(s), static_cast<const bf16*>(p.k) + first_qk * K, qk_heads * K, valid, lane);
     } else {
-      producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
-                                  valid, lane);
-      producer_copy_rows_sw128<kChunk>(L.wy(s), wy + wy_tile_offset(b, p.H, h, chunks, n), kChunk, kChunk, lane);
+      producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first_token(n) * p.V + v0,
+                                  token_stride * p.V, valid, lane);
+      producer_copy_rows_sw128<kChunk>(L.wy(s), wy + wy_tile_offset(p, seq, h, n), kChunk, kChunk, lane);
     }
     cp_async_arrive(L.full(s));
   }
@@ -193,12 +194,14 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
   constexpr int kStateNT = K / 2 / 8;  // 8-column tiles of S^T per state warpgroup (2 and 3)
 
   const Layout<K> L{align_1024(smem)};
-  const int T = p.T, H = p.H, V = p.V;
-  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
+  const int H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z;
+  const SequenceRows seq = sequence_rows(p, b);
+  const int chunks = ceil_div(seq.length, kChunk);
   const int warp = threadIdx.x >> 5;
   init_ring(L, kCopyingWarps);
   if (warp >= kComputeWarps) {
-    produce<K>(L, p, wy, b, h, v0, chunks, warp - kComputeWarps);
+    produce<K>(L, p, wy, seq, h, v0, chunks, warp - kComputeWarps);
     return;  // the compute warps meet on their own named barrier from here on
   }
 
@@ -316,7 +319,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
       wgmma_ss_product<true, kTokenSteps>(
           R, [&](int s) { return P_rows + k_major_offset(16 * s, kChunk); },
           [&](int s) { return delta_cols + mn_major_offset(16 * s, 0, kChunk); }, true);
-      store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, 0, p.scale);
+      store_output_tile(R, o, seq, H, V, h, t0, v0, m0, 0, p.scale);
     } else if (holds_state) {  // S^T <- exp(G_last) S^T + (Delta decayed)^T K, on key columns f0..
       const uint64_t k_cols = sw128_descriptor(L.k(stage), kTileMN) + mn_major_offset(0, f0, kChunk);
       unsigned a[kTokenSteps][4];  // A = (Delta decayed)^T: ldmatrix.trans of the swizzled tile
@@ -362,6 +365,6 @@ void forward(const Problem& p) {
 extern const Version delta_v10 = {
     "delta", 10, "chunked_wy_wgmma",
     "v9 with the chunk's products on Hopper warpgroup tensor cores (wgmma, sm_90a), one or two warpgroups per product, fed by a producer warpgroup: v9's chunk was one ldmatrix -> mma.sync chain per SM. 22% less time than v9 on an H200.",
-    false, true, kTensorCoreShape, 90, delta_wide::workspace_bytes, forward, 90};
+    false, true, kTensorCoreShape, 90, delta_wide::workspace_bytes, forward, 90, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin

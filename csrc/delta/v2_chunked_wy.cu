@@ -29,7 +29,9 @@ __host__ __device__ inline size_t shared_floats(int K) {
          + 2 * kChunk;                  // G, beta
 }
 
-size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspace_elements(B, T, H) * sizeof(float); }
+size_t workspace_bytes(int B, int T, int H, int, int, bool packed) {
+  return wy_workspace_elements(B, T, H, packed) * sizeof(float);
+}
 
 template <typename Elem>
 __global__ void __launch_bounds__(kThreads, 1) delta_v2_chunked(const Problem p, const float* wy) {
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_v2_chunked(const Problem p,
     load_chunk_f32(k_s, ldk, k, p, b, h, t0, K, 0, K, 1.0f);
     load_chunk_f32(v_s, kLdV, v, p, b, h, t0, V, v0, kBlockV, 1.0f);
     load_chunk_scalars(beta, p.beta, p, b, h, t0);
-    const float* T_chunk = wy + wy_tile_offset(b, H, h, chunks, n);
+    const float* T_chunk = wy + wy_tile_offset(p, b, h, n);
     for (int i = threadIdx.x; i < kChunk * kChunk; i += kThreads) T_s[(i / kChunk) * kLdC + i % kChunk] = T_chunk[i];
     if (threadIdx.x < 32) load_chunk_cumsum(G, p.g, p, b, h, t0);
     __syncthreads();
@@ -162,7 +164,7 @@ void forward(const Problem& p) {
     return "delta_v2_chunked: K must be <= 128 (q, k and the state share one block's shared memory), got K=" +
            std::to_string(p.K);
   });
-  check_workspace(p, "delta_v2_chunked", workspace_bytes(p.B, p.T, p.H, p.K, p.V));
+  check_workspace(p, "delta_v2_chunked", workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
   if (p.dtype == kFloat32) launch<float>(p);
   else launch<__nv_bfloat16>(p);
 }

@@ -25,7 +25,9 @@ constexpr int kLdV = kBlockV + 8;
 constexpr int kLdC = kChunk + 8;
 using bf16 = __nv_bfloat16;
 
-size_t workspace_bytes(int B, int T, int H, int, int) { return wy_workspace_elements(B, T, H) * sizeof(bf16); }
+size_t workspace_bytes(int B, int T, int H, int, int, bool packed) {
+  return wy_workspace_elements(B, T, H, packed) * sizeof(bf16);
+}
 
 template <int K>
 struct Layout {
@@ -177,7 +179,7 @@ void launch(const Problem& p) {
 
 void forward(const Problem& p) {
   check_tensor_core_problem(p, "delta_v3_chunked_wy_mma", true, kBlockV);
-  check_workspace(p, "delta_v3_chunked_wy_mma", workspace_bytes(p.B, p.T, p.H, p.K, p.V));
+  check_workspace(p, "delta_v3_chunked_wy_mma", workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
   if (p.K == 64) launch<64>(p);
   else launch<128>(p);
 }

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_prepare(const Problem p, 
 
   if (threadIdx.x < kChunk) {
     const int c = threadIdx.x;
-    Out* T_out = out + wy_tile_offset(b, p.H, h, gridDim.x, n);
+    Out* T_out = out + wy_tile_offset(p, b, h, n);
     float x[kChunk];
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {

@@ -19,7 +19,8 @@
 // products run on CUDA cores (v5 - v8: a 2 x 4 micro-tile per lane, 16-byte reads) or, for delta v9 and v10, on
 // tensor cores in 3xTF32 (mma.cuh's warp_block_product_3xtf32: three tf32 mma per product, within a few
 // 1e-6 of fp32), which read each operand once per warp, 4 bytes at a time, instead of once per lane group.
-// Output layout as wy_prepare.cuh: T of chunk n of head (b, h) at out[((b * H + h) * N + n) * 64 * 64 + i * 64 + j].
+// One block per (chunk row, head) of the WY workspace (wy_tiles.cuh), which also takes packed sequences and grouped
+// value heads (k read from head h's q/k head): delta v10 reads both.
 #pragma once
 
 #include "../common/launch.cuh"
@@ -113,7 +114,11 @@ __device__ __forceinline__ void warp_block_product(float* C, float sign, const f
 template <int K, WaveProducts kProducts>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_blocked(const Problem p, __nv_bfloat16* out) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * kChunk;
+  const int h = blockIdx.y;
+  const ChunkOfBlock chunk = chunk_of_block(p);  // this block's chunk (common/sequences.cuh's chunk_grid)
+  if (!chunk.used) return;                       // a row between two packed sequences' chunks
+  const SequenceRows seq = sequence_rows(p, chunk.b);
+  const int t0 = chunk.n * kChunk;
   // The roles below fall unevenly on the warps (warp 0 works in every phase, warp 1 in most), and warp w
   // issues on sub-partition w % 4 of the SM: rotating the roles with the chunk spreads the busy ones over
   // the four sub-partitions across the 6 blocks an SM holds. `warp` is the role; the solve's threads by role.
@@ -128,11 +133,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_block
   float* G = A + kChunk * kLd;                                             // [kChunk]
   float* beta = G + kChunk;                                                // [kChunk]
 
-  const __nv_bfloat16* k = static_cast<const __nv_bfloat16*>(p.k) + ((static_cast<long long>(b) * p.T + t0) * p.H + h) * K;
-  cp_async_rows(k_s, ld_k, k, static_cast<long long>(p.H) * K, kChunk, K, min(kChunk, p.T - t0));
+  const int qk_heads = qk_heads_of(p);
+  const __nv_bfloat16* k =
+      static_cast<const __nv_bfloat16*>(p.k) + ((seq.first + t0) * qk_heads + qk_head_of(p, h)) * K;
+  cp_async_rows(k_s, ld_k, k, static_cast<long long>(qk_heads) * K, kChunk, K, min(kChunk, seq.length - t0));
   cp_async_commit();
-  load_chunk_scalars(beta, p.beta, p, b, h, t0);
-  if (warp == 0) load_chunk_cumsum(G, p.g, p, b, h, t0);
+  load_chunk_scalars(beta, p.beta, p, seq, h, t0);
+  if (warp == 0) load_chunk_cumsum(G, p.g, p, seq, h, t0);
   cp_async_wait<0>();
   __syncthreads();
 
@@ -190,7 +197,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_block
   }
 
   // Store T in bf16, zeros above the diagonal blocks: 8 elements (16 bytes) per thread and step.
-  __nv_bfloat16* T_out = out + wy_tile_offset(b, p.H, h, gridDim.x, n);
+  // The row again from blockIdx (free), not kept from the start: at the 40 registers 6 blocks per SM allow, a
+  // row held across the solve spilled.
+  __nv_bfloat16* T_out = out + wy_row_tile_offset(p, h, chunk_of_block_row(p));
   for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
     const int r = e / kChunk, c = e % kChunk;
     const bool above = c / kBlock > r / kBlock;
@@ -215,7 +224,7 @@ inline void launch_wy_prepare_blocked(const Problem& p, __nv_bfloat16* out, cons
   using wy_blocked::delta_wy_prepare_blocked;
   launch_checked(p, name,
                  p.K == 64 ? delta_wy_prepare_blocked<64, kProducts> : delta_wy_prepare_blocked<128, kProducts>,
-                 dim3(ceil_div(p.T, kChunk), p.H, p.B), wy_blocked::kThreads, wy_blocked::shared_bytes(p.K), out);
+                 chunk_grid(p, p.H), wy_blocked::kThreads, wy_blocked::shared_bytes(p.K), out);
 }
 
 }  // namespace minilin

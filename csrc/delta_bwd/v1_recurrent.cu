@@ -66,7 +66,7 @@ Workspace carve(void* base, int B, int T, int H, int K, int V) {
   return w;
 }
 
-size_t workspace_bytes(int B, int T, int H, int K, int V) { return sizes(B, T, H, K, V).total() * sizeof(float); }
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool) { return sizes(B, T, H, K, V).total() * sizeof(float); }
 
 // One forward token on the block's slice: S <- S' + k u^T with u = beta (v - S'^T k), S' = exp(g) S.
 template <typename Elem, int ROWS>
@@ -232,7 +232,7 @@ void launch(const BackwardProblem& p, const Workspace& w) {
 
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "delta_bwd_v1_recurrent";
-  check_backward_problem(p, name, true, workspace_bytes(p.B, p.T, p.H, p.K, p.V));
+  check_backward_problem(p, name, true, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
   const Workspace w = carve(p.workspace, p.B, p.T, p.H, p.K, p.V);
   const long long tokens = static_cast<long long>(p.B) * p.T * p.H;
   const auto run = [&](auto elem) {

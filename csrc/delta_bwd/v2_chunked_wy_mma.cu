@@ -52,15 +52,15 @@ struct Workspace {
 
 size_t matrices(int B, int T, int H) { return static_cast<size_t>(B) * H * chunk_count(T); }
 
-size_t workspace_bytes(int B, int T, int H, int K, int V) {
-  return (wy_workspace_elements(B, T, H) + matrices(B, T, H) * 2 * (size_t(K) * V + size_t(kChunk) * V)) *
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool) {
+  return (wy_workspace_elements(B, T, H, false) + matrices(B, T, H) * 2 * (size_t(K) * V + size_t(kChunk) * V)) *
          sizeof(bf16);
 }
 
 Workspace carve(void* base, int B, int T, int H, int K, int V) {
   Workspace w;
   w.wy = static_cast<bf16*>(base);
-  w.states = w.wy + wy_workspace_elements(B, T, H);
+  w.states = w.wy + wy_workspace_elements(B, T, H, false);
   w.adjoints = w.states + matrices(B, T, H) * K * V;
   w.deltas = w.adjoints + matrices(B, T, H) * K * V;
   w.corrections_adjoint = w.deltas + matrices(B, T, H) * kChunk * V;
@@ -173,7 +173,9 @@ __device__ __forceinline__ void load_pass_chunk(const PassLayout<K, kStages, kRe
   cp_async_token_rows<kBlockV>(L.y(s), kLdV, kReverse ? p.do_ : p.v, p, b, h, t0, p.V, v0);
   if (kReverse)  // launch 2's P^T dO, which the adjoint pass overwrites with R once it has read it
     cp_async_value_block<kChunk>(L.local(s), w.corrections_adjoint + matrix_at(p, b, h, c) * kChunk * p.V + v0, p.V);
-  cp_async_tile<kThreads, kChunk, kChunk>(L.T(s), kLdC, w.wy + matrix_at(p, b, h, c) * kChunk * kChunk, kChunk);
+  const long long wy_row = static_cast<long long>(b) * chunk_count(p.T) + c;  // the forward's WY layout
+  cp_async_tile<kThreads, kChunk, kChunk>(L.T(s), kLdC, w.wy + wy_row_tile_offset(chunk_rows(p.B, p.T, false), h, wy_row),
+                                          kChunk);
   cp_async_token_scalars(L.g(s), p.g, p, b, h, t0);
   cp_async_token_scalars(L.beta(s), p.beta, p, b, h, t0);
 }
@@ -552,7 +554,7 @@ void launch(const BackwardProblem& p, const Workspace& w) {
 
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "delta_bwd_v2_chunked_wy_mma";
-  check_tensor_core_backward(p, name, true, workspace_bytes(p.B, p.T, p.H, p.K, p.V), kBlockV);
+  check_tensor_core_backward(p, name, true, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false), kBlockV);
   const Workspace w = carve(p.workspace, p.B, p.T, p.H, p.K, p.V);
   if (p.K == 64) launch<64>(p, w);
   else launch<128>(p, w);

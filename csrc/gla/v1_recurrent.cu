@@ -26,8 +26,10 @@ __global__ void __launch_bounds__(kWarps * 32) gla_v1_recurrent(const Problem p)
   float* o_tile = reinterpret_cast<float*>(tiles.carve(smem, p.K));  // [kTileTokens][kTileColumns]
   float* kq = o_tile + kTileTokens * kTileColumns;                      // [kTileTokens]: k_t . q_t
 
-  const int K = p.K, V = p.V, T = p.T, H = p.H;
+  const int K = p.K, V = p.V, H = p.H;
   const int v0 = blockIdx.x * kTileColumns, h = blockIdx.y, b = blockIdx.z;
+  const SequenceRows seq = sequence_rows(p, b);  // sequence b's tokens (common/sequences.cuh)
+  const int T = seq.length;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col0 = warp * kColumnsPerWarp;  // this warp's first column inside the tile
 
@@ -37,11 +39,11 @@ __global__ void __launch_bounds__(kWarps * 32) gla_v1_recurrent(const Problem p)
   load_state_rows(S, p, state_base, lane, v0 + col0);
 
   const int tiles_count = ceil_div(T, kTileTokens);
-  tiles.load(p, 0, b, h, 0, v0);
+  tiles.load(p, 0, seq, h, 0, v0);
   cp_async_commit();
   for (int tile = 0; tile < tiles_count; ++tile) {
     const int stage = tile & 1, t0 = tile * kTileTokens;
-    if (tile + 1 < tiles_count) tiles.load(p, stage ^ 1, b, h, t0 + kTileTokens, v0);
+    if (tile + 1 < tiles_count) tiles.load(p, stage ^ 1, seq, h, t0 + kTileTokens, v0);
     cp_async_commit();
     cp_async_wait<1>();  // this tile's copies have landed (the next tile's may still be in flight)
     __syncthreads();
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32) gla_v1_recurrent(const Problem p)
     }
     __syncthreads();
 
-    write_output_tile<Elem>(o_tile, p, b, h, t0, v0);
+    write_output_tile<Elem>(o_tile, p, seq, h, t0, v0);
   }
 
   store_state_rows(S, p, state_base, lane, v0 + col0);
@@ -110,6 +112,6 @@ extern const Version gla_v1 = {
     "gla", 1, "recurrent",
     "The definition with a decay per key channel, token by token: one block per (batch, head, 32 value columns), "
     "the state in registers.",
-    true, true, kKeysUpTo256, 80, nullptr, forward};
+    true, true, kKeysUpTo256, 80, nullptr, forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin

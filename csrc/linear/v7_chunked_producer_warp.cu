@@ -59,18 +59,18 @@ struct Layout {
 // arrival. The gates of chunk n + 1 are read into registers while chunk n's copies fly: the producer's own
 // chain per chunk is then its ~100 copy instructions, not a global load's latency.
 template <int K>
-__device__ void produce(const Layout<K>& L, const Problem& p, int b, int h, int v0, int chunks) {
-  const int lane = threadIdx.x & 31;
+__device__ void produce(const Layout<K>& L, const Problem& p, const SequenceRows& seq, int h, int v0, int chunks) {
+  const int lane = threadIdx.x & 31, qk_heads = qk_heads_of(p), qk_head = qk_head_of(p, h);
   const long long token_stride = p.H;  // consecutive tokens of one head, in rows of the [B, T, H, .] tensors
-  auto first_token = [&](int n) { return (static_cast<long long>(b) * p.T + n * kChunk) * p.H + h; };
-  auto valid_tokens = [&](int n) { return min(kChunk, p.T - n * kChunk); };
+  auto first_token = [&](int n) { return (seq.first + n * kChunk) * p.H + h; };
+  auto valid_tokens = [&](int n) { return min(kChunk, seq.length - n * kChunk); };
   float2 gates = producer_token_pair(p.g, first_token(0), token_stride, valid_tokens(0), lane);
   for (int n = 0; n < chunks; ++n) {
     const int s = n % kStages, valid = valid_tokens(n);
-    const long long first = first_token(n);
+    const long long first = first_token(n), first_qk = (seq.first + n * kChunk) * qk_heads + qk_head;
     wait_empty(L, n);
-    producer_copy_row_pair<K>(L.q(s), L.k(s), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first * K,
-                              static_cast<const bf16*>(p.k) + first * K, token_stride * K, valid, lane);
+    producer_copy_row_pair<K>(L.q(s), L.k(s), Layout<K>::kLdK, static_cast<const bf16*>(p.q) + first_qk * K,
+                              static_cast<const bf16*>(p.k) + first_qk * K, qk_heads * K, valid, lane);
     producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first * p.V + v0, token_stride * p.V,
                                 valid, lane);
     cp_async_arrive(L.full(s));
@@ -87,12 +87,14 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_producer_warp(cons
   extern __shared__ __align__(16) unsigned char smem[];
 
   const Layout<K> L{smem};
-  const int T = p.T, H = p.H, V = p.V;
-  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
+  const int H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z;
+  const SequenceRows seq = sequence_rows(p, b);
+  const int chunks = ceil_div(seq.length, kChunk);
   const int warp = threadIdx.x >> 5;
   init_ring(L);
   if (warp == kComputeWarps) {
-    produce<K>(L, p, b, h, v0, chunks);
+    produce<K>(L, p, seq, h, v0, chunks);
     return;  // the compute warps meet on their own named barrier from here on
   }
 
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) linear_chunked_producer_warp(cons
     const float G_last = linear_wide::chunk_phase1<K, Loads::kFusedPipelined>(R, tiles, m0, n0, threadIdx.x);
     named_barrier_sync(kComputeBarrier, kComputeThreads);
     linear_wide::chunk_output<Loads::kFusedPipelined>(R, tiles, m0, n0);
-    store_output_tile(R, o, T, H, V, b, h, t0, v0, m0, n0, p.scale);
+    store_output_tile(R, o, seq, H, V, h, t0, v0, m0, n0, p.scale);
     linear_wide::chunk_state_update<K, Loads::kFusedPipelined>(S, tiles, G_last, s_m0, s_n0);
     release_stage(L, n);
   }
@@ -144,6 +146,6 @@ int resident_blocks_per_sm(int K) {
 extern const Version linear_v7 = {
     "linear", 7, "chunked_producer_warp",
     "v6 plus one warp that only loads (cp.async into a 3-stage ring guarded by mbarriers) and scans the gate: v5's profile had ~25% of its stalls on load issue, the first barrier and 16 copies of the scan. 7-9% faster than v6 on an H200, and 7% more with its tiles placed to spare the producer's sub-partition.",
-    false, true, kTensorCoreShape, 90, nullptr, linear_producer::forward};
+    false, true, kTensorCoreShape, 90, nullptr, linear_producer::forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin

@@ -23,7 +23,8 @@
 //      B=1, T=32768, H=16, K=V=128); loading o and the gates a chunk ahead into registers measured 4% slower
 //      (96 registers, 2 blocks per SM), and capping it at 80 registers for 3 blocks 25% slower.
 // Launch 4 skips segment 0 when there is no h0. The segments are chosen per shape (choose_segments): P = 1
-// (plain v7) unless the predicted time of v7's shorter chains plus the correction's traffic is lower.
+// (plain v7) unless the predicted time of v7's shorter chains plus the correction's traffic is lower. Grouped
+// value heads are read as v7 reads them (q from head h / (H / qk_heads)); packed sequences run as plain v7.
 #include <algorithm>
 #include <deque>
 #include <mutex>
@@ -31,6 +32,7 @@
 #include "../common/device.cuh"
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
+#include "../common/sequences.cuh"  // kChunk, the q/k head of a value head
 
 namespace minilin {
 
@@ -44,7 +46,6 @@ namespace linear_split {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kChunk = 64;
 constexpr int kBlockV = 64;          // v7's value block
 constexpr int kMinSegment = 1024;    // no shorter segments: the added launches would cost more than they save
 constexpr int kMaxSegments = 16;
@@ -125,8 +126,8 @@ inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
   return states_bytes(P, B, H, K, V) + aligned(static_cast<size_t>(B) * (T / kChunk) * H * sizeof(float));
 }
 
-size_t workspace_bytes(int B, int T, int H, int K, int V) {
-  if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
+  if (packed || B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;  // packed: plain v7 (forward)
   const int P = choose_segments(B, T, H, K, V);
   return P == 1 ? 0 : split_bytes(P, B, T, H, K, V);  // P = 1: plain v7, no workspace
 }
@@ -209,9 +210,12 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
 
   const bf16* q = static_cast<const bf16*>(p.q);
   bf16* o = static_cast<bf16*>(p.o);
-  const auto row_of = [&](int n) { return (static_cast<long long>(b) * p.T + static_cast<long long>(n) * kChunk) * p.H + h; };
+  const int qk_heads = qk_heads_of(p), qk_head = qk_head_of(p, h);
+  const auto token_of = [&](int n) { return static_cast<long long>(b) * p.T + static_cast<long long>(n) * kChunk; };
+  const auto row_of = [&](int n) { return token_of(n) * p.H + h; };
   const auto copy_q = [&](int n, int buffer) {  // chunk n's q and o tile, 16 bytes per copy
-    cp_async_rows(L.Q(buffer), Layout::kLdQ, q + row_of(n) * K, static_cast<long long>(p.H) * K, kChunk, K, kChunk);
+    cp_async_rows(L.Q(buffer), Layout::kLdQ, q + (token_of(n) * qk_heads + qk_head) * K,
+                  static_cast<long long>(qk_heads) * K, kChunk, K, kChunk);
     cp_async_rows(L.O(buffer), Layout::kLdS, o + row_of(n) * p.V + c0, static_cast<long long>(p.H) * p.V, kChunk,
                   kCols, kChunk);
     cp_async_commit();
@@ -245,7 +249,7 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
     }
     __syncthreads();  // chunk n's q has landed for every thread; S is stored
 
-    const long long t_first = row_of(n) / p.H;  // b T + 64 n: this chunk's first token
+    const long long t_first = token_of(n);  // b T + 64 n: this chunk's first token
     // scale exp(G_t) for this thread's two rows: the offset plus the chunk's inclusive scan (lane l: 2 l, 2 l + 1).
     float factor[2] = {p.scale, p.scale};
     if (p.g) {
@@ -296,7 +300,9 @@ void launch_correction(const Problem& p, int P, int first_segment, const Workspa
 void forward(const Problem& p) {
   const char* name = "linear_v8_split_sequence";
   check_tensor_core_problem(p, name, false, kBlockV);
-  const int P = choose_segments(p.B, p.T, p.H, p.K, p.V);
+  // Packed sequences run as v7: one block per sequence's chain already spreads a packed batch over the SMs, and
+  // a segment must not straddle two sequences.
+  const int P = p.cu_seqlens ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
   if (P == 1) return linear_v7.forward(p);
   const size_t needed = split_bytes(P, p.B, p.T, p.H, p.K, p.V);  // P as chosen above, not chosen again
   require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
@@ -333,6 +339,7 @@ void forward(const Problem& p) {
 extern const Version linear_v8 = {
     "linear", 8, "split_sequence",
     "v7 on P segments of each sequence at once, each segment's start state then rebuilt by a pass over the segments and its contribution added to the outputs on tensor cores: with few (batch, head) pairs v7 leaves most SMs idle (P chosen per shape by a cost model; P = 1 is v7).",
-    false, true, kTensorCoreShape, 90, linear_split::workspace_bytes, linear_split::forward};
+    false, true, kTensorCoreShape, 90, linear_split::workspace_bytes, linear_split::forward, 0, nullptr, nullptr,
+    kReadsPacked};
 
 }  // namespace minilin

@@ -27,7 +27,7 @@ constexpr int kThreads = kBwdWarps * 32;
 constexpr int kColumns = kBwdColumnsPerWarp;
 
 // Workspace: dq's and dk's parts, [value blocks][B, T, H, K] each, then <dht, S_T>'s parts [value blocks][B, H].
-size_t workspace_bytes(int B, int T, int H, int K, int V) {
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool) {
   const size_t blocks = bwd_value_blocks(V);
   return (2 * blocks * B * T * H * K + blocks * B * H) * sizeof(float);
 }
@@ -170,7 +170,7 @@ void launch(const BackwardProblem& p, float* dq_parts, float* dk_parts, float* f
 
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "linear_bwd_v1_recurrent";
-  check_backward_problem(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V));
+  check_backward_problem(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
   const long long count = static_cast<long long>(p.B) * p.T * p.H * p.K;
   float* dq_parts = static_cast<float*>(p.workspace);
   float* dk_parts = dq_parts + bwd_value_blocks(p.V) * count;

@@ -37,7 +37,7 @@ using namespace chunk_bwd;
 size_t states_bytes(int B, int T, int H, int K, int V) {
   return static_cast<size_t>(B) * H * chunk_count(T) * K * V * sizeof(bf16);
 }
-size_t workspace_bytes(int B, int T, int H, int K, int V) { return 2 * states_bytes(B, T, H, K, V); }
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool) { return 2 * states_bytes(B, T, H, K, V); }
 
 // ---- passes 1 and 2: the state recursion over chunk boundaries, forwards or backwards ----------------------
 // One block of 8 warps per (batch, head, 64 value columns), the running matrix R (S or D) in fp32 registers, split
@@ -271,7 +271,7 @@ void launch(const BackwardProblem& p, bf16* states, bf16* adjoints) {
 
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "linear_bwd_v2_chunked_mma";
-  check_tensor_core_backward(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V), kBlockV);
+  check_tensor_core_backward(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false), kBlockV);
   bf16* states = static_cast<bf16*>(p.workspace);
   bf16* adjoints = states + states_bytes(p.B, p.T, p.H, p.K, p.V) / sizeof(bf16);
   if (p.K == 64) launch<64>(p, states, adjoints);
