@@ -131,6 +131,53 @@ def test_grouped_heads_and_packed_sequences_match_reference(mixer, layout):
     assert err_o < TOLERANCE["bfloat16"] and err_state < TOLERANCE["bfloat16"], (layout, err_o, err_state)
 
 
+def packed_version_cases(mixer):
+    """(version, dtype) of every version of the mixer's op that reads packed sequences and grouped heads itself."""
+    packed = {v["version"] for v in mcuda.versions(mcuda.OPS[mixer]) if v["packed"]}
+    return [(version, dtype) for version, dtype in version_cases(mixer) if version in packed]
+
+
+# Seven sequences over 500 tokens: three of one token, chunk boundaries crossed and met, and rows of the chunk-indexed
+# scratch left between sequences (a sequence's chunks start at row offset // 64 + its index).
+PACKED_OFFSETS = [0, 1, 64, 65, 200, 329, 330, 500]
+
+
+@pytest.mark.parametrize("mixer,version,dtype",
+                         [(m, v, d) for m in GROUPED_MIXERS for v, d in packed_version_cases(m)])
+@pytest.mark.parametrize("K,V", [(64, 64), (128, 64)])
+def test_packed_versions_read_grouped_heads_and_packed_sequences(mixer, version, dtype, K, V):
+    """Each version marked `packed`, called by number with HV = 2 H and seven packed sequences, in one launch,
+    against the NumPy chunked form given the same layout, in float64."""
+    T, HV, group = PACKED_OFFSETS[-1], 4, 2
+    mod = catalog.module(mixer)
+    args, kwargs = mod.example_inputs(1, T, HV, K, V, seed=21)
+    names = list(mod.SIGNATURE.names)
+    args = [np.ascontiguousarray(a[:, :, ::group]) if n in ("q", "k") else a for n, a in zip(names, args)]
+    if mcuda.OPS[mixer] in ("delta", "kda"):
+        args[1] = args[1] * mcuda.bf16.UNIT_KEY_SCALE
+    gpu, host = to_device(args, dtype, {0, 1, 2})
+    cu = np.array(PACKED_OFFSETS, np.int32)
+    N = len(cu) - 1
+    state0 = np.random.default_rng(22).standard_normal((N, HV, K, V)).astype(np.float32) * 0.5
+    ref_o, ref_state = mod.chunked(*host, **kwargs, initial_state=state0.astype(np.float64), cu_seqlens=cu)
+    o, state = getattr(mcuda, mixer)(*gpu, **kwargs, initial_state=cupy.asarray(state0), cu_seqlens=cupy.asarray(cu),
+                                     version=version)
+    assert o.shape == ref_o.shape and state.shape == ref_state.shape == (N, HV, K, V)
+    err_o, err_state = rel_err(cupy.asnumpy(as_float32(o)), ref_o), rel_err(cupy.asnumpy(state), ref_state)
+    assert err_o < TOLERANCE[dtype] and err_state < TOLERANCE[dtype], (err_o, err_state)
+
+
+def test_versions_that_do_not_read_packed_layouts_refuse_them():
+    """The extension itself refuses cu_seqlens or qk_heads for a version without `packed`, before any launch."""
+    cuda = mcuda.extension()
+    unpacked = next(v for v in mcuda.versions("delta") if not v["packed"])
+    sizes = dict(B=2, T=100, H=4, K=64, V=64, scale=1.0, dtype=1, stream=0)
+    with pytest.raises(ValueError, match=rf"delta v{unpacked['version']} reads neither packed sequences"):
+        cuda.forward("delta", unpacked["version"], *([0] * 10), **sizes, cu_seqlens=1)
+    with pytest.raises(ValueError, match=r"qk_heads must divide H = 4, got 3"):
+        cuda.forward("delta", 1, *([0] * 10), **sizes, qk_heads=3)
+
+
 @pytest.mark.parametrize("mixer,version,dtype",
                          [(m, v, d) for m in ("retnet", "lightning", "mamba2") for v, d in version_cases(m)])
 def test_wrappers_match_reference(mixer, version, dtype):

@@ -60,7 +60,7 @@ def fake_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", module)
     bf16.native_dtype.cache_clear()
     launched = []
-    def record(op, q, k, v, g, beta, initial_state, scale, version, cu_seqlens):  # q and k as launched: v's heads
+    def record(op, q, k, v, g, beta, initial_state, scale, version, cu_seqlens):  # q and k with their own heads
         launched.append((op, dict(zip("BTHK", q.shape), V=v.shape[-1])))
         return "launched"
 
@@ -250,18 +250,31 @@ def test_an_unknown_version_names_what_this_build_has(monkeypatch):
 
 
 # ---- grouped value heads and packed sequences ----------------------------------------------------------------
-def test_grouped_value_heads_launch_with_q_and_k_repeated(fake_cupy, monkeypatch):
-    """v with HV = 2 H heads: the kernels see q and k with each head repeated twice (heads.expand)."""
+def grouped_launches(monkeypatch, packed: bool):
+    """front._launch over q, k with H = 2 heads and v with HV = 4, with a version that does or does not read grouped
+    heads: what each launch was given."""
     q, k, _, _, _ = arrays(H=2)
-    _, _, v, g, beta = arrays(H=4)
-    seen = []
-    monkeypatch.setattr(front, "_launch", lambda op, q, k, *rest: seen.append((q, k)) or "launched")
-    assert front.gated_linear(q, k, v, g, check_values=False) == "launched"
-    assert front.delta_rule(q, k, v, g, beta, check_values=False) == "launched"
-    for q_seen, k_seen in seen:
-        assert q_seen.shape == (2, 10, 4, 16)
-        np.testing.assert_array_equal(q_seen._data[:, :, 2], q._data[:, :, 1])
-        np.testing.assert_array_equal(k_seen._data, np.repeat(k._data, 2, axis=2))
+    _, _, v, g, _ = arrays(H=4)
+    calls = []
+    monkeypatch.setattr(front, "_launch_one", lambda op, info, q, k, *rest: calls.append((q, k, rest[-1])))
+    monkeypatch.setattr(front, "runnable_version", lambda op, version, is_bf16, K, V: {"version": 7, "packed": packed})
+    UNPATCHED_LAUNCH("linear", q, k, v, g, None, None, 0.25, None)
+    return q, k, calls
+
+
+def test_grouped_value_heads_reach_a_packed_version_as_they_are(fake_cupy, monkeypatch):
+    """A version that reads grouped heads in the kernel gets q and k with their own H heads, no copy."""
+    q, k, calls = grouped_launches(monkeypatch, packed=True)
+    assert len(calls) == 1 and calls[0][0] is q and calls[0][1] is k and calls[0][2] is None
+
+
+def test_grouped_value_heads_reach_other_versions_repeated(fake_cupy, monkeypatch):
+    """Any other version sees q and k with each head repeated HV / H = 2 times (heads.expand)."""
+    q, k, calls = grouped_launches(monkeypatch, packed=False)
+    (q_seen, k_seen, _), = calls
+    assert q_seen.shape == (2, 10, 4, 16)
+    np.testing.assert_array_equal(q_seen._data[:, :, 2], q._data[:, :, 1])
+    np.testing.assert_array_equal(k_seen._data, np.repeat(k._data, 2, axis=2))
 
 
 def test_value_heads_must_be_a_multiple_of_the_query_heads(fake_cupy):
@@ -290,8 +303,24 @@ def test_packed_sequences_are_checked_and_reach_the_launch(fake_cupy, monkeypatc
         front.gated_linear(q2, k2, v2, g2, cu_seqlens=cu)
 
 
+def test_a_packed_call_to_a_packed_version_is_one_launch_with_int32_offsets(fake_cupy, monkeypatch):
+    """front._launch with offsets and a version that reads packed sequences: one launch over the whole arrays, the
+    offsets on the device as int32, the states one row per sequence."""
+    q, k, v, g, _ = arrays(B=1)
+    calls = []
+    monkeypatch.setattr(front.cupy_module(), "asarray", lambda x: FakeArray(np.asarray(x)), raising=False)
+    monkeypatch.setattr(front, "_launch_one", lambda *args: calls.append(args))
+    monkeypatch.setattr(front, "runnable_version", lambda op, version, is_bf16, K, V: {"version": 7, "packed": True})
+    o, state = UNPATCHED_LAUNCH("linear", q, k, v, g, None, None, 0.25, None, (0, 4, 10))
+    (call,) = calls
+    assert call[2] is q and call[4] is v and call[10] is state and state.shape == (2, 3, 16, 8)
+    offsets = call[-1]
+    assert offsets._data.dtype == np.int32 and offsets._data.tolist() == [0, 4, 10]
+
+
 def test_a_packed_call_launches_once_per_sequence_on_its_slices(fake_cupy, monkeypatch):
-    """front._launch with offsets: one launch per sequence, each writing its slice of o and its row of the states."""
+    """front._launch with offsets and a version that does not read them: one launch per sequence, each writing its
+    slice of o and its row of the states."""
     q, k, v, g, _ = arrays(B=1)
     calls = []
 

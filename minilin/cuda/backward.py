@@ -31,10 +31,17 @@ from .. import catalog, heads, varlen
 from ..activations import l2_normalize
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
-from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension, grouped,
+from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension,
                     l2_normalized, runnable_version)
 from .mixers import (lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, per_head_shapes,
                      retnet_log_gate)
+
+
+def grouped(q, k, shapes: Shapes):
+    """q and k with each head repeated HV / H times (`heads.expand`; unchanged when HV = H), as the backward
+    kernels read them: one q/k head per value head."""
+    group = shapes["HV"] // shapes["H"]
+    return heads.expand(q, group), heads.expand(k, group)
 
 
 def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values: bool):

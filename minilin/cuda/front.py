@@ -9,10 +9,11 @@
 
 Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (the channel engines' g
 [B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
-layout; HV a multiple of H groups the value heads (`minilin.heads`): the kernels read one q/k head per value
-head, so q and k are first repeated to HV heads (`heads.expand`, one copy of each). cu_seqlens [N + 1] with
-B = 1 packs N sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]): one launch per
-sequence, each on its own slice of the arrays, so a packed call costs what N calls cost.
+layout; HV a multiple of H groups the value heads (`minilin.heads`). cu_seqlens [N + 1] with B = 1 packs N
+sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]). Versions marked `packed` in `versions`
+(the token loops, linear v7 / v8, delta v10: every default but gla's in bfloat16) read both layouts in the
+kernel, one launch for the whole batch; the others see q and k repeated to HV heads (`heads.expand`, one copy
+of each) and one launch per sequence, so a packed call to them costs what N calls cost.
 Dtypes: q, k, v all float32 or all bfloat16 (native or uint16 bits, see `bf16`); g, beta and the state
 float32 (accumulation is float32 throughout); o comes back in the dtype of v.
 
@@ -204,18 +205,19 @@ def check_finite(name: str, x) -> None:
 KEY_STRENGTH_SLACK = {"bfloat16": 2.0 ** -6, "float32": KEY_NORM_SLACK}
 
 
-def check_key_strength(k, beta, allow_neg_eigval: bool) -> None:
+def check_key_strength(k, beta, allow_neg_eigval: bool, group: int = 1) -> None:
     """validation.check_delta_keys for the GPU's inputs: the transition I - beta_t k_t k_t^T has the eigenvalue
     1 - beta_t |k_t|^2 along k_t (1 on the rest), in [0, 1] when beta_t |k_t|^2 <= 1 and in [-1, 1] when it is
     <= 2 (allow_neg_eigval): only then the state cannot grow. Raise unless beta_t |k_t|^2 is within that bound, up to
     KEY_STRENGTH_SLACK of the keys' dtype.
 
-    k [..., K] (float32 or bfloat16), beta [...] float32 (beta's own range is checked before). Two syncs; the
-    index of the worst token costs a third, on failure only.
+    k [..., H, K] (float32 or bfloat16), beta [..., H * group] float32 (beta's own range is checked before; value
+    head j reads key head j // group). Two syncs; the index of the worst token costs a third, on failure only.
     """
     xp = cupy_module() if is_cupy_array(k) else np
     k32 = bf16.as_float32(k)
-    strength = beta * (k32 * k32).sum(-1)  # beta_t |k_t|^2
+    norms = (k32 * k32).sum(-1)
+    strength = beta * (xp.repeat(norms, group, axis=-1) if group > 1 else norms)  # beta_t |k_t|^2
     dtype = "bfloat16" if bf16.is_bf16(k.dtype) else "float32"
     bound = 2.0 if allow_neg_eigval else 1.0
     top = float(strength.max()) if strength.size else 0.0
@@ -235,41 +237,60 @@ def l2_normalized(x):
     return bf16.like(l2_normalize(bf16.as_float32(x)), x)
 
 
-def _launch_one(op: str, info: dict, q, k, v, g, beta, initial_state, scale, o, final_state):
-    """One launch of version `info` of `op` over checked arrays (q and k with v's heads), writing o and final_state
-    (preallocated, C-contiguous: whole arrays or one sequence's slices)."""
+def address(x) -> int:
+    """A CuPy array's device address, 0 for None (an absent input)."""
+    return 0 if x is None else x.data.ptr
+
+
+def _launch_one(op: str, info: dict, q, k, v, g, beta, initial_state, scale, o, final_state, cu_seqlens=None):
+    """One launch of version `info` of `op` over checked arrays, writing o and final_state (preallocated,
+    C-contiguous: whole arrays or one sequence's slices). q and k have v's heads or, for a version that reads
+    grouped heads (`packed` in `versions`), their own; cu_seqlens: None, or the offsets as an int32 device array
+    for such a version (then the states hold one row per sequence)."""
     cupy = cupy_module()
     cuda = extension()
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
+    B, T, H, V = v.shape
+    K = q.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    # The layouts' arguments only where they are not the plain layout's: the plain call stays the same call.
+    layout = {} if cu_seqlens is None and q.shape[2] == H else dict(cu_seqlens=address(cu_seqlens), qk_heads=q.shape[2])
+    sizing = {} if cu_seqlens is None else dict(packed=True)
+    workspace_size = cuda.workspace_bytes(op, info["version"], N, T, H, K, V, **sizing)
     # Scratch bytes from CuPy's pool, without an array around them (a few microseconds less per call); held
     # here until the launch is queued, after which the pool may hand them to later work on the same stream.
     workspace = cupy.cuda.alloc(workspace_size) if workspace_size else None
 
-    def address(x):
-        return 0 if x is None else x.data.ptr
-
     cuda.forward(op, info["version"], address(q), address(k), address(v), address(g), address(beta),
                  address(initial_state), address(o), address(final_state),
                  workspace.ptr if workspace is not None else 0, workspace_size,
-                 B, T, H, K, V, float(scale), 1 if bf16.is_bf16(q.dtype) else 0, cupy.cuda.get_current_stream().ptr)
+                 N, T, H, K, V, float(scale), 1 if bf16.is_bf16(q.dtype) else 0, cupy.cuda.get_current_stream().ptr,
+                 **layout)
 
 
 def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, cu_seqlens=None):
-    """(o, final state) of `op` over checked arrays; q and k already have v's heads. cu_seqlens: the checked
-    offsets (a tuple), one launch per sequence on its slice of the arrays (B = 1, so each slice along T is
-    contiguous), or None for one launch."""
+    """(o, final state) of `op` over checked arrays: q and k [B, T, H, K], v [B, T, HV, V] (HV a multiple of H).
+    cu_seqlens: the checked offsets (a tuple), or None.
+
+    A version that reads grouped heads and packed sequences in the kernel (`packed` in `versions`: the token
+    loops, linear v7 / v8 and delta v10) runs in one launch, the offsets copied to the device as int32. For the
+    others q and k are repeated to HV heads (`heads.expand`, a copy of each) and, with cu_seqlens, each sequence
+    is launched on its own slice of the arrays (B = 1, so each slice along T is contiguous): N launches, one after
+    the other."""
     cupy = cupy_module()
     B, T, H, K = q.shape
-    V = v.shape[-1]
+    HV, V = v.shape[2], v.shape[3]
     info = runnable_version(op, version, bf16.is_bf16(q.dtype), K, V)
     o = cupy.empty(v.shape, v.dtype)
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    final_state = cupy.empty((N, HV, K, V), cupy.float32)
+    if info.get("packed"):
+        offsets = None if cu_seqlens is None else cupy.asarray(np.asarray(cu_seqlens, dtype=np.int32))
+        _launch_one(op, info, q, k, v, g, beta, initial_state, scale, o, final_state, offsets)
+        return o, final_state
+    q, k = heads.expand(q, HV // H), heads.expand(k, HV // H)
     if cu_seqlens is None:
-        final_state = cupy.empty((B, H, K, V), cupy.float32)
         _launch_one(op, info, q, k, v, g, beta, initial_state, scale, o, final_state)
         return o, final_state
-    final_state = cupy.empty((len(cu_seqlens) - 1, H, K, V), cupy.float32)
     for n, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
         tokens = slice(start, end)
         _launch_one(op, info, q[:, tokens], k[:, tokens], v[:, tokens], None if g is None else g[:, tokens],
@@ -301,13 +322,6 @@ def _check_common(q, k, v, initial_state, cu_seqlens=None):
     return shapes, offsets
 
 
-def grouped(q, k, shapes: Shapes):
-    """q and k with each head repeated HV / H times (`heads.expand`; unchanged when HV = H), as the kernels read
-    them: one q/k head per value head."""
-    group = shapes["HV"] // shapes["H"]
-    return heads.expand(q, group), heads.expand(k, group)
-
-
 def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, cu_seqlens, version, check_values):
     """gated_linear and channel_gated_linear: the checks, then the launch of `op` with g [g_dims] (None only for
     the scalar gate, g_dims "B T HV": no decay)."""
@@ -318,7 +332,6 @@ def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, cu_seq
             check_finite("g", g)
             check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
-    q, k = grouped(q, k, shapes)
     return _launch(op, q, k, v, g, None, initial_state, scale, version, offsets)
 
 
@@ -346,7 +359,6 @@ def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, cu
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     if check_flag("normalize_qk", normalize_qk):
         q, k = l2_normalized(q), l2_normalized(k)
-    q, k = grouped(q, k, shapes)
     if check_values:
         if g is not None:
             check_finite("g", g)
@@ -354,7 +366,7 @@ def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, cu
         check_finite("beta", beta)
         check_beta(beta, allow_neg_eigval)
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
-            check_key_strength(k, beta, allow_neg_eigval)
+            check_key_strength(k, beta, allow_neg_eigval, group=shapes["HV"] // shapes["H"])
     scale = check_scale(scale, shapes["K"])
     return _launch(op, q, k, v, g, beta, initial_state, scale, version, offsets)
 
