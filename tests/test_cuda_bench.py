@@ -143,10 +143,11 @@ def test_grid_is_flas_shapes_and_all_adds_the_head_dims():
 def test_grid_table_has_a_row_per_shape_and_a_column_per_mixer():
     from minilin.bench import against_fla
 
-    shape = dict(B=1, T=32768, H=16, K=128, V=128)
+    shape = dict(B=1, T=32768, H=16, K=128, V=128, label="1, 32768, 16, 128, 128")
     rows = [dict(shape, mixer="simple_gla", minilin_version=8, minilin_ms=0.5, fla_ms=0.625, ratio=0.8),
             dict(shape, mixer="deltanet", minilin_version=10, minilin_ms=1.0, fla_ms=1.0, ratio=1.0),
-            dict(shape, K=256, V=256, mixer="simple_gla", note="minilin: not supported (K must be 64 or 128)")]
+            dict(shape, K=256, V=256, label="1, 32768, 16, 256, 256", mixer="simple_gla",
+                 note="minilin: not supported (K must be 64 or 128)")]
     lines = against_fla.format_grid(rows, ["simple_gla", "deltanet"]).splitlines()
     assert lines[0] == "| B, T, H, K, V | simple_gla | deltanet |" and len(lines) == 4
     assert lines[2] == "| 1, 32768, 16, 128, 128 | 0.80 (v8, 0.500 / 0.625 ms) | **1.00** (v10, 1.000 / 1.000 ms) |"
@@ -175,7 +176,7 @@ def test_grid_runs_every_mixer_at_every_shape_with_an_initial_state(monkeypatch,
     assert against_fla.main_grid(args, ["simple_gla", "deltanet"], 20, info, 4000.0) == 0  # unsupported is no failure
     assert len(calls) == 2 * len(against_fla.GRID) and all(c[-1] for c in calls)
     captured = capsys.readouterr()
-    assert "[16/16] deltanet B=1 T=2048" in captured.err and "| 8, 2048, 32, 256, 256 | minilin: not supported |" in captured.out
+    assert "[16/16] deltanet 1, 2048, 16, 128, 128" in captured.err and "| 8, 2048, 32, 256, 256 | minilin: not supported |" in captured.out
     assert len(json.loads(out.read_text())["rows"]) == 16
 
     def wrong(*args, **kwargs):  # a checked-and-wrong row, as compare reports one: a note, nothing timed
@@ -186,6 +187,16 @@ def test_grid_runs_every_mixer_at_every_shape_with_an_initial_state(monkeypatch,
     assert against_fla.main_grid(argparse.Namespace(grid="fla", json=None), ["deltanet"], 20, info, 4000.0) == 1
 
 
+def test_grid_layouts_are_packed_sequences_and_grouped_heads():
+    from minilin.bench import against_fla
+
+    (packed_label, T, packed), *grouped = against_fla.grid_problems("layouts")
+    assert packed["cu_seqlens"][0] == 0 and packed["cu_seqlens"][-1] == T == 32768 and len(packed["cu_seqlens"]) == 9
+    assert any(n % 64 for n in against_fla.PACKED_LENGTHS)  # sequences that end inside a chunk
+    assert all(problem["HV"] == 2 * problem["H"] == 32 for _, _, problem in grouped)
+    assert against_fla.grid_problems("fla")[0] == ("1, 8192, 96, 128, 128", 8192, dict(B=1, H=96, K=128, V=128))
+
+
 def test_grid_needs_against_fla(capsys):
     from minilin import cli
 
@@ -193,6 +204,8 @@ def test_grid_needs_against_fla(capsys):
     assert "--against fla or --backward" in capsys.readouterr().err
     assert cli.main(["bench", "--backward", "--grid", "--device", "cpu"]) == 2
     assert "it runs on the GPU" in capsys.readouterr().err
+    assert cli.main(["bench", "--backward", "--grid", "layouts"]) == 2
+    assert "--grid layouts times the forward only" in capsys.readouterr().err
     assert cli.main(["bench", "--backward", "--grid", "--lengths", "2048"]) == 2
     assert "--grid has its own shapes: drop --lengths" in capsys.readouterr().err
 

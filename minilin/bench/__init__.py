@@ -9,8 +9,9 @@
                                     forward and forward + backward per mixer and form (bench/cpu_backward.py)
     minilin bench --device gpu      the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
-    minilin bench --against fla --grid
-                                    the same at FLA's benchmark shapes and at long context
+    minilin bench --against fla --grid [all | layouts]
+                                    the same at FLA's benchmark shapes and at long context (layouts: packed
+                                    sequences and grouped value heads)
     minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
     minilin bench --backward [--against fla] [--grid]
                                     the CUDA forward and forward + backward, FLA's beside them (bench/gpu_backward.py),
@@ -44,9 +45,10 @@ def register(subparsers) -> None:
                    help="GPU only: sequence lengths (default 2048 8192 32768; with --backward 2048 8192)")
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
-    p.add_argument("--grid", nargs="?", const="fla", choices=["fla", "all"], default=None,
+    p.add_argument("--grid", nargs="?", const="fla", choices=["fla", "all", "layouts"], default=None,
                    help="with --against fla or --backward: FLA's benchmark shapes and one long sequence instead of "
-                        "--lengths (bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256")
+                        "--lengths (bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256; "
+                        "'layouts' (--against fla only): packed sequences and grouped value heads")
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
@@ -91,6 +93,8 @@ def _run(args) -> int:
         return _refuse("--against fla compares CUDA kernels: it runs on the GPU (drop --device cpu)")
     if args.grid and args.against != "fla" and not args.backward:
         return _refuse("--grid is a grid of shapes for --against fla or --backward: add one of them")
+    if args.grid == "layouts" and args.backward:
+        return _refuse("--grid layouts times the forward only: drop --backward, or use --grid / --grid all")
     if args.grid and args.device == "cpu":
         return _refuse("--grid times the CUDA kernels at FLA's shapes: it runs on the GPU (drop --device cpu)")
     if args.grid and args.lengths:

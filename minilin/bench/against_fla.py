@@ -23,11 +23,14 @@ that drift on a shared machine hits both alike. Two times per side, each the med
 benchmarks/ops/registry.py SHAPE_CONFIGS) and one long sequence, an initial state given to both sides; `--grid
 all` adds K = V = 64 and K = 128 with V = 64 and 256 at each (B, T, H). It prints one table, a row per shape
 and a column per mixer (minilin / FLA device time, minilin's version), and --json writes every comparison.
-A shape minilin's kernels do not take (K above 128) is reported as such and not timed.
+A shape minilin's kernels do not take (K above 128) is reported as such and not timed. `--grid layouts` runs
+LAYOUTS: packed sequences (cu_seqlens) and grouped value heads.
 """
 from __future__ import annotations
 
 import sys
+
+import numpy as np
 
 from . import gpu, write_json
 from .gpu_timing import SINGLE_CALLS, alternating_medians, copy_bandwidth_gbs
@@ -40,6 +43,18 @@ GOAL = 0.9  # minilin's time over FLA's
 GRID = ((1, 8192, 96, 128, 128), (2, 16384, 16, 128, 128), (4, 2048, 16, 128, 128), (4, 4096, 64, 128, 128),
         (8, 1024, 8, 64, 64), (8, 2048, 32, 256, 256), (1, 32768, 16, 128, 128), (1, 2048, 16, 128, 128))
 GRID_HEAD_DIMS = ((64, 64), (128, 64), (128, 256))  # --grid all: these (K, V) too, at each grid (B, T, H)
+# --grid layouts: eight sequences of mixed lengths (some not a whole number of 64-token chunks) packed into one
+# batch row of 32768 tokens, and grouped value heads as in Qwen3-Next's Gated DeltaNet (16 q/k heads, 32 value
+# heads) at one sequence of 32768 and at B = 4, T = 8192. FLA's chunk_gated_delta_rule takes both layouts; its
+# simple GLA and DeltaNet kernels take cu_seqlens but one q/k head per value head, so they get q and k repeated
+# (the copy not timed).
+PACKED_LENGTHS = (8000, 1000, 6100, 2100, 4200, 555, 7213, 3600)
+LAYOUTS = (
+    ("8 packed, 32768 tokens, H = 16", 32768,
+     dict(B=1, H=16, K=128, V=128, cu_seqlens=tuple(int(x) for x in np.cumsum((0,) + PACKED_LENGTHS)))),
+    ("1, 32768, H_qk = 16, H_v = 32", 32768, dict(B=1, H=16, HV=32, K=128, V=128)),
+    ("4, 8192, H_qk = 16, H_v = 32", 8192, dict(B=4, H=16, HV=32, K=128, V=128)),
+)
 
 
 def grid_shapes(which: str) -> list[tuple]:
@@ -48,6 +63,13 @@ def grid_shapes(which: str) -> list[tuple]:
     if which == "all":
         shapes += [(B, T, H, K, V) for B, T, H, _, _ in GRID for K, V in GRID_HEAD_DIMS]
     return list(dict.fromkeys(shapes))
+
+
+def grid_problems(which: str) -> list[tuple[str, int, dict]]:
+    """(label, T, problem) for every cell row of --grid `which`: the shapes of grid_shapes, or LAYOUTS."""
+    if which == "layouts":
+        return list(LAYOUTS)
+    return [(", ".join(map(str, (B, T, H, K, V))), T, dict(B=B, H=H, K=K, V=V)) for B, T, H, K, V in grid_shapes(which)]
 
 
 def fla_version() -> str | None:
@@ -81,6 +103,10 @@ def _compare(mixer: str, T: int, repeats: int, problem: dict, with_state: bool) 
     version = cuda.default_version(cuda.OPS[mixer], DTYPE == "bfloat16", problem["K"], problem["V"])
     row = {"mixer": mixer, "T": T, **{d: problem[d] for d in "BHKV"}, "initial_state": with_state, "dtype": DTYPE,
            "minilin_version": version}
+    if "HV" in problem:
+        row["HV"] = problem["HV"]
+    if "cu_seqlens" in problem:
+        row["cu_seqlens"] = list(problem["cu_seqlens"])
     ours = gpu.cuda_call(mixer, inputs, DTYPE, version)
     try:
         our_o, our_state = gpu.cuda_out_as_float(ours())
@@ -138,14 +164,13 @@ def format_table(rows: list[dict], copy_gbs: float) -> str:
 
 
 def format_grid(rows: list[dict], mixers: list[str]) -> str:
-    """One row per shape, one column per mixer: minilin / FLA device time (minilin's version), or why not."""
+    """One row per shape (its "label"), one column per mixer: minilin / FLA device time (minilin's version), or
+    why not."""
     lines = ["| B, T, H, K, V | " + " | ".join(mixers) + " |", "| --- |" + " ---: |" * len(mixers)]
-    shapes = list(dict.fromkeys((r["B"], r["T"], r["H"], r["K"], r["V"]) for r in rows))
-    for shape in shapes:
+    for label in dict.fromkeys(r["label"] for r in rows):
         cells = []
         for mixer in mixers:
-            r = next((r for r in rows if r["mixer"] == mixer and (r["B"], r["T"], r["H"], r["K"], r["V"]) == shape),
-                     None)
+            r = next((r for r in rows if r["mixer"] == mixer and r["label"] == label), None)
             if r is None:
                 cells.append("-")
             elif "ratio" in r:
@@ -153,7 +178,7 @@ def format_grid(rows: list[dict], mixers: list[str]) -> str:
                              f" (v{r['minilin_version']}, {r['minilin_ms']:.3f} / {r['fla_ms']:.3f} ms)")
             else:
                 cells.append(r.get("note", "-").split(" (")[0])
-        lines.append(f"| {', '.join(map(str, shape))} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -202,20 +227,19 @@ def main(args) -> int:
 
 def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float) -> int:
     """--grid: every mixer at every grid shape, initial state given, one table (rows: shapes)."""
-    shapes = grid_shapes(args.grid)
+    problems = grid_problems(args.grid)
     print(f"minilin bench --against fla --grid {args.grid}: {info['gpu']}, {info['date']}, FLA {info['fla']}, "
           f"torch {info.get('torch')}, CuPy {info['cupy']}; {DTYPE}, initial state given; device time, per round "
           f"the median of {repeats} queued runs, reported the median over {ROUNDS} alternating rounds; cells: "
           f"minilin / FLA (bold above {GOAL})", flush=True)
     rows = []
-    total = len(shapes) * len(mixers)
-    for i, (B, T, H, K, V) in enumerate(shapes):
+    total = len(problems) * len(mixers)
+    for i, (label, T, problem) in enumerate(problems):
         for j, mixer in enumerate(mixers):
-            row = compare(mixer, T, repeats, problem=dict(B=B, H=H, K=K, V=V), with_state=True)
+            row = {"label": label, **compare(mixer, T, repeats, problem=problem, with_state=True)}
             state = (f"{row['minilin_ms']:.3f} vs {row['fla_ms']:.3f} ms ({row['ratio']:.2f})" if "ratio" in row
                      else row["note"])
-            print(f"  [{i * len(mixers) + j + 1}/{total}] {mixer} B={B} T={T} H={H} K={K} V={V}: {state}",
-                  file=sys.stderr, flush=True)
+            print(f"  [{i * len(mixers) + j + 1}/{total}] {mixer} {label}: {state}", file=sys.stderr, flush=True)
             rows.append(row)
     print(format_grid(rows, mixers))
     if args.json:

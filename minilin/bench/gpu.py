@@ -77,29 +77,39 @@ class Row:
 # ---- inputs ------------------------------------------------------------------------------------------------
 def make_inputs(mixer: str, T: int, seed: int, problem: dict | None = None, with_state: bool = False) -> dict:
     """Fresh random float32 CuPy inputs on the bfloat16 grid, in each mixer's valid range (as minilin.examples),
-    at `problem`'s B, H, K, V (default PROBLEM); with_state adds a float32 "initial_state" [B, H, K, V]."""
+    at `problem`'s B, H, K, V (default PROBLEM); with_state adds a float32 "initial_state" [B, H, K, V].
+
+    `problem` may also give HV (value heads, a multiple of H: q and k keep H heads, v, g, beta and the state get
+    HV) and cu_seqlens (offsets of sequences packed along T, B = 1: kept as "cu_seqlens", one state per sequence)."""
     import cupy
 
     from ..cuda import from_bf16, to_bf16
     from ..cuda.bf16 import UNIT_KEY_SCALE
 
-    B, H, K, V = ((problem or PROBLEM)[d] for d in "BHKV")
+    problem = problem or PROBLEM
+    B, H, K, V = (problem[d] for d in "BHKV")
+    HV = problem.get("HV", H)
+    offsets = problem.get("cu_seqlens")
     rng = cupy.random.default_rng(seed)
     on_grid = lambda x: from_bf16(to_bf16(x))  # noqa: E731
     out = {"q": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
            "k": rng.standard_normal((B, T, H, K), dtype=cupy.float32),
-           "v": rng.standard_normal((B, T, H, V), dtype=cupy.float32)}
+           "v": rng.standard_normal((B, T, HV, V), dtype=cupy.float32)}
     if "beta" in TENSORS[mixer]:  # the delta rule wants unit keys, short enough to round (bf16)
         out["k"] *= UNIT_KEY_SCALE / cupy.linalg.norm(out["k"], axis=-1, keepdims=True)
-    if "g" in TENSORS[mixer]:  # [B, T, H], or [B, T, H, K] for a decay per key channel
-        sizes = dict(B=B, T=T, H=H, K=K)
+    if "g" in TENSORS[mixer]:  # [B, T, HV], or [B, T, HV, K] for a decay per key channel (H in the signatures)
+        sizes = dict(B=B, T=T, H=HV, K=K)
         shape = tuple(sizes[d] for d in catalog.signature(mixer).tensor("g").dims.split())
         out["g"] = rng.uniform(-1.0, -0.01, shape, dtype=cupy.float32)
     if "beta" in TENSORS[mixer]:
-        out["beta"] = rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32)
+        out["beta"] = rng.uniform(0.0, 1.0, (B, T, HV), dtype=cupy.float32)
     if with_state:
-        out["initial_state"] = 0.5 * rng.standard_normal((B, H, K, V), dtype=cupy.float32)
-    return {name: on_grid(x) if name in SEQUENCE else x for name, x in out.items()}
+        N = B if offsets is None else len(offsets) - 1
+        out["initial_state"] = 0.5 * rng.standard_normal((N, HV, K, V), dtype=cupy.float32)
+    out = {name: on_grid(x) if name in SEQUENCE else x for name, x in out.items()}
+    if offsets is not None:
+        out["cu_seqlens"] = cupy.asarray(offsets, dtype=cupy.int32)
+    return out
 
 
 def io_floor_bytes(T: int, dtype: str, problem: dict | None = None) -> int:
@@ -113,8 +123,10 @@ def reference(mixer: str, inputs: dict, dtype):
     """minilin's chunked form (the NumPy reference) on CuPy arrays cast to `dtype`."""
     mod = catalog.module(mixer)
     state = inputs.get("initial_state")
+    offsets = inputs.get("cu_seqlens")
     return mod.chunked(*(inputs[n].astype(dtype) for n in TENSORS[mixer]),
-                       initial_state=None if state is None else state.astype(dtype))
+                       initial_state=None if state is None else state.astype(dtype),
+                       cu_seqlens=None if offsets is None else offsets.get())
 
 
 def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
@@ -123,8 +135,8 @@ def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
 
     fn = getattr(cuda, mixer)
     args = [cuda.to_bf16(inputs[n]) if dtype == "bfloat16" and n in SEQUENCE else inputs[n] for n in TENSORS[mixer]]
-    state = inputs.get("initial_state")
-    return lambda: fn(*args, initial_state=state, version=version, check_values=False)
+    state, offsets = inputs.get("initial_state"), inputs.get("cu_seqlens")
+    return lambda: fn(*args, initial_state=state, cu_seqlens=offsets, version=version, check_values=False)
 
 
 FLA_FORMS = ("chunk", "fused_recurrent")  # FLA's chunked kernel, and its recurrent one (token by token)
@@ -148,9 +160,14 @@ def fla_call(mixer: str, inputs: dict, dtype: str, form: str = "chunk"):
         return torch.as_tensor(x, device="cuda")
 
     t = {n: to_torch(inputs[n], n) for n in TENSORS[mixer]}
+    group = inputs["v"].shape[2] // inputs["q"].shape[2]
+    if group > 1 and mixer != "gated_deltanet":  # FLA's other chunk kernels take one q/k head per value head
+        t["q"], t["k"] = (x.repeat_interleave(group, dim=2).contiguous() for x in (t["q"], t["k"]))
     common = dict(scale=inputs["q"].shape[-1] ** -0.5, output_final_state=True)
     if "initial_state" in inputs:
         common["initial_state"] = to_torch(inputs["initial_state"], "initial_state")
+    if "cu_seqlens" in inputs:
+        common["cu_seqlens"] = torch.as_tensor(inputs["cu_seqlens"], device="cuda").long()
     if mixer == "simple_gla":
         from fla.ops import simple_gla as ops
         kernel = ops.chunk_simple_gla if form == "chunk" else ops.fused_recurrent_simple_gla
