@@ -9,8 +9,9 @@ lengths without padding them to one length. Nothing flows between sequences: eac
 initial state (zeros when None) and ends in its own final state. That is the definition, and the NumPy
 reference computes it literally, by a loop over the sequences that calls the same form on each slice
 (`forward`, `backward`), so a packed call equals N separate calls by construction: the definition a
-kernel for packed sequences, which cannot afford the loop, is to be checked against (`minilin.cuda` runs
-the same loop, one launch per sequence, until its kernels take the offsets themselves).
+kernel for packed sequences, which cannot afford the loop, is to be checked against (`minilin.cuda`'s
+versions marked `packed` take the offsets in the kernel; for the others, and for its backward, it runs the
+same loop, one launch per sequence).
 """
 from __future__ import annotations
 

@@ -318,6 +318,17 @@ def test_a_packed_call_to_a_packed_version_is_one_launch_with_int32_offsets(fake
     assert offsets._data.dtype == np.int32 and offsets._data.tolist() == [0, 4, 10]
 
 
+def test_more_sequences_than_the_grid_holds_launch_one_by_one(fake_cupy, monkeypatch):
+    """Past MAX_PACKED_SEQUENCES (the grid's z extent) a packed version runs one launch per sequence too."""
+    q, k, v, g, _ = arrays(B=1)
+    calls = []
+    monkeypatch.setattr(front, "MAX_PACKED_SEQUENCES", 1)
+    monkeypatch.setattr(front, "_launch_one", lambda *args: calls.append(args))
+    monkeypatch.setattr(front, "runnable_version", lambda op, version, is_bf16, K, V: {"version": 7, "packed": True})
+    UNPATCHED_LAUNCH("linear", q, k, v, g, None, None, 0.25, None, (0, 4, 10))
+    assert [call[2].shape[1] for call in calls] == [4, 6] and all(len(call) == 11 for call in calls)
+
+
 def test_a_packed_call_launches_once_per_sequence_on_its_slices(fake_cupy, monkeypatch):
     """front._launch with offsets and a version that does not read them: one launch per sequence, each writing its
     slice of o and its row of the states."""

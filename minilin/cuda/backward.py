@@ -13,9 +13,9 @@ initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). 
 its input's dtype, as the kernels write it (sums taken in float32 first): dq, dk [B, T, H, K] in q's, dv [B, T, HV, V]
 in v's (bfloat16 in the input's form, native or uint16 bits); dg, dbeta [B, T, HV] and dinitial_state (as
 initial_state) float32; None for an array that was not given (g, initial_state). Grouped value heads and packed
-sequences as the forward (front.py): q and k repeated to HV heads, and a q/k head's gradient the sum over its value
-heads (`heads.reduce`, in float32); one backward launch per sequence, each sequence's gradients its own, joined by
-`varlen.backward` as the NumPy backward joins them.
+sequences as the forward's versions without `packed` take them (front.py): q and k repeated to HV heads, and a q/k
+head's gradient the sum over its value heads (`heads.reduce`, in float32); one backward launch per sequence, each
+sequence's gradients its own, joined by `varlen.backward` as the NumPy backward joins them.
 
 Kernels (csrc/linear_bwd/, csrc/delta_bwd/, `versions('linear_bwd')`, `versions('delta_bwd')`): v1 is the definition
 run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256; linear_bwd

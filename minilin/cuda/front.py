@@ -11,9 +11,11 @@ Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] 
 [B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
 layout; HV a multiple of H groups the value heads (`minilin.heads`). cu_seqlens [N + 1] with B = 1 packs N
 sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]). Versions marked `packed` in `versions`
-(the token loops, linear v7 / v8, delta v10: every default but gla's in bfloat16) read both layouts in the
-kernel, one launch for the whole batch; the others see q and k repeated to HV heads (`heads.expand`, one copy
-of each) and one launch per sequence, so a packed call to them costs what N calls cost.
+(the token loops, linear v7 / v8, delta v10: the bfloat16 defaults of linear and delta at K = 64 or 128 on an
+sm_90a build and a compute capability 9.0 GPU, and kda's and float32 gla's) read both layouts in the kernel,
+one launch for the whole batch (up to MAX_PACKED_SEQUENCES sequences: the grid's z extent); the others see q
+and k repeated to HV heads (`heads.expand`, one copy of each) and one launch per sequence, so a packed call to
+them costs what N calls cost.
 Dtypes: q, k, v all float32 or all bfloat16 (native or uint16 bits, see `bf16`); g, beta and the state
 float32 (accumulation is float32 throughout); o comes back in the dtype of v.
 
@@ -237,6 +239,11 @@ def l2_normalized(x):
     return bf16.like(l2_normalize(bf16.as_float32(x)), x)
 
 
+# Sequences a packed version takes in one launch: they lie along the grid's z axis, which CUDA caps at 65535.
+# Larger batches run one launch per sequence, as the other versions do.
+MAX_PACKED_SEQUENCES = 65535
+
+
 def address(x) -> int:
     """A CuPy array's device address, 0 for None (an absent input)."""
     return 0 if x is None else x.data.ptr
@@ -272,8 +279,8 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, cu_seqlens
     cu_seqlens: the checked offsets (a tuple), or None.
 
     A version that reads grouped heads and packed sequences in the kernel (`packed` in `versions`: the token
-    loops, linear v7 / v8 and delta v10) runs in one launch, the offsets copied to the device as int32. For the
-    others q and k are repeated to HV heads (`heads.expand`, a copy of each) and, with cu_seqlens, each sequence
+    loops, linear v7 / v8 and delta v10) runs in one launch, the offsets copied to the device as int32 (up to
+    MAX_PACKED_SEQUENCES sequences). For the others, and beyond that, q and k are repeated to HV heads (`heads.expand`, a copy of each) and, with cu_seqlens, each sequence
     is launched on its own slice of the arrays (B = 1, so each slice along T is contiguous): N launches, one after
     the other."""
     cupy = cupy_module()
@@ -283,7 +290,7 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, cu_seqlens
     o = cupy.empty(v.shape, v.dtype)
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     final_state = cupy.empty((N, HV, K, V), cupy.float32)
-    if info.get("packed"):
+    if info.get("packed") and N <= MAX_PACKED_SEQUENCES:
         offsets = None if cu_seqlens is None else cupy.asarray(np.asarray(cu_seqlens, dtype=np.int32))
         _launch_one(op, info, q, k, v, g, beta, initial_state, scale, o, final_state, offsets)
         return o, final_state
