@@ -1,7 +1,8 @@
 // The recurrent (v1) kernels of both ops share their token staging and their host side (launch_recurrent,
 // forward_recurrent, at the end). Staging: the block copies 32 tokens of q, k, its
 // 32-column slice of v, and g / beta into shared memory with cp.async, two stages deep, so the copy of
-// the next 32 tokens runs while the warps step through the current ones.
+// the next 32 tokens runs while the warps step through the current ones. Tokens are a sequence's (packed or
+// not) and q, k its value head's q/k head (common/sequences.cuh), so every v1 reads both layouts.
 #pragma once
 
 #include <string>

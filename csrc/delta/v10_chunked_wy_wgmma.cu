@@ -11,7 +11,8 @@
 // producer's copy walk is unrolled by 8, not fully (a spill at ptxas's 96-register cap starves the consumers);
 // four producer warps, not one (0.524 against 0.542 ms); Q S in phase 2 and ftz exponentials (0.465 against 0.526).
 //
-// One block per (batch, head, 64 value columns): 4 compute warpgroups (warps 0-15) and a producer warpgroup
+// One block per (sequence, head, 64 value columns; packed sequences and grouped value heads read in place through
+// common/sequences.cuh, the WY prepare's too): 4 compute warpgroups (warps 0-15) and a producer warpgroup
 // (warps 16-19: q; k; v and T's tile; G = cumsum(g) and beta) that fills a ring of 3 stages, q, k and T in the
 // 128-byte-swizzled layout wgmma reads (common/wgmma.cuh). The state is kept transposed, S^T [64 value rows, K],
 // in the fp32 registers of warpgroups 2 and 3 (key columns 0 .. K/2 - 1 and K/2 .. K - 1), with a bf16 copy in

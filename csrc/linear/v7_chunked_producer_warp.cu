@@ -17,6 +17,8 @@
 // The compute warps take their tiles from compute_warp_tiles (producer.cuh), which leaves the producer's
 // sub-partition one of the ten warps that also form Q K^T instead of four: 7% faster again (device time,
 // same-run A/B: 0.374 vs 0.403 ms at T = 8192, outputs bit-identical).
+// One block per (value block, head, sequence); packed sequences and grouped value heads are read in place, every
+// token row and q/k head taken from common/sequences.cuh.
 #include "../common/producer.cuh"
 #include "chunk_mma_wide.cuh"
 
