@@ -154,7 +154,7 @@ __device__ __forceinline__ void store_output_tile(const float (&acc)[1][NT][4], 
 template <int NT>
 __device__ __forceinline__ void store_output_tile(const float (&acc)[1][NT][4], __nv_bfloat16* o, int T, int H, int V,
                                                   int b, int h, int t0, int v0, int m0, int n0, float scale) {
-  store_output_tile(acc, o, SequenceRows{static_cast<long long>(b) * T, T, 0}, H, V, h, t0, v0, m0, n0, scale);
+  store_output_tile(acc, o, fixed_rows(b, T), H, V, h, t0, v0, m0, n0, scale);
 }
 
 }  // namespace minilin

@@ -26,19 +26,25 @@ struct SequenceRows {
 // Rows of chunk-indexed scratch (one per 64-token chunk of every sequence): B ceil(T / 64), or packed
 // floor(T / 64) + B. Packed, sequence b (L tokens from token s) takes ceil(L / 64) rows from s / 64 + b, which is
 // at most floor((s + L) / 64) - floor(s / 64) + 1: it ends at or before the next sequence's first row,
-// (s + L) / 64 + b + 1, and the last one by floor(T / 64) + B. Up to B rows stay unused (chunk_of_row).
+// (s + L) / 64 + b + 1, and the last one by floor(T / 64) + B. Up to B rows stay unused (chunk_of_block).
 __host__ __device__ inline long long chunk_rows(int B, int T, bool packed) {
   return packed ? static_cast<long long>(T / kChunk) + B : static_cast<long long>(B) * chunk_count(T);
 }
 
-__device__ __forceinline__ SequenceRows fixed_rows(const Problem& p, int b) {
-  return {static_cast<long long>(b) * p.T, p.T, static_cast<long long>(b) * chunk_count(p.T)};
+// Sequence b of B sequences of T tokens each.
+__host__ __device__ inline SequenceRows fixed_rows(int b, int T) {
+  return {static_cast<long long>(b) * T, T, static_cast<long long>(b) * chunk_count(T)};
 }
+
+__device__ __forceinline__ SequenceRows fixed_rows(const Problem& p, int b) { return fixed_rows(b, p.T); }
+
+// The first chunk row of packed sequence b, which starts at token `start` (chunk_rows says why rows never overlap).
+__host__ __device__ inline long long packed_chunk0(int start, int b) { return static_cast<long long>(start / kChunk) + b; }
 
 __device__ __forceinline__ SequenceRows sequence_rows(const Problem& p, int b) {
   if (p.cu_seqlens == nullptr) return fixed_rows(p, b);
   const int start = p.cu_seqlens[b];
-  return {start, p.cu_seqlens[b + 1] - start, static_cast<long long>(start / kChunk) + b};
+  return {start, p.cu_seqlens[b + 1] - start, packed_chunk0(start, b)};
 }
 
 // A grid over every chunk of every sequence, y its second axis (heads): (chunks, y, B) for B sequences of T tokens,
@@ -65,7 +71,7 @@ __device__ __forceinline__ ChunkOfBlock chunk_of_block(const Problem& p) {
   int lo = 0, hi = p.B - 1;  // the last sequence whose first row (increasing with b) is <= row
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (p.cu_seqlens[mid] / kChunk + mid <= row) lo = mid;
+    if (packed_chunk0(p.cu_seqlens[mid], mid) <= row) lo = mid;
     else hi = mid - 1;
   }
   const SequenceRows seq = sequence_rows(p, lo);
