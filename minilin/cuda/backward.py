@@ -31,7 +31,7 @@ from .. import catalog, heads, varlen
 from ..activations import l2_normalize
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
-from .front import (_check_common, check_finite, check_input, check_key_strength, cupy_module, extension,
+from .front import (_check_common, address, check_finite, check_input, check_key_strength, cupy_module, extension,
                     l2_normalized, runnable_version)
 from .mixers import (lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, per_head_shapes,
                      retnet_log_gate)
@@ -73,10 +73,6 @@ def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, sc
     dh0 = cupy.empty((B, H, K, V), cupy.float32) if initial_state is not None else None
     workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
     workspace = cupy.cuda.alloc(workspace_size) if workspace_size else None
-
-    def address(x):
-        return 0 if x is None else x.data.ptr
-
     cuda.backward(op, info["version"], address(q), address(k), address(v), address(g), address(beta),
                   address(initial_state), address(do), address(dstate), address(dq), address(dk), address(dv),
                   address(dg), address(dbeta), address(dh0), workspace.ptr if workspace is not None else 0,
@@ -140,7 +136,7 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
         check_finite("beta", beta)
         check_beta(beta, allow_neg_eigval)
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
-            check_key_strength(k_rep, beta, allow_neg_eigval)
+            check_key_strength(k, beta, allow_neg_eigval, group=shapes["HV"] // shapes["H"])
     scale = check_scale(scale, shapes["K"])
     info = runnable_version("delta_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
 

@@ -280,9 +280,9 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, cu_seqlens
 
     A version that reads grouped heads and packed sequences in the kernel (`packed` in `versions`: the token
     loops, linear v7 / v8 and delta v10) runs in one launch, the offsets copied to the device as int32 (up to
-    MAX_PACKED_SEQUENCES sequences). For the others, and beyond that, q and k are repeated to HV heads (`heads.expand`, a copy of each) and, with cu_seqlens, each sequence
-    is launched on its own slice of the arrays (B = 1, so each slice along T is contiguous): N launches, one after
-    the other."""
+    MAX_PACKED_SEQUENCES sequences). For the others, and beyond that, q and k are repeated to HV heads
+    (`heads.expand`, a copy of each) and, with cu_seqlens, each sequence is launched on its own slice of the arrays
+    (B = 1, so each slice along T is contiguous): N launches, one after the other."""
     cupy = cupy_module()
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
