@@ -40,25 +40,35 @@ __device__ __forceinline__ WarpTiles warp_tiles(int warp) {
 }
 }  // namespace wide
 
-// Tokens [t0, t0 + 64) of head (b, h): q and k rows (K wide, shared row stride ldk), value columns
-// [v0, v0 + kBlockV) (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past T are
-// zero-filled.
+// Tokens [t0, t0 + 64) of sequence seq, head h: q and k rows (K wide, shared row stride ldk; from h's q/k head),
+// value columns [v0, v0 + kBlockV) (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past the
+// sequence's end are zero-filled.
 template <int K, int kBlockV>
 __device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat16* k_dst, int ldk, __nv_bfloat16* v_dst,
-                                               int ldv, float* g_dst, const Problem& p, int b, int h, int t0, int v0) {
+                                               int ldv, float* g_dst, const Problem& p, const SequenceRows& seq, int h,
+                                               int t0, int v0) {
   constexpr int kRows = 64;
-  const int valid = min(kRows, p.T - t0);
-  const long long first = (static_cast<long long>(b) * p.T + t0) * p.H + h;
-  cp_async_rows(q_dst, ldk, static_cast<const __nv_bfloat16*>(p.q) + first * K, static_cast<long long>(p.H) * K, kRows,
-                K, valid);
-  cp_async_rows(k_dst, ldk, static_cast<const __nv_bfloat16*>(p.k) + first * K, static_cast<long long>(p.H) * K, kRows,
-                K, valid);
+  const int valid = min(kRows, seq.length - t0);
+  const long long first = (seq.first + t0) * p.H + h;
+  const int qk_heads = qk_heads_of(p);
+  const long long first_qk = (seq.first + t0) * qk_heads + qk_head_of(p, h);
+  cp_async_rows(q_dst, ldk, static_cast<const __nv_bfloat16*>(p.q) + first_qk * K,
+                static_cast<long long>(qk_heads) * K, kRows, K, valid);
+  cp_async_rows(k_dst, ldk, static_cast<const __nv_bfloat16*>(p.k) + first_qk * K,
+                static_cast<long long>(qk_heads) * K, kRows, K, valid);
   cp_async_rows(v_dst, ldv, static_cast<const __nv_bfloat16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
                 kRows, kBlockV, valid);
   if (g_dst && p.g && threadIdx.x < kRows) {
     const bool ok = threadIdx.x < valid;
     cp_async_4(g_dst + threadIdx.x, ok ? p.g + first + static_cast<long long>(threadIdx.x) * p.H : p.g, ok);
   }
+}
+
+// The same for head (b, h) of B sequences of T tokens.
+template <int K, int kBlockV>
+__device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat16* k_dst, int ldk, __nv_bfloat16* v_dst,
+                                               int ldv, float* g_dst, const Problem& p, int b, int h, int t0, int v0) {
+  cp_async_chunk<K, kBlockV>(q_dst, k_dst, ldk, v_dst, ldv, g_dst, p, fixed_rows(p, b), h, t0, v0);
 }
 
 // P = (Q K^T) * exp(G_i - G_j) for j <= i, else 0, from this warp's accumulator tile at (m0, n0) of the

@@ -86,7 +86,10 @@ __device__ __forceinline__ long long chunk_of_block_row(const Problem& p) {
 
 __host__ __device__ inline int qk_heads_of(const Problem& p) { return p.qk_heads ? p.qk_heads : p.H; }
 
-// The q/k head value head h reads.
-__host__ __device__ inline int qk_head_of(const Problem& p, int h) { return h / (p.H / qk_heads_of(p)); }
+// The q/k head value head h reads; no division on the plain layout (the WY prepare measured 3-4% slower with
+// two integer divisions ahead of its first copy).
+__host__ __device__ inline int qk_head_of(const Problem& p, int h) {
+  return p.qk_heads == 0 || p.qk_heads == p.H ? h : h / (p.H / p.qk_heads);
+}
 
 }  // namespace minilin

@@ -76,8 +76,10 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
   static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
 
   const Layout<K> L{smem};
-  const int T = p.T, H = p.H, V = p.V;
-  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
+  const int H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z;
+  const SequenceRows seq = sequence_rows(p, b);  // sequence b's tokens (common/sequences.cuh)
+  const int T = seq.length, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5;
   const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);  // this warp's tile of O
   const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);  // ... of S
@@ -92,8 +94,8 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
     // 1. the chunk on chip (zero past T: a zero gate decays nothing, a zero key and value write nothing)
     {
       const int valid = min(kChunk, T - t0);
-      const long long first = (static_cast<long long>(b) * T + t0) * H + h;
-      cp_async_chunk<K, kBlockV>(L.q(), L.k(), kLdK, L.v(), kLdV, nullptr, p, b, h, t0, v0);
+      const long long first = (seq.first + t0) * H + h;
+      cp_async_chunk<K, kBlockV>(L.q(), L.k(), kLdK, L.v(), kLdV, nullptr, p, seq, h, t0, v0);
       cp_async_rows(L.G(), kLdG, p.g + first * K, static_cast<long long>(H) * K, kChunk, K, valid);
       cp_async_commit();
       cp_async_wait<0>();
@@ -180,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
       zero(acc);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(), kLdK, L.S(), kLdV, m0, n0, 0, K);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(), kLdC, L.v(), kLdV, m0, n0, 0, m0 + 16);
-      store_output_tile(acc, o, T, H, V, b, h, t0, v0, m0, n0, p.scale);
+      store_output_tile(acc, o, seq, H, V, h, t0, v0, m0, n0, p.scale);
     }
     {
       const float* chunk_decay = L.E(kSubs, 0);
@@ -220,6 +222,6 @@ extern const Version gla_v3 = {
     "gla", 3, "chunked_mma",
     "v2's chunks with the products below the diagonal, the state read and update on bf16 tensor cores (mma.sync, "
     "fp32 accumulators), the state in registers; the diagonal 16-token blocks on CUDA cores.",
-    false, true, kTensorCoreShape, 80, nullptr, forward};
+    false, true, kTensorCoreShape, 80, nullptr, forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin
