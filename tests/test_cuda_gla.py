@@ -263,9 +263,9 @@ def test_kda_versions_agree():
 
 @gpu
 def test_default_versions():
-    """The fastest measured: for GLA the tensor-core version in bfloat16 and the recurrent one in float32 (the
-    chunked CUDA-core v2 is slower); for KDA the recurrent one (front.FASTER_DEFAULT says why)."""
-    assert front.default_version("gla", True) == 3 and front.default_version("gla", False) == 1
+    """The fastest measured: for GLA the prepared-chunks tensor-core version in bfloat16 and the recurrent one in
+    float32 (the chunked CUDA-core v2 is slower); for KDA the recurrent one (front.FASTER_DEFAULT says why)."""
+    assert front.default_version("gla", True) == 4 and front.default_version("gla", False) == 1
     assert front.default_version("kda", True) == front.default_version("kda", False) == 1
 
 
@@ -342,12 +342,18 @@ def test_bad_inputs_raise(op):
 def test_the_extension_lists_the_channel_ops():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
-    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("kda", 1), ("kda", 2)]
-    assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "recurrent",
-                                                               "chunked"]
+    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("kda", 1), ("kda", 2)]
+    assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "prepared_chunks",
+                                                               "recurrent", "chunked"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
-    assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == [("gla", 3)]  # tensor cores: bf16 only
-    assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder)
+    tensor_cores = [("gla", 3), ("gla", 4)]
+    assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only
+    assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) != ("gla", 4))
+    # gla v4's prepared tiles, per chunk row and head: Qr and Ke [64, K] and P [64, 64] in bf16, the decay [K] in
+    # fp32; 2 sequences of 100 tokens take 2 chunk rows each, packed into 200 tokens 200 // 64 + 2 rows
+    per_row = 64 * 64 * 2 * 2 + 64 * 64 * 2 + 64 * 4
+    assert cuda.workspace_bytes("gla", 4, 2, 100, 3, 64, 64) == 3 * 4 * per_row
+    assert cuda.workspace_bytes("gla", 4, 2, 200, 3, 64, 64, packed=True) == 3 * 5 * per_row
     # the registry keeps op order: the channel ops before decode, which has one version
     ops = [v["op"] for v in cuda.versions()]
     assert ops.index("kda") < ops.index("decode") and [v["version"] for v in cuda.versions() if v["op"] == "decode"] == [1]
@@ -374,7 +380,12 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("gla", 3, dict(dtype=1, K=96), r"gla_v3_chunked_mma: K must be 64 or 128, got K=96"),
     ("gla", 3, dict(dtype=1, V=96), r"gla_v3_chunked_mma: V must be a multiple of 64, got V=96"),
     ("gla", 3, dict(dtype=1, g=0), r"gla_v3_chunked_mma: g must be a device pointer"),
-    ("gla", 4, {}, r"gla has versions 1, 2, 3, got 4"),
+    ("gla", 4, dict(dtype=0), r"gla_v4_prepared_chunks: bfloat16 inputs only"),
+    ("gla", 4, dict(dtype=1, K=96), r"gla_v4_prepared_chunks: K must be 64 or 128, got K=96"),
+    ("gla", 4, dict(dtype=1, V=96), r"gla_v4_prepared_chunks: V must be a multiple of 64, got V=96"),
+    ("gla", 4, dict(dtype=1, g=0), r"gla_v4_prepared_chunks: g must be a device pointer"),
+    ("gla", 4, dict(dtype=1), r"gla_v4_prepared_chunks: needs a workspace of 297984 bytes, got 0"),
+    ("gla", 5, {}, r"gla has versions 1, 2, 3, 4, got 5"),
     ("kda", 2, dict(g=0), r"kda_v2_chunked: g must be a device pointer"),
     ("kda", 2, dict(beta=0), r"kda_v2_chunked: beta must be a device pointer"),
     ("kda", 2, dict(K=136), r"kda_v2_chunked: K must be <= 128"),

@@ -40,9 +40,23 @@ __device__ __forceinline__ WarpTiles warp_tiles(int warp) {
 }
 }  // namespace wide
 
-// Tokens [t0, t0 + 64) of sequence seq, head h: q and k rows (K wide, shared row stride ldk; from h's q/k head),
-// value columns [v0, v0 + kBlockV) (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past the
-// sequence's end are zero-filled.
+// Tokens [t0, t0 + 64) of sequence seq as read by value head h: its q/k head's q and k rows (K wide, shared row
+// stride ldk); rows past the sequence's end are zero-filled.
+template <int K>
+__device__ __forceinline__ void cp_async_qk_rows(__nv_bfloat16* q_dst, __nv_bfloat16* k_dst, int ldk, const Problem& p,
+                                                 const SequenceRows& seq, int h, int t0) {
+  constexpr int kRows = 64;
+  const int valid = min(kRows, seq.length - t0);
+  const int qk_heads = qk_heads_of(p);
+  const long long first_qk = (seq.first + t0) * qk_heads + qk_head_of(p, h);
+  cp_async_rows(q_dst, ldk, static_cast<const __nv_bfloat16*>(p.q) + first_qk * K,
+                static_cast<long long>(qk_heads) * K, kRows, K, valid);
+  cp_async_rows(k_dst, ldk, static_cast<const __nv_bfloat16*>(p.k) + first_qk * K,
+                static_cast<long long>(qk_heads) * K, kRows, K, valid);
+}
+
+// Tokens [t0, t0 + 64) of sequence seq, head h: q and k rows (cp_async_qk_rows), value columns [v0, v0 + kBlockV)
+// (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past the sequence's end are zero-filled.
 template <int K, int kBlockV>
 __device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat16* k_dst, int ldk, __nv_bfloat16* v_dst,
                                                int ldv, float* g_dst, const Problem& p, const SequenceRows& seq, int h,
@@ -50,12 +64,7 @@ __device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat
   constexpr int kRows = 64;
   const int valid = min(kRows, seq.length - t0);
   const long long first = (seq.first + t0) * p.H + h;
-  const int qk_heads = qk_heads_of(p);
-  const long long first_qk = (seq.first + t0) * qk_heads + qk_head_of(p, h);
-  cp_async_rows(q_dst, ldk, static_cast<const __nv_bfloat16*>(p.q) + first_qk * K,
-                static_cast<long long>(qk_heads) * K, kRows, K, valid);
-  cp_async_rows(k_dst, ldk, static_cast<const __nv_bfloat16*>(p.k) + first_qk * K,
-                static_cast<long long>(qk_heads) * K, kRows, K, valid);
+  cp_async_qk_rows<K>(q_dst, k_dst, ldk, p, seq, h, t0);
   cp_async_rows(v_dst, ldv, static_cast<const __nv_bfloat16*>(p.v) + first * p.V + v0, static_cast<long long>(p.H) * p.V,
                 kRows, kBlockV, valid);
   if (g_dst && p.g && threadIdx.x < kRows) {

@@ -6,8 +6,8 @@ FLA is never a dependency of minilin.
 
 Problem: bench/gpu.py's (B=4, H=16, K=V=128), bfloat16 inputs, the same numbers for both (one draw per
 length, on the bfloat16 grid), T in --lengths (default 2048 8192 32768); mixers simple_gla, deltanet and
-gated_deltanet (--mixers picks among them), against FLA's chunk_simple_gla, chunk_delta_rule and
-chunk_gated_delta_rule.
+gated_deltanet, against FLA's chunk_simple_gla, chunk_delta_rule and chunk_gated_delta_rule, and by --mixers gla
+and kda (a decay per key channel) against chunk_gla and chunk_kda.
 
 Both are checked before they are timed: output and final state against the float64 reference (minilin's
 chunked form on CuPy in float64) within 1e-2, and minilin's output against FLA's within 1e-2. Timing: both
@@ -35,7 +35,8 @@ import numpy as np
 from . import gpu, write_json
 from .gpu_timing import SINGLE_CALLS, alternating_medians, copy_bandwidth_gbs
 
-MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
+MIXERS = ("simple_gla", "deltanet", "gated_deltanet")  # the default
+CHANNEL_MIXERS = ("gla", "kda")  # a decay per key channel, against chunk_gla and chunk_kda: by --mixers
 DTYPE = "bfloat16"
 ROUNDS = 3
 GOAL = 0.9  # minilin's time over FLA's
@@ -195,9 +196,9 @@ def main(args) -> int:
               "`pip install fla-core` (offline: carry the fla-core and einops wheels).", file=sys.stderr)
         return 2
     mixers = args.mixers or list(MIXERS)
-    unknown = [m for m in mixers if m not in MIXERS]
+    unknown = [m for m in mixers if m not in MIXERS + CHANNEL_MIXERS]
     if unknown:
-        print(f"--mixers: FLA is compared for {list(MIXERS)}, got {unknown}", file=sys.stderr)
+        print(f"--mixers: FLA is compared for {list(MIXERS + CHANNEL_MIXERS)}, got {unknown}", file=sys.stderr)
         return 2
     repeats = args.repeats or 50
     lengths = args.lengths or gpu.LENGTHS

@@ -145,8 +145,8 @@ FLA_FORMS = ("chunk", "fused_recurrent")  # FLA's chunked kernel, and its recurr
 def fla_call(mixer: str, inputs: dict, dtype: str, form: str = "chunk"):
     """FLA's `form` kernel for the mixer on the same inputs (as torch tensors), or None where FLA has none.
 
-    form: "chunk" (chunk_simple_gla, chunk_delta_rule, chunk_gated_delta_rule) or "fused_recurrent" (the
-    fused_recurrent_* kernels: FLA's token-by-token form, the counterpart of minilin's v1)."""
+    form: "chunk" (chunk_simple_gla, chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, chunk_kda) or
+    "fused_recurrent" (the fused_recurrent_* kernels: FLA's token-by-token form, the counterpart of minilin's v1)."""
     if form not in FLA_FORMS:
         raise ValueError(f"fla_call: form must be one of {FLA_FORMS}, got {form!r}")
     import cupy
@@ -180,6 +180,16 @@ def fla_call(mixer: str, inputs: dict, dtype: str, form: str = "chunk"):
         from fla.ops import delta_rule as ops
         kernel = ops.chunk_delta_rule if form == "chunk" else ops.fused_recurrent_delta_rule
         run = lambda: kernel(t["q"], t["k"], t["v"], beta=t["beta"], **common)  # noqa: E731
+    elif mixer == "gla":  # a decay per key channel: FLA's fused_recurrent_gla names it gk
+        from fla.ops import gla as ops
+        if form == "chunk":
+            run = lambda: ops.chunk_gla(t["q"], t["k"], t["v"], g=t["g"], **common)  # noqa: E731
+        else:
+            run = lambda: ops.fused_recurrent_gla(t["q"], t["k"], t["v"], gk=t["g"], **common)  # noqa: E731
+    elif mixer == "kda":
+        from fla.ops import kda as ops
+        kernel = ops.chunk_kda if form == "chunk" else ops.fused_recurrent_kda
+        run = lambda: kernel(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], **common)  # noqa: E731
     else:
         return None
 

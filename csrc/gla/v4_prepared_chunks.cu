@@ -1,0 +1,342 @@
+// gla v4 (prepared chunks): v3's chunk-local work (the decayed scores P, the decayed queries and keys, the chunk's
+// decay) moved into a kernel parallel over every chunk of every head, so that the pass that must run chunk after
+// chunk is only v3's step 5, on tiles it copies one chunk ahead; v3 ran all of it inside that pass, once per value
+// block, with nothing in flight while it waited for each chunk's loads.
+//
+// Two kernels, with v3's names (G the chunk-local cumulative gate, Gs its running sum within a 16-token sub-chunk,
+// E[a][b] the decay over sub-chunks b .. a-1, every exponent <= 0):
+//   prepare, one block of 8 warps per (chunk, head): v3's steps 1-4 (q, k, g on chip; the diagonal 16 x 16 blocks of
+//     P on CUDA cores, one exponential per term and channel; the blocks below the diagonal on tensor cores from the
+//     sub-chunk references), then into the workspace, per chunk row (common/sequences.cuh) and head:
+//       Qr = q exp(G)          [64, K] bf16    the queries decayed from the chunk's start (the state read)
+//       Ke = k exp(G_C - G)    [64, K] bf16    the keys decayed to its end (the state update)
+//       P                      [64, 64] bf16   the causal decayed scores, zeros above the diagonal
+//       d  = exp(G_C)          [K] fp32        the decay over the whole chunk, per key channel
+//   chunks, one block of 8 warps per (batch, head, 64 value columns), sequential over chunks: copies chunk n + 1's
+//     Qr, Ke, P, d and values while it computes chunk n's
+//       O = scale (Qr S + P V),     S <- diag(d) S + Ke^T V
+//     on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulators), S in fp32 registers across chunks (v3's split)
+//     and read by the products through a bf16 copy in shared memory.
+// The workspace holds 2 K + 64 bf16 and K fp32 numbers per token and head (41 KB per chunk and head at K = 128).
+// bf16 inputs only, K = 64 or 128, V a multiple of 64; reads packed sequences and grouped heads (Problem).
+#include "../common/chunk_tiles.cuh"
+#include "../common/launch.cuh"
+#include "../common/mma.cuh"
+#include "../common/sequences.cuh"
+#include "../common/simt.cuh"
+
+namespace minilin {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;               // value columns per block of the chunks kernel
+constexpr int kLdV = kBlockV + 8;         // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
+constexpr int kLdC = kChunk + 8;
+constexpr int kSub = 16;                  // tokens per sub-chunk
+constexpr int kSubs = kChunk / kSub;      // 4
+constexpr int kPairs = kSubs * (kSubs - 1) / 2;  // 6 blocks below the diagonal
+constexpr int kDecays = (kSubs + 1) * (kSubs + 2) / 2;  // E[hi][lo] for 0 <= lo <= hi <= kSubs: 15
+
+// The pair (a, b), b < a, that P's block below the diagonal number w (0 .. 5) is: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
+__device__ __forceinline__ int pair_index(int a, int b) { return a * (a - 1) / 2 + b; }
+__device__ __forceinline__ int decay_index(int hi, int lo) { return hi * (hi + 1) / 2 + lo; }
+
+// ---- the workspace: four arrays, each [H][chunk rows][...], 256-byte aligned -----------------------------------
+__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct Sections {
+  size_t qr, ke, scores, decay;  // bytes of each array
+};
+
+__host__ __device__ inline Sections sections(long long rows, int H, int K) {
+  const size_t tiles = static_cast<size_t>(rows) * H;
+  return {aligned(tiles * kChunk * K * sizeof(bf16)), aligned(tiles * kChunk * K * sizeof(bf16)),
+          aligned(tiles * kChunk * kChunk * sizeof(bf16)), aligned(tiles * K * sizeof(float))};
+}
+
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
+  if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
+  const Sections s = sections(chunk_rows(B, T, packed), H, K);
+  return s.qr + s.ke + s.scores + s.decay;
+}
+
+// Chunk row `row` of head h: where its four tiles are.
+struct PreparedTiles {
+  bf16* qr;      // [64][K]
+  bf16* ke;      // [64][K]
+  bf16* scores;  // [64][64]
+  float* decay;  // [K]
+};
+
+template <int K>
+__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
+  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
+  const Sections s = sections(rows, p.H, K);
+  unsigned char* base = static_cast<unsigned char*>(p.workspace);
+  const long long tile = static_cast<long long>(h) * rows + row;
+  return {reinterpret_cast<bf16*>(base) + tile * kChunk * K, reinterpret_cast<bf16*>(base + s.qr) + tile * kChunk * K,
+          reinterpret_cast<bf16*>(base + s.qr + s.ke) + tile * kChunk * kChunk,
+          reinterpret_cast<float*>(base + s.qr + s.ke + s.scores) + tile * K};
+}
+
+// ---- prepare: one block per (chunk, head) -------------------------------------------------------------------------
+template <int K>
+struct PrepareLayout {
+  static constexpr int kLdK = K + 8;      // bf16 rows of q, k and their decayed forms
+  static constexpr int kLdG = K + 4;      // fp32 rows of g (16-byte rows for cp.async)
+  static constexpr size_t kBytes = 2 * kChunk * kLdK * sizeof(bf16)       // q; k, then k^ in place
+                                   + kChunk * kLdG * sizeof(float)        // g, then Gs
+                                   + kPairs * kSub * kLdK * sizeof(bf16)  // Q_ab
+                                   + kChunk * kLdC * sizeof(bf16)         // P
+                                   + kDecays * K * sizeof(float);         // E
+  unsigned char* base;
+  __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
+  __device__ bf16* k() const { return q() + kChunk * kLdK; }
+  __device__ float* G() const { return reinterpret_cast<float*>(k() + kChunk * kLdK); }
+  __device__ bf16* Qpair(int w) const { return reinterpret_cast<bf16*>(G() + kChunk * kLdG) + w * kSub * kLdK; }
+  __device__ bf16* P() const { return Qpair(kPairs); }
+  __device__ float* E(int hi, int lo) const {
+    return reinterpret_cast<float*>(P() + kChunk * kLdC) + decay_index(hi, lo) * K;
+  }
+};
+// Two blocks per SM at K = 128 (233472 bytes per SM, 1 KB of it reserved per block).
+static_assert(2 * (PrepareLayout<128>::kBytes + 1024) <= 233472, "two prepare blocks per SM");
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 2) gla_v4_prepare(const Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = PrepareLayout<K>::kLdK, kLdG = PrepareLayout<K>::kLdG;
+  const PrepareLayout<K> L{smem};
+  const ChunkOfBlock chunk = chunk_of_block(p);  // (common/sequences.cuh)
+  if (!chunk.used) return;
+  const int h = blockIdx.y, H = p.H;
+  const SequenceRows seq = sequence_rows(p, chunk.b);
+  const int t0 = chunk.n * kChunk, valid = min(kChunk, seq.length - t0);
+  const PreparedTiles out = prepared_tiles<K>(p, h, seq.chunk0 + chunk.n);
+  const int warp = threadIdx.x >> 5;
+
+  // 1. q, k (bf16) and g (fp32) on chip, zero past the sequence's end (a zero gate decays nothing, a zero key writes
+  //    nothing); Gs by a running sum per (sub-chunk, channel)
+  cp_async_qk_rows<K>(L.q(), L.k(), kLdK, p, seq, h, t0);
+  cp_async_rows(L.G(), kLdG, p.g + ((seq.first + t0) * H + h) * K, static_cast<long long>(H) * K, kChunk, K, valid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  const bf16* q_s = L.q();
+  bf16* k_s = L.k();
+  float* G = L.G();
+  for (int i = threadIdx.x; i < kSubs * K; i += kThreads) {
+    const int a = i / K, f = i % K;
+    float running = 0.0f;
+    for (int l = 0; l < kSub; ++l) {
+      float& x = G[(a * kSub + l) * kLdG + f];
+      running += x;
+      x = running;
+    }
+  }
+  __syncthreads();
+
+  // 2. the diagonal blocks of P term by term (0 above the diagonal), and E
+  for (int idx = threadIdx.x; idx < kSubs * kSub * kSub; idx += kThreads) {
+    const int a = idx / (kSub * kSub), r = (idx / kSub) % kSub, c = idx % kSub;
+    const int i = a * kSub + r, j = a * kSub + c;
+    float acc = 0.0f;
+    if (c <= r) {
+      const bf16* qi = q_s + i * kLdK;
+      const bf16* kj = k_s + j * kLdK;
+      const float* Gi = G + i * kLdG;
+      const float* Gj = G + j * kLdG;
+      for (int f = 0; f < K; ++f) acc = fmaf(to_float(qi[f]) * to_float(kj[f]), __expf(Gi[f] - Gj[f]), acc);
+    }
+    L.P()[i * kLdC + j] = __float2bfloat16_rn(acc);
+  }
+  for (int f = threadIdx.x; f < K; f += kThreads) {
+    float D[kSubs];
+#pragma unroll
+    for (int a = 0; a < kSubs; ++a) D[a] = G[(a * kSub + kSub - 1) * kLdG + f];
+#pragma unroll
+    for (int lo = 0; lo <= kSubs; ++lo) {
+      float sum = 0.0f;  // D_lo + ... + D_{hi - 1} <= 0
+#pragma unroll
+      for (int hi = lo; hi <= kSubs; ++hi) {
+        L.E(hi, lo)[f] = __expf(sum);
+        if (hi < kSubs) sum += D[hi];
+      }
+    }
+  }
+  __syncthreads();
+
+  // 3. the decayed operands, two channels per thread: Qr and Ke straight to the workspace; k^_j = k_j exp(D_b - Gs_j)
+  //    (to the sub-chunk's end) over k in place, and the rows Q_ab = q_i exp(Gs_i) E[a][b+1] of each pair b < a
+  for (int idx = threadIdx.x; idx < kChunk * K / 2; idx += kThreads) {
+    const int i = idx / (K / 2), f = 2 * (idx % (K / 2)), a = i / kSub;
+    float qd[2], kd[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float Gi = G[i * kLdG + f + u];
+      const float D = G[(a * kSub + kSub - 1) * kLdG + f + u];
+      qd[u] = to_float(q_s[i * kLdK + f + u]) * __expf(Gi);      // q~: from the sub-chunk's start
+      kd[u] = to_float(k_s[i * kLdK + f + u]) * __expf(D - Gi);  // k^: to the sub-chunk's end
+    }
+    store_bf16x2(out.qr + i * K + f, qd[0] * L.E(a, 0)[f], qd[1] * L.E(a, 0)[f + 1]);
+    store_bf16x2(out.ke + i * K + f, kd[0] * L.E(kSubs, a + 1)[f], kd[1] * L.E(kSubs, a + 1)[f + 1]);
+    store_bf16x2(k_s + i * kLdK + f, kd[0], kd[1]);
+    for (int bb = 0; bb < a; ++bb)
+      store_bf16x2(L.Qpair(pair_index(a, bb)) + (i - a * kSub) * kLdK + f, qd[0] * L.E(a, bb + 1)[f],
+                   qd[1] * L.E(a, bb + 1)[f + 1]);
+  }
+  for (int f = threadIdx.x; f < K; f += kThreads) out.decay[f] = L.E(kSubs, 0)[f];
+  __syncthreads();
+
+  // 4. P's blocks below the diagonal: P[a][b] = Q_ab k^_b^T, one warp per pair
+  if (warp < kPairs) {
+    const int a = warp < 1 ? 1 : warp < 3 ? 2 : 3, bb = warp - pair_index(a, 0);
+    float acc[1][2][4];
+    zero(acc);
+    warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, L.Qpair(warp), kLdK, k_s, kLdK, 0, bb * kSub, 0, K);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        store_bf16x2(L.P() + (a * kSub + acc_row(0, e)) * kLdC + bb * kSub + acc_col(j, e), acc[0][j][e],
+                     acc[0][j][e + 1]);
+  }
+  __syncthreads();
+
+  // 5. P into the workspace, 16 bytes per thread and step, zeros for the blocks above the diagonal
+  for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
+    const int r = e / kChunk, c = e % kChunk;
+    const uint4 zeros = make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(out.scores + e) =
+        c / kSub > r / kSub ? zeros : *reinterpret_cast<const uint4*>(L.P() + r * kLdC + c);
+  }
+}
+
+// ---- chunks: one block per (batch, head, 64 value columns), chunk after chunk -----------------------------------
+template <int K>
+struct ChunkLayout {
+  static constexpr int kLdK = K + 8;
+  static constexpr int kStages = 2;
+  static constexpr size_t kStageBytes = 2 * kChunk * kLdK * sizeof(bf16)  // Qr, Ke
+                                        + kChunk * kLdC * sizeof(bf16)    // P
+                                        + kChunk * kLdV * sizeof(bf16)    // v
+                                        + K * sizeof(float);              // d
+  static constexpr size_t kBytes = kStages * kStageBytes + K * kLdV * sizeof(bf16);  // + S (bf16 copy)
+  unsigned char* base;
+  __device__ bf16* Qr(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
+  __device__ bf16* Ke(int s) const { return Qr(s) + kChunk * kLdK; }
+  __device__ bf16* P(int s) const { return Ke(s) + kChunk * kLdK; }
+  __device__ bf16* v(int s) const { return P(s) + kChunk * kLdC; }
+  __device__ float* decay(int s) const { return reinterpret_cast<float*>(v(s) + kChunk * kLdV); }
+  __device__ bf16* S() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }
+};
+
+// Chunk n's prepared tiles and value columns [v0, v0 + 64) into stage s (values past the sequence's end zero).
+template <int K>
+__device__ __forceinline__ void copy_chunk(const ChunkLayout<K>& L, int s, const Problem& p, const SequenceRows& seq,
+                                           int h, int n, int v0) {
+  constexpr int kLdK = ChunkLayout<K>::kLdK;
+  const PreparedTiles in = prepared_tiles<K>(p, h, seq.chunk0 + n);
+  const int t0 = n * kChunk;
+  cp_async_tile<kThreads, kChunk, K>(L.Qr(s), kLdK, in.qr, K);
+  cp_async_tile<kThreads, kChunk, K>(L.Ke(s), kLdK, in.ke, K);
+  cp_async_tile<kThreads, kChunk, kChunk>(L.P(s), kLdC, in.scores, kChunk);
+  cp_async_tile<kThreads, kChunk, kBlockV>(L.v(s), kLdV,
+                                           static_cast<const bf16*>(p.v) + ((seq.first + t0) * p.H + h) * p.V + v0,
+                                           static_cast<long long>(p.H) * p.V, min(kChunk, seq.length - t0));
+  cp_async_tile<kThreads, 1, K>(L.decay(s), K, in.decay, K);
+  cp_async_commit();
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) gla_v4_chunks(const Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = ChunkLayout<K>::kLdK;
+  // v3's split of the state: K / 16 row tiles of 16, each shared by kRowSharers warps, each warp kStateTiles tiles
+  // of 8 columns.
+  constexpr int kRowSharers = kWarps / (K / 16);
+  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
+  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+
+  const ChunkLayout<K> L{smem};
+  const int H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z;
+  const SequenceRows seq = sequence_rows(p, b);
+  const int chunks = chunk_count(seq.length);
+  const int warp = threadIdx.x >> 5;
+  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);  // this warp's tile of O
+  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);  // ... of S
+
+  float S[1][kStateTiles][4];
+  const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
+  load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
+
+  bf16* o = static_cast<bf16*>(p.o);
+  if (chunks > 0) copy_chunk<K>(L, 0, p, seq, h, 0, v0);
+  for (int n = 0; n < chunks; ++n) {
+    const int s = n & 1;
+    // The other stage was last read in chunk n - 1, before its closing barrier.
+    if (n + 1 < chunks) {
+      copy_chunk<K>(L, s ^ 1, p, seq, h, n + 1, v0);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // stage s, and the bf16 copy of S written after chunk n - 1, visible to every warp
+
+    {  // O = scale (Qr S + P V); P is 0 above the diagonal, so P V stops at this warp's diagonal block
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(s), kLdC, L.v(s), kLdV, m0, n0, 0, m0 + 16);
+      store_output_tile(acc, o, seq, H, V, h, n * kChunk, v0, m0, n0, p.scale);
+    }
+    {  // S <- diag(d) S + Ke^T V in registers
+      const float* decay = L.decay(s);
+#pragma unroll
+      for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[0][j][e] *= decay[s_m0 + acc_row(0, e)];
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, L.Ke(s), kLdK, L.v(s), kLdV, s_m0, s_n0, 0,
+                                                                       kChunk);
+    }
+    __syncthreads();  // every read of the bf16 copy of S and of stage s is done
+    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+  }
+
+  store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
+}
+
+template <int K>
+void launch(const Problem& p) {
+  launch_checked(p, "gla_v4_prepare", gla_v4_prepare<K>, chunk_grid(p, p.H), kThreads, PrepareLayout<K>::kBytes);
+  launch_checked(p, "gla_v4_chunks", gla_v4_chunks<K>, dim3(p.V / kBlockV, p.H, p.B), kThreads, ChunkLayout<K>::kBytes);
+}
+
+void forward(const Problem& p) {
+  const char* name = "gla_v4_prepared_chunks";
+  check_tensor_core_problem(p, name, false, kBlockV);
+  require(p.g != nullptr, [&] {
+    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
+  });
+  const size_t needed = workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
+  require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
+    return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
+           std::to_string(p.workspace_size);
+  });
+  if (p.K == 64) launch<64>(p);
+  else launch<128>(p);
+}
+
+}  // namespace
+
+extern const Version gla_v4 = {
+    "gla", 4, "prepared_chunks",
+    "v3's chunk-local work (the decayed scores, queries and keys, the chunk's decay) in a kernel parallel over every "
+    "chunk, so that the pass over chunks is only the state read and update on tensor cores, one chunk's tiles copied "
+    "ahead.",
+    false, true, kTensorCoreShape, 80, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
+
+}  // namespace minilin
