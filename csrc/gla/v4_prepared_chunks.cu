@@ -17,7 +17,8 @@
 //       O = scale (Qr S + P V),     S <- diag(d) S + Ke^T V
 //     on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulators), S in fp32 registers across chunks (v3's split)
 //     and read by the products through a bf16 copy in shared memory.
-// The workspace holds 2 K + 64 bf16 and K fp32 numbers per token and head (41 KB per chunk and head at K = 128).
+// The workspace holds (2 K + 64) bf16 numbers per token and head and K fp32 per chunk and head (41 KB per chunk and
+// head at K = 128).
 // bf16 inputs only, K = 64 or 128, V a multiple of 64; reads packed sequences and grouped heads (Problem).
 #include "../common/chunk_tiles.cuh"
 #include "../common/launch.cuh"
@@ -325,6 +326,9 @@ void forward(const Problem& p) {
   require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
     return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
            std::to_string(p.workspace_size);
+  });
+  require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
+    return std::string(name) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
   });
   if (p.K == 64) launch<64>(p);
   else launch<128>(p);
