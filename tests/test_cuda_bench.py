@@ -372,7 +372,11 @@ def test_backward_grid_checks_each_head_dim_then_times_every_shape(monkeypatch, 
         row = dict(zip("BTHKV", shape), mixer=mixer)
         if shape[3] == 256:
             return dict(row, note="not supported (K must be 64 or 128)")
-        return dict(row, forward_ms=1.0, forward_backward_ms=3.0, ratio=3.0, forward_version=8, backward_version=2)
+        if mixer == "deltanet":  # FLA beside it
+            return dict(row, forward_ms=1.0, forward_backward_ms=3.0, ratio=3.0, forward_version=8, backward_version=2,
+                        fla_forward_ms=1.5, fla_forward_backward_ms=4.0, against_fla=0.75)
+        return dict(row, forward_ms=1.0, forward_backward_ms=3.0, ratio=3.0, forward_version=8, backward_version=2,
+                    fla_note="FLA refused: incorrect results on Hopper")
 
     monkeypatch.setattr(gpu_backward, "check", fake_check)
     monkeypatch.setattr(gpu_backward, "bench", fake_bench)
@@ -385,10 +389,16 @@ def test_backward_grid_checks_each_head_dim_then_times_every_shape(monkeypatch, 
     dims = list(dict.fromkeys((K, V) for *_, K, V in against_fla.GRID))
     assert checked == [(m, K, V) for m in ("simple_gla", "deltanet") for K, V in dims]
     assert len(timed) == 2 * len(against_fla.GRID) - 1 and all(w for *_, w in timed)  # deltanet's (8, 1024, 8, 64)
-    table = capsys.readouterr().out
+    captured = capsys.readouterr()
+    table = captured.out
     assert "| simple_gla | 8, 1024, 8, 64, 64 | 1.000 (v8) | 3.000 (v2) | 3.0x |" in table
     assert "- deltanet K=64, V=64: dq 5.0e-01" in table
-    assert len(json.loads(out.read_text())["rows"]) == len(timed)
+    written = json.loads(out.read_text())
+    assert len(written["rows"]) == len(timed) and written["complete"] is True
+    # each shape's line as it finishes carries FLA's times too, or why FLA did not run (a run cut short keeps them)
+    assert ("deltanet B=1 T=8192 H=96 K=128 V=128: forward 1.000 ms, forward + backward 3.000 ms; FLA 1.500 / "
+            "4.000 ms (minilin / FLA 0.75)") in captured.err
+    assert "simple_gla B=1 T=8192 H=96 K=128 V=128: forward 1.000 ms, forward + backward 3.000 ms; FLA refused" in captured.err
 
 
 def test_backward_bench_checks_every_gradient_of_each_mixer_on_the_gpu():

@@ -244,13 +244,28 @@ def main(args) -> int:
             if tuple(shape[3:]) in wrong:
                 continue
             row = bench(mixer, shape, repeats, args.against == "fla", with_state=bool(grid))
-            state = (f"forward {row['forward_ms']:.3f} ms, forward + backward {row['forward_backward_ms']:.3f} ms"
-                     if "forward_ms" in row else row["note"])
-            print(f"  {mixer} B={shape[0]} T={shape[1]} H={shape[2]} K={shape[3]} V={shape[4]}: {state}",
+            print(f"  {mixer} B={shape[0]} T={shape[1]} H={shape[2]} K={shape[3]} V={shape[4]}: {progress(row)}",
                   file=sys.stderr, flush=True)
             rows.append(row)
+            if args.json:  # after every row, so that a run cut short keeps what it measured ("complete": false)
+                write_json(args.json, {"backward": True, "grid": grid, "machine": info, "shapes": shapes,
+                                       "tolerance": TOLERANCE, "checks": checks, "rows": rows, "complete": False})
     print(format_table(rows, checks))
     if args.json:
         write_json(args.json, {"backward": True, "grid": grid, "machine": info, "shapes": shapes,
-                               "tolerance": TOLERANCE, "checks": checks, "rows": rows})
+                               "tolerance": TOLERANCE, "checks": checks, "rows": rows, "complete": True})
     return 1 if failed else 0
+
+
+def progress(row: dict) -> str:
+    """One row of bench in words, for the line printed as each shape finishes: minilin's times and FLA's (or why
+    FLA did not run), or the row's note."""
+    if "forward_ms" not in row:
+        return row["note"]
+    text = f"forward {row['forward_ms']:.3f} ms, forward + backward {row['forward_backward_ms']:.3f} ms"
+    if "fla_forward_ms" in row:
+        text += (f"; FLA {row['fla_forward_ms']:.3f} / {row['fla_forward_backward_ms']:.3f} ms "
+                 f"(minilin / FLA {row['against_fla']:.2f})")
+    elif "fla_note" in row:
+        text += f"; {row['fla_note']}"
+    return text
