@@ -21,23 +21,21 @@
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/simt.cuh"
+#include "sub_chunks.cuh"
 
 namespace minilin {
 namespace {
+
+using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, and the steps both versions share
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockV = 64;               // value columns per block
 constexpr int kLdV = kBlockV + 8;         // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
 constexpr int kLdC = kChunk + 8;
-constexpr int kSub = 16;                  // tokens per sub-chunk
-constexpr int kSubs = kChunk / kSub;      // 4
 constexpr int kE = kSubs + 1;             // E[a][b] for a, b in 0 .. kSubs
-constexpr int kPairs = kSubs * (kSubs - 1) / 2;  // 6 blocks below the diagonal
 using bf16 = __nv_bfloat16;
 
-// The pair (a, b), b < a, that P's block below the diagonal number w (0 .. 5) is: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
-__device__ __forceinline__ int pair_index(int a, int b) { return a * (a - 1) / 2 + b; }
 
 template <int K>
 struct Layout {
@@ -104,15 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
     const bf16* q_s = L.q();
     const bf16* k_s = L.k();
     float* G = L.G();
-    for (int i = threadIdx.x; i < kSubs * K; i += kThreads) {
-      const int a = i / K, f = i % K;
-      float running = 0.0f;
-      for (int l = 0; l < kSub; ++l) {
-        float& x = G[(a * kSub + l) * kLdG + f];
-        running += x;
-        x = running;
-      }
-    }
+    running_sums_within_sub_chunks<K, kLdG, kThreads>(G);
     __syncthreads();
 
     // 2. the diagonal blocks of P term by term, and E
@@ -161,19 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
     __syncthreads();
 
     // 4. P's blocks below the diagonal: P[a][b] = Q_ab k^_b^T, one warp per pair
-    if (warp < kPairs) {
-      const int a = warp < 1 ? 1 : warp < 3 ? 2 : 3, bb = warp - pair_index(a, 0);
-      float acc[1][2][4];
-      zero(acc);
-      warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, L.Qpair(warp), kLdK, L.Khat(), kLdK, 0, bb * kSub, 0,
-                                                             K);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2)
-          store_bf16x2(L.P() + (a * kSub + acc_row(0, e)) * kLdC + bb * kSub + acc_col(j, e), acc[0][j][e],
-                       acc[0][j][e + 1]);
-    }
+    pair_products<K, kLdK, kLdC>(warp, L.Qpair(warp), L.Khat(), L.P());
     __syncthreads();
 
     // 5. O = Qr S + P V, times scale; then S <- diag(E[4][0]) S + Ke^T V in registers

@@ -25,9 +25,12 @@
 #include "../common/mma.cuh"
 #include "../common/sequences.cuh"
 #include "../common/simt.cuh"
+#include "sub_chunks.cuh"
 
 namespace minilin {
 namespace {
+
+using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, and the steps both versions share
 
 using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;
@@ -35,13 +38,8 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBlockV = 64;               // value columns per block of the chunks kernel
 constexpr int kLdV = kBlockV + 8;         // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
 constexpr int kLdC = kChunk + 8;
-constexpr int kSub = 16;                  // tokens per sub-chunk
-constexpr int kSubs = kChunk / kSub;      // 4
-constexpr int kPairs = kSubs * (kSubs - 1) / 2;  // 6 blocks below the diagonal
 constexpr int kDecays = (kSubs + 1) * (kSubs + 2) / 2;  // E[hi][lo] for 0 <= lo <= hi <= kSubs: 15
 
-// The pair (a, b), b < a, that P's block below the diagonal number w (0 .. 5) is: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
-__device__ __forceinline__ int pair_index(int a, int b) { return a * (a - 1) / 2 + b; }
 __device__ __forceinline__ int decay_index(int hi, int lo) { return hi * (hi + 1) / 2 + lo; }
 
 // ---- the workspace: four arrays, each [H][chunk rows][...], 256-byte aligned -----------------------------------
@@ -128,15 +126,7 @@ __global__ void __launch_bounds__(kThreads, 2) gla_v4_prepare(const Problem p) {
   const bf16* q_s = L.q();
   bf16* k_s = L.k();
   float* G = L.G();
-  for (int i = threadIdx.x; i < kSubs * K; i += kThreads) {
-    const int a = i / K, f = i % K;
-    float running = 0.0f;
-    for (int l = 0; l < kSub; ++l) {
-      float& x = G[(a * kSub + l) * kLdG + f];
-      running += x;
-      x = running;
-    }
-  }
+  running_sums_within_sub_chunks<K, kLdG, kThreads>(G);
   __syncthreads();
 
   // 2. the diagonal blocks of P term by term, each thread one of the 136 causal entries (r, c), c <= r, of a block
@@ -209,18 +199,7 @@ __global__ void __launch_bounds__(kThreads, 2) gla_v4_prepare(const Problem p) {
   __syncthreads();
 
   // 4. P's blocks below the diagonal: P[a][b] = Q_ab k^_b^T, one warp per pair
-  if (warp < kPairs) {
-    const int a = warp < 1 ? 1 : warp < 3 ? 2 : 3, bb = warp - pair_index(a, 0);
-    float acc[1][2][4];
-    zero(acc);
-    warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, L.Qpair(warp), kLdK, k_s, kLdK, 0, bb * kSub, 0, K);
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        store_bf16x2(L.P() + (a * kSub + acc_row(0, e)) * kLdC + bb * kSub + acc_col(j, e), acc[0][j][e],
-                     acc[0][j][e + 1]);
-  }
+  pair_products<K, kLdK, kLdC>(warp, L.Qpair(warp), k_s, L.P());
   __syncthreads();
 
   // 5. P into the workspace, 16 bytes per thread and step, zeros for the blocks above the diagonal
