@@ -111,6 +111,50 @@ __device__ __forceinline__ void warp_block_product(float* C, float sign, const f
   }
 }
 
+// T = (I + A)^-1 of a unit lower-triangular 64 x 64 system by blocks, for the block's 8 warps (warp: this thread's
+// role, role_thread = 32 warp + lane): A fp32 in shared rows of stride kLd, strictly lower (zeros above), its blocks
+// above the diagonal then used as the waves' scratch; T into Tm (stride kLd), its blocks above the diagonal left
+// unwritten. Ends with a barrier.
+template <WaveProducts kProducts>
+__device__ __forceinline__ void solve_unit_lower(float* A, float* Tm, int warp, int role_thread) {
+  // D_b = (I + A_bb)^-1, thread (b, c) the column c of block b: x_i = [i == c] - sum_{j < i} A_ij x_j.
+  if (role_thread < kBlocks * kBlock) {
+    const int base = kBlock * (role_thread / kBlock), c = role_thread % kBlock;
+    float x[kBlock];
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) {
+      float xi = i == c ? 1.0f : 0.0f;
+      const float* row = A + (base + i) * kLd + base;
+#pragma unroll
+      for (int j4 = 0; j4 < i; j4 += 4) {  // A's row 4 entries per 16-byte load (the shared-memory pipe is the limit)
+        const float4 a4 = *reinterpret_cast<const float4*>(row + j4);
+        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (j4 + u < i) xi = fmaf(-a[u], x[j4 + u], xi);
+      }
+      x[i] = xi;
+      Tm[(base + i) * kLd + base + c] = xi;
+    }
+  }
+  __syncthreads();
+
+  // The blocks below the diagonal, by distance: warp w of wave d computes T_ij with i = w + d, j = w.
+  for (int d = 1; d < kBlocks; ++d) {
+    if (warp < kBlocks - d) {
+      const int i = warp + d, j = warp;
+      float* M = A + kBlock * (warp + 1);  // block (0, warp + 1) of A: above the diagonal, never read as A
+      // M = sum_{k = j}^{i - 1} A_ik T_kj: the rows of block row i of A against block column j of T
+      warp_block_product<kProducts>(M, 1.0f, A + kBlock * i * kLd, Tm + kBlock * j, kBlock * j, kBlock * i);
+      __syncwarp();
+      // T_ij = -D_i M
+      warp_block_product<kProducts>(Tm + kBlock * i * kLd + kBlock * j, -1.0f, Tm + kBlock * i * kLd + kBlock * i, M,
+                                    0, kBlock);
+    }
+    __syncthreads();
+  }
+}
+
 template <int K, WaveProducts kProducts>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_blocked(const Problem p, __nv_bfloat16* out) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -159,42 +203,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) delta_wy_prepare_block
   }
   __syncthreads();
 
-  // D_b = (I + A_bb)^-1, thread (b, c) the column c of block b: x_i = [i == c] - sum_{j < i} A_ij x_j.
-  if (role_thread < kBlocks * kBlock) {
-    const int base = kBlock * (role_thread / kBlock), c = role_thread % kBlock;
-    float x[kBlock];
-#pragma unroll
-    for (int i = 0; i < kBlock; ++i) {
-      float xi = i == c ? 1.0f : 0.0f;
-      const float* row = A + (base + i) * kLd + base;
-#pragma unroll
-      for (int j4 = 0; j4 < i; j4 += 4) {  // A's row 4 entries per 16-byte load (the shared-memory pipe is the limit)
-        const float4 a4 = *reinterpret_cast<const float4*>(row + j4);
-        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (j4 + u < i) xi = fmaf(-a[u], x[j4 + u], xi);
-      }
-      x[i] = xi;
-      Tm[(base + i) * kLd + base + c] = xi;
-    }
-  }
-  __syncthreads();
-
-  // The blocks below the diagonal, by distance: warp w of wave d computes T_ij with i = w + d, j = w.
-  for (int d = 1; d < kBlocks; ++d) {
-    if (warp < kBlocks - d) {
-      const int i = warp + d, j = warp;
-      float* M = A + kBlock * (warp + 1);  // block (0, warp + 1) of A: above the diagonal, never read as A
-      // M = sum_{k = j}^{i - 1} A_ik T_kj: the rows of block row i of A against block column j of T
-      warp_block_product<kProducts>(M, 1.0f, A + kBlock * i * kLd, Tm + kBlock * j, kBlock * j, kBlock * i);
-      __syncwarp();
-      // T_ij = -D_i M
-      warp_block_product<kProducts>(Tm + kBlock * i * kLd + kBlock * j, -1.0f, Tm + kBlock * i * kLd + kBlock * i, M,
-                                    0, kBlock);
-    }
-    __syncthreads();
-  }
+  solve_unit_lower<kProducts>(A, Tm, warp, role_thread);
 
   // Store T in bf16, zeros above the diagonal blocks: 8 elements (16 bytes) per thread and step.
   // The row again from blockIdx (free), not kept from the start: at the 40 registers 6 blocks per SM allow, a

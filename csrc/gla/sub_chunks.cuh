@@ -19,6 +19,38 @@ constexpr int kPairs = kSubs * (kSubs - 1) / 2;  // 6 blocks below the diagonal
 // The pair (a, b), b < a, that P's block below the diagonal number w (0 .. 5) is: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
 __device__ __forceinline__ int pair_index(int a, int b) { return a * (a - 1) / 2 + b; }
 
+// The table of sub-chunk decays E[hi][lo] = exp(D_lo + ... + D_{hi - 1}) for 0 <= lo <= hi <= kSubs (D_a: sub-chunk
+// a's total gate, the last row of its Gs), compacted: entry decay_index(hi, lo) of kDecays, each K channels.
+constexpr int kDecays = (kSubs + 1) * (kSubs + 2) / 2;  // 15
+__device__ __forceinline__ int decay_index(int hi, int lo) { return hi * (hi + 1) / 2 + lo; }
+
+// E from Gs (fp32 rows of stride kLdG) into E [kDecays][K], one thread per channel; every exponent <= 0.
+template <int K, int kLdG, int kThreads>
+__device__ __forceinline__ void fill_decays(const float* G, float* E) {
+  for (int f = threadIdx.x; f < K; f += kThreads) {
+    float D[kSubs];
+#pragma unroll
+    for (int a = 0; a < kSubs; ++a) D[a] = G[(a * kSub + kSub - 1) * kLdG + f];
+#pragma unroll
+    for (int lo = 0; lo <= kSubs; ++lo) {
+      float sum = 0.0f;  // D_lo + ... + D_{hi - 1} <= 0
+#pragma unroll
+      for (int hi = lo; hi <= kSubs; ++hi) {
+        E[decay_index(hi, lo) * K + f] = __expf(sum);
+        if (hi < kSubs) sum += D[hi];
+      }
+    }
+  }
+}
+
+// Entry t (0 .. 135) of a 16 x 16 block's causal part, row by row: its row r and column c <= r.
+__device__ __forceinline__ void triangular_entry(int t, int& r, int& c) {
+  r = static_cast<int>((sqrtf(8.0f * t + 1.0f) - 1.0f) * 0.5f);
+  if ((r + 1) * (r + 2) / 2 <= t) ++r;  // guards against the square root's rounding
+  if (r * (r + 1) / 2 > t) --r;
+  c = t - r * (r + 1) / 2;
+}
+
 // g's rows on chip (fp32, row stride kLdG, K channels) become Gs: the running sum within each sub-chunk, one thread
 // per (sub-chunk, channel), the block's kThreads threads in turn.
 template <int K, int kLdG, int kThreads>

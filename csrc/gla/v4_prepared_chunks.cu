@@ -30,7 +30,7 @@
 namespace minilin {
 namespace {
 
-using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, and the steps both versions share
+using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, the decay table E, and the shared steps
 
 using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;
@@ -38,9 +38,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBlockV = 64;               // value columns per block of the chunks kernel
 constexpr int kLdV = kBlockV + 8;         // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
 constexpr int kLdC = kChunk + 8;
-constexpr int kDecays = (kSubs + 1) * (kSubs + 2) / 2;  // E[hi][lo] for 0 <= lo <= hi <= kSubs: 15
-
-__device__ __forceinline__ int decay_index(int hi, int lo) { return hi * (hi + 1) / 2 + lo; }
 
 // ---- the workspace: four arrays, each [H][chunk rows][...], 256-byte aligned -----------------------------------
 __host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -136,10 +133,8 @@ __global__ void __launch_bounds__(kThreads, 2) gla_v4_prepare(const Problem p) {
   constexpr int kTerms = kSub * (kSub + 1) / 2;
   for (int idx = threadIdx.x; idx < kSubs * kTerms; idx += kThreads) {
     const int a = idx / kTerms, t = idx % kTerms;
-    int r = static_cast<int>((sqrtf(8.0f * t + 1.0f) - 1.0f) * 0.5f);  // the row of triangular entry t
-    if ((r + 1) * (r + 2) / 2 <= t) ++r;
-    if (r * (r + 1) / 2 > t) --r;
-    const int c = t - r * (r + 1) / 2;
+    int r, c;
+    triangular_entry(t, r, c);
     const int i = a * kSub + r, j = a * kSub + c;
     const bf16* qi = q_s + i * kLdK;
     const bf16* kj = k_s + j * kLdK;
@@ -160,20 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2) gla_v4_prepare(const Problem p) {
     const int a = idx / (kSub * kSub), r = (idx / kSub) % kSub, c = idx % kSub;
     if (c > r) L.P()[(a * kSub + r) * kLdC + a * kSub + c] = __float2bfloat16_rn(0.0f);
   }
-  for (int f = threadIdx.x; f < K; f += kThreads) {
-    float D[kSubs];
-#pragma unroll
-    for (int a = 0; a < kSubs; ++a) D[a] = G[(a * kSub + kSub - 1) * kLdG + f];
-#pragma unroll
-    for (int lo = 0; lo <= kSubs; ++lo) {
-      float sum = 0.0f;  // D_lo + ... + D_{hi - 1} <= 0
-#pragma unroll
-      for (int hi = lo; hi <= kSubs; ++hi) {
-        L.E(hi, lo)[f] = __expf(sum);
-        if (hi < kSubs) sum += D[hi];
-      }
-    }
-  }
+  fill_decays<K, kLdG, kThreads>(G, L.E(0, 0));
   __syncthreads();
 
   // 3. the decayed operands, two channels per thread: Qr and Ke straight to the workspace; k^_j = k_j exp(D_b - Gs_j)
