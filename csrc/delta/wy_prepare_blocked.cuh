@@ -112,9 +112,10 @@ __device__ __forceinline__ void warp_block_product(float* C, float sign, const f
 }
 
 // T = (I + A)^-1 of a unit lower-triangular 64 x 64 system by blocks, for the block's 8 warps (warp: this thread's
-// role, role_thread = 32 warp + lane): A fp32 in shared rows of stride kLd, strictly lower (zeros above), its blocks
-// above the diagonal then used as the waves' scratch; T into Tm (stride kLd), its blocks above the diagonal left
-// unwritten. Ends with a barrier.
+// role, role_thread = 32 warp + lane): A fp32 in shared rows of stride kLd, read only strictly below the diagonal
+// (its diagonal blocks' upper parts may hold anything finite or not: they are loaded 4 at a time and masked), its
+// blocks above the diagonal never read as A but used as the waves' scratch; T into Tm (stride kLd), its blocks above
+// the diagonal left unwritten. Ends with a barrier.
 template <WaveProducts kProducts>
 __device__ __forceinline__ void solve_unit_lower(float* A, float* Tm, int warp, int role_thread) {
   // D_b = (I + A_bb)^-1, thread (b, c) the column c of block b: x_i = [i == c] - sum_{j < i} A_ij x_j.
