@@ -33,6 +33,7 @@
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/sequences.cuh"  // kChunk, the q/k head of a value head
+#include "../common/split_segments.cuh"
 
 namespace minilin {
 
@@ -86,27 +87,15 @@ inline const Card& card() {
 
 inline int column_block(int V) { return V % 128 == 0 ? 128 : 64; }
 
-// With b blocks of v7 over `slots` resident at once, P segments take ceil(b P / slots) waves of chains of
-// T / (64 P) chunks, and the correction moves q once and o twice (counted for every segment, as with h0: P must
-// not depend on it, since the workspace is sized before the call). The fastest P wins; T must split into whole
-// chunks, segments stay at least kMinSegment long, and the correction's grid.z stays under 65536.
+// P by the split cost model (common/split_segments.cuh) with v7's chunk time and resident blocks.
 inline int choose_segments(int B, int T, int H, int K, int V) {
   if ((K != 64 && K != 128) || V % kBlockV != 0) return 1;  // v7 refuses these; it says why
   const Card& c = card();
   const long long slots = static_cast<long long>(c.sms) * c.resident[K == 64 ? 0 : 1];
   const long long blocks = static_cast<long long>(B) * H * (V / kBlockV);
   const double correction_us = static_cast<double>(B) * T * H * (K + 2.0 * V) * sizeof(bf16) / kCorrectionBytesPerUs;
-  const auto time_us = [&](int P) {
-    const double chain_us = static_cast<double>((blocks * P + slots - 1) / slots) * (T / P / kChunk) * kChunkUs[K == 128];
-    return chain_us + (P > 1 ? correction_us + kAddedLaunchesUs : 0.0);
-  };
-  int best = 1;
-  for (int P = 2; P <= kMaxSegments; P *= 2) {
-    if (T % (P * kChunk) != 0 || T / P < kMinSegment) break;
-    if (static_cast<long long>(B) * P * ceil_div(T / P / kChunk, kRunChunks) > 65535) break;
-    if (time_us(P) < time_us(best)) best = P;
-  }
-  return best;
+  const SplitCosts costs{kChunkUs[K == 128], correction_us, kAddedLaunchesUs, kMinSegment, kMaxSegments, kRunChunks};
+  return fastest_split(costs, slots, blocks, B, T);
 }
 
 // ---- the workspace: L_p (then S_p) and the chunk sums of g; each part 256-byte aligned ------------------
