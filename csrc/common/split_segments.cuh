@@ -4,6 +4,11 @@
 // segment's start state to its outputs.
 #pragma once
 
+#include <algorithm>
+#include <deque>
+#include <mutex>
+
+#include "launch.cuh"     // check_cuda
 #include "sequences.cuh"  // kChunk
 
 namespace minilin {
@@ -36,6 +41,32 @@ inline int fastest_split(const SplitCosts& c, long long slots, long long blocks,
     if (time_us(P) < time_us(best)) best = P;
   }
   return best;
+}
+
+// Per device, for one chunk kernel: the SM count and the kernel's resident blocks per SM at K = 64 and 128, asked
+// once (one cache per kernel, `resident_blocks_per_sm`; a deque: growing it for another device leaves the entries
+// already handed out where they are).
+struct SplitCard {
+  int sms = 0;
+  int resident[2] = {0, 0};  // K = 64, K = 128
+};
+
+template <int (*resident_blocks_per_sm)(int K)>
+inline const SplitCard& split_card(const char* name) {
+  static std::mutex mutex;
+  static std::deque<SplitCard> cards;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), name, "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(cards.size()) <= device) cards.resize(device + 1);
+  SplitCard& c = cards[device];
+  if (c.sms == 0) {
+    check_cuda(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, device), name,
+               "cudaDeviceGetAttribute(MultiProcessorCount)");
+    c.resident[0] = std::max(1, resident_blocks_per_sm(64));
+    c.resident[1] = std::max(1, resident_blocks_per_sm(128));
+  }
+  return c;
 }
 
 }  // namespace minilin

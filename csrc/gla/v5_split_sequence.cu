@@ -15,7 +15,8 @@
 //   1. v4's prepare over every chunk (its tiles do not depend on the split);
 //   2. v4's pass over chunks on the [B P, T / P] view of the same arrays (a segment is a contiguous run of token
 //      rows and of chunk rows), no start state, its final states L_p into the workspace;
-//   3. segment_decays: D_p, one thread per (segment, head, key channel), a product over the segment's chunks;
+//   3. segment_decays: D_p, one thread per (segment, head, key channel), a product over the segment's chunks (and
+//      on the way c_n at the first chunk of each of the correction's runs);
 //   4. combine: S_0 = h0 and S_{p+1} from S_p for p = 0 .. P - 1, S_p written over L_p, S_P the final state;
 //   5. correction: o += scale (Qr c_n) S_p on bf16 tensor cores, a block per run of 16 chunks of one segment and
 //      64 or 128 value columns (linear v8's correction with Qr c_n in place of q exp(G_t)): S_p's bf16 copy loaded
@@ -59,30 +60,35 @@ inline int column_block(int V) { return V % 128 == 0 ? 128 : 64; }
 inline int choose_segments(int B, int T, int H, int K, int V) {
   if ((K != 64 && K != 128) || V % kBlockV != 0) return 1;  // v4 refuses these; it says why
   if (T % (2 * kChunk) != 0 || T / 2 < kMinSegment) return 1;  // no split possible: no need to ask the device
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "gla_v5_split_sequence", "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "gla_v5_split_sequence",
-             "cudaDeviceGetAttribute(MultiProcessorCount)");
-  const long long slots = static_cast<long long>(sms) * std::max(1, gla_prepared::chunks_blocks_per_sm(K));
+  const SplitCard& c = split_card<gla_prepared::chunks_blocks_per_sm>("gla_v5_split_sequence");
+  const long long slots = static_cast<long long>(c.sms) * c.resident[K == 64 ? 0 : 1];
   const long long blocks = static_cast<long long>(B) * H * (V / kBlockV);
   const double correction_us = static_cast<double>(B) * T * H * (K + 2.0 * V) * sizeof(bf16) / kCorrectionBytesPerUs;
   const SplitCosts costs{kChunkUs[K == 128], correction_us, kAddedLaunchesUs, kMinSegment, kMaxSegments, kRunChunks};
   return fastest_split(costs, slots, blocks, B, T);
 }
 
-// ---- the workspace: v4's tiles, then L_p (then S_p) [B P][H][K][V] and D_p [B P][H][K], fp32 ------------------
+// ---- the workspace: v4's tiles, then fp32 L_p (then S_p) [B P][H][K][V], D_p [B P][H][K] and c_n at the first chunk
+// of each of the correction's runs [B P][H][runs][K] ------------------------------------------------------------------
 struct Workspace {
-  float* states;  // [B P][H][K][V]
-  float* decays;  // [B P][H][K]
+  float* states;      // [B P][H][K][V]
+  float* decays;      // [B P][H][K]
+  float* run_starts;  // [B P][H][runs][K]
 };
+
+__host__ __device__ inline int runs_per_segment(int P, int T) { return (T / P / kChunk + kRunChunks - 1) / kRunChunks; }
 
 inline size_t states_bytes(int P, int B, int H, int K, int V) {
   return gla_prepared::aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
 }
 
+inline size_t decays_bytes(int P, int B, int H, int K) {
+  return gla_prepared::aligned(static_cast<size_t>(B) * P * H * K * sizeof(float));
+}
+
 inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
-  return gla_prepared::prepared_bytes(B, T, H, K, false) + states_bytes(P, B, H, K, V) +
-         gla_prepared::aligned(static_cast<size_t>(B) * P * H * K * sizeof(float));
+  return gla_prepared::prepared_bytes(B, T, H, K, false) + states_bytes(P, B, H, K, V) + decays_bytes(P, B, H, K) +
+         gla_prepared::aligned(static_cast<size_t>(B) * P * H * runs_per_segment(P, T) * K * sizeof(float));
 }
 
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
@@ -93,23 +99,30 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
 
 inline Workspace carve(const Problem& p, int P) {
   auto* base = static_cast<unsigned char*>(p.workspace) + gla_prepared::prepared_bytes(p.B, p.T, p.H, p.K, false);
-  return {reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + states_bytes(P, p.B, p.H, p.K, p.V))};
+  const size_t states = states_bytes(P, p.B, p.H, p.K, p.V);
+  return {reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + states),
+          reinterpret_cast<float*>(base + states + decays_bytes(P, p.B, p.H, p.K))};
 }
 
-// ---- 3. segment_decays: D_p[f] = prod over segment p's chunks of d[f], one thread per key channel ---------------
+// ---- 3. segment_decays: D_p[f] = prod over segment p's chunks of d[f], one thread per key channel, and on the way
+// c_n[f] at the first chunk of each of the correction's runs -----------------------------------------------------
 // grid (B P, H), K threads. Segment p of sequence b (bp = b P + p) has the chunk rows from b T / 64 + p T / (64 P) =
 // bp T / (64 P) on.
 template <int K>
 __global__ void __launch_bounds__(K) segment_decays(const Problem p, int P, Workspace w) {
   const int bp = blockIdx.x, h = blockIdx.y, f = threadIdx.x;
-  const int chunks_per_segment = p.T / P / kChunk;
+  const int chunks_per_segment = p.T / P / kChunk, runs = runs_per_segment(P, p.T);
   const long long row0 = static_cast<long long>(bp) * chunks_per_segment;
+  const long long bph = static_cast<long long>(bp) * p.H + h;
   float decay = 1.0f;
-  for (int m = 0; m < chunks_per_segment; ++m) decay *= prepared_tiles<K>(p, h, row0 + m).decay[f];
-  w.decays[(static_cast<long long>(bp) * p.H + h) * K + f] = decay;
+  for (int m = 0; m < chunks_per_segment; ++m) {
+    if (m % kRunChunks == 0) w.run_starts[(bph * runs + m / kRunChunks) * K + f] = decay;
+    decay *= prepared_tiles<K>(p, h, row0 + m).decay[f];
+  }
+  w.decays[bph * K + f] = decay;
 }
 
-// ---- 4. combine: 128 threads per block, one per 4 state elements (one key row) of one (batch, head) ------------
+// ---- 4. combine: 128 threads per block, one per 4 state elements (all in one key row) of one (batch, head) -----
 constexpr int kCombineThreads = 128;
 
 __global__ void __launch_bounds__(kCombineThreads) combine(const Problem p, int P, Workspace w) {
@@ -150,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
   extern __shared__ __align__(16) unsigned char smem[];
   const Layout L{smem};
 
-  const int chunks = p.T / kChunk, chunks_per_segment = chunks / P, runs = ceil_div(chunks_per_segment, kRunChunks);
+  const int chunks = p.T / kChunk, chunks_per_segment = chunks / P, runs = runs_per_segment(P, p.T);
   const int c0 = blockIdx.x * kCols, h = blockIdx.y;
   const int run = blockIdx.z % runs, segments = P - first_segment;
   const int segment = first_segment + (blockIdx.z / runs) % segments, b = blockIdx.z / runs / segments;
@@ -178,12 +191,9 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
     store_bf16x2(L.S() + r * Layout::kLdS + c, x.x, x.y);
     store_bf16x2(L.S() + r * Layout::kLdS + c + 2, x.z, x.w);
   }
-  // c_n at the run's first chunk: the chunk decays from the segment's start up to it.
-  for (int f = threadIdx.x; f < K; f += kThreads) {
-    float c = 1.0f;
-    for (int n = n_first; n < n_begin; ++n) c *= prepared_tiles<K>(p, h, chunk_row(n)).decay[f];
-    L.c()[f] = c;
-  }
+  // c_n at the run's first chunk (segment_decays: the chunk decays from the segment's start up to it).
+  const float* c_first = w.run_starts + (((static_cast<long long>(b) * P + segment) * p.H + h) * runs + run) * K;
+  for (int f = threadIdx.x; f < K; f += kThreads) L.c()[f] = c_first[f];
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
@@ -232,8 +242,7 @@ __global__ void __launch_bounds__(kThreads) correction(const Problem p, int P, i
 
 template <int K, int kCols>
 void launch_correction(const Problem& p, int P, int first_segment, const Workspace& w) {
-  const int runs = ceil_div(p.T / P / kChunk, kRunChunks);
-  const dim3 grid(p.V / kCols, p.H, p.B * (P - first_segment) * runs);
+  const dim3 grid(p.V / kCols, p.H, p.B * (P - first_segment) * runs_per_segment(P, p.T));
   launch_checked(p, "gla_v5_correction", correction<K, kCols>, grid, kThreads, CorrectionLayout<K, kCols>::kBytes, P,
                  first_segment, w);
 }
