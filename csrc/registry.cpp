@@ -11,6 +11,8 @@
 //   gla v3         chunked_mma: v2's products below the diagonal, state read and update on bf16 tensor cores.
 //   gla v4         prepared_chunks: v3's chunk-local work in a kernel parallel over chunks, the pass over chunks
 //                  only the state read and update, its tiles copied one chunk ahead.
+//   gla v5         split_sequence: v4's pass on segments of each sequence at once, the segments' start states put
+//                  back by a short pass and added to the outputs (linear v8's split, a decay per key channel).
 //   kda v1         recurrent: delta v1 with a decay per key channel.
 //   kda v2         chunked: the WY form on CUDA cores, the decays through gla v2's sub-chunk references.
 //   decode v1      register_tiles: one block per (sequence, head, 32 value columns), its state slice in registers,
@@ -30,7 +32,7 @@ namespace minilin {
 extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7, linear_v8;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
-extern const Version gla_v1, gla_v2, gla_v3, gla_v4;
+extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
 extern const Version kda_v1, kda_v2;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2;
@@ -46,7 +48,7 @@ const std::vector<Version>& versions() {
 #ifdef MINILIN_SM90A
                                                 delta_v10,
 #endif
-                                                gla_v1,    gla_v2,    gla_v3,    gla_v4,
+                                                gla_v1,    gla_v2,    gla_v3,    gla_v4,    gla_v5,
                                                 kda_v1,    kda_v2,
                                                 decode_v1,
                                                 linear_bwd_v1,

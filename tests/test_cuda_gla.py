@@ -276,6 +276,32 @@ def test_gla_v4_computes_what_v3_does_bit_for_bit(layout, K):
 
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("T, H, K, V, grouped", [(4096, 2, 64, 128, False), (4096, 2, 128, 128, False),
+                                                 (4096, 2, 128, 128, True), (32768, 1, 64, 64, False)])
+def test_gla_v5_splits_one_long_sequence_and_matches_the_reference(T, H, K, V, grouped, with_state):
+    """One sequence with 1 or 2 value heads leaves the card idle, so v5 splits it (its workspace holds the segments'
+    states beyond v4's tiles; at T = 32768 its 16 segments of 32 chunks take two of the correction's runs of 16
+    each); its outputs and final state against the float64 chunked form, strong gates, with and without an initial
+    state (the correction of the first segment runs only with one), grouped heads too. The split adds two bf16
+    roundings (Qr c_n, and o before the correction), so the bound is bf16's tolerance."""
+    cuda = mcuda.extension()
+    B = 1
+    assert cuda.workspace_bytes("gla", 5, B, T, H, K, V) > cuda.workspace_bytes("gla", 4, B, T, H, K, V)
+    q, k, v, g = inputs("gla", (B, T, H, K, V), seed=41, strong=True)
+    if grouped:
+        q, k = q[:, :, :H // 2].copy(), k[:, :, :H // 2].copy()
+    on_gpu, host = to_device([q, k, v, g], "bfloat16")
+    state0 = np.random.default_rng(42).standard_normal((B, H, K, V)).astype(np.float32) if with_state else None
+    ref_o, ref_state = gla.chunked(*host, initial_state=None if state0 is None else state0.astype(np.float64))
+    o, state = mcuda.gla(*on_gpu, initial_state=None if state0 is None else cupy.asarray(state0), version=5)
+    err_o = rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o)
+    err_state = rel_err(cupy.asnumpy(state).astype(np.float64), ref_state)
+    assert err_o < TOLERANCE["bfloat16"] and err_state < TOLERANCE["bfloat16"], (err_o, err_state)
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned_allocations")
 def test_kda_versions_agree():
     """v1 (the definition) and v2 (chunked WY) on one long float32 input, strong gates included."""
     on_gpu, _ = to_device(inputs("kda", (1, 2000, 2, 128, 128), seed=12, strong=True), "float32")
@@ -287,9 +313,9 @@ def test_kda_versions_agree():
 
 @gpu
 def test_default_versions():
-    """The fastest measured: for GLA the prepared-chunks tensor-core version in bfloat16 and the recurrent one in
+    """The fastest measured: for GLA the split-sequence tensor-core version in bfloat16 and the recurrent one in
     float32 (the chunked CUDA-core v2 is slower); for KDA the recurrent one (front.FASTER_DEFAULT says why)."""
-    assert front.default_version("gla", True) == 4 and front.default_version("gla", False) == 1
+    assert front.default_version("gla", True) == 5 and front.default_version("gla", False) == 1
     assert front.default_version("kda", True) == front.default_version("kda", False) == 1
 
 
@@ -366,18 +392,20 @@ def test_bad_inputs_raise(op):
 def test_the_extension_lists_the_channel_ops():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
-    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("kda", 1), ("kda", 2)]
+    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("gla", 5), ("kda", 1), ("kda", 2)]
     assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "prepared_chunks",
-                                                               "recurrent", "chunked"]
+                                                               "split_sequence", "recurrent", "chunked"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
-    tensor_cores = [("gla", 3), ("gla", 4)]
+    tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5)]
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only
-    assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) != ("gla", 4))
+    assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) not in tensor_cores[1:])
     # gla v4's prepared tiles, per chunk row and head: Qr and Ke [64, K] and P [64, 64] in bf16, the decay [K] in
     # fp32; 2 sequences of 100 tokens take 2 chunk rows each, packed into 200 tokens 200 // 64 + 2 rows
     per_row = 64 * 64 * 2 * 2 + 64 * 64 * 2 + 64 * 4
     assert cuda.workspace_bytes("gla", 4, 2, 100, 3, 64, 64) == 3 * 4 * per_row
     assert cuda.workspace_bytes("gla", 4, 2, 200, 3, 64, 64, packed=True) == 3 * 5 * per_row
+    # v5 splits no sequence shorter than two segments of 1024 tokens: there it needs v4's tiles only
+    assert cuda.workspace_bytes("gla", 5, 2, 100, 3, 64, 64) == 3 * 4 * per_row
     # the registry keeps op order: the channel ops before decode, which has one version
     ops = [v["op"] for v in cuda.versions()]
     assert ops.index("kda") < ops.index("decode") and [v["version"] for v in cuda.versions() if v["op"] == "decode"] == [1]
@@ -409,7 +437,11 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("gla", 4, dict(dtype=1, V=96), r"gla_v4_prepared_chunks: V must be a multiple of 64, got V=96"),
     ("gla", 4, dict(dtype=1, g=0), r"gla_v4_prepared_chunks: g must be a device pointer"),
     ("gla", 4, dict(dtype=1), r"gla_v4_prepared_chunks: needs a workspace of 297984 bytes, got 0"),
-    ("gla", 5, {}, r"gla has versions 1, 2, 3, 4, got 5"),
+    ("gla", 5, dict(dtype=0), r"gla_v5_split_sequence: bfloat16 inputs only"),
+    ("gla", 5, dict(dtype=1, K=96), r"gla_v5_split_sequence: K must be 64 or 128, got K=96"),
+    ("gla", 5, dict(dtype=1, g=0), r"gla_v5_split_sequence: g must be a device pointer"),
+    ("gla", 5, dict(dtype=1), r"gla_v5_split_sequence: needs a workspace of 297984 bytes, got 0"),
+    ("gla", 6, {}, r"gla has versions 1, 2, 3, 4, 5, got 6"),
     ("kda", 2, dict(g=0), r"kda_v2_chunked: g must be a device pointer"),
     ("kda", 2, dict(beta=0), r"kda_v2_chunked: beta must be a device pointer"),
     ("kda", 2, dict(K=136), r"kda_v2_chunked: K must be <= 128"),

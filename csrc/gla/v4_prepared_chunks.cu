@@ -25,52 +25,22 @@
 #include "../common/mma.cuh"
 #include "../common/sequences.cuh"
 #include "../common/simt.cuh"
+#include "prepared_tiles.cuh"
 #include "sub_chunks.cuh"
 
 namespace minilin {
 namespace {
 
 using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, the decay table E, and the shared steps
+using namespace gla_prepared;    // the workspace's tiles
 
 using bf16 = __nv_bfloat16;
 using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdV, narrow::kLdC;  // common/chunk_tiles.cuh
 
-// ---- the workspace: four arrays, each [H][chunk rows][...], 256-byte aligned -----------------------------------
-__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-struct Sections {
-  size_t qr, ke, scores, decay;  // bytes of each array
-};
-
-__host__ __device__ inline Sections sections(long long rows, int H, int K) {
-  const size_t tiles = static_cast<size_t>(rows) * H;
-  return {aligned(tiles * kChunk * K * sizeof(bf16)), aligned(tiles * kChunk * K * sizeof(bf16)),
-          aligned(tiles * kChunk * kChunk * sizeof(bf16)), aligned(tiles * K * sizeof(float))};
-}
-
+// The workspace (gla/prepared_tiles.cuh): Qr, Ke, P and d of every chunk row and head.
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
   if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
-  const Sections s = sections(chunk_rows(B, T, packed), H, K);
-  return s.qr + s.ke + s.scores + s.decay;
-}
-
-// Chunk row `row` of head h: where its four tiles are.
-struct PreparedTiles {
-  bf16* qr;      // [64][K]
-  bf16* ke;      // [64][K]
-  bf16* scores;  // [64][64]
-  float* decay;  // [K]
-};
-
-template <int K>
-__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
-  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
-  const Sections s = sections(rows, p.H, K);
-  unsigned char* base = static_cast<unsigned char*>(p.workspace);
-  const long long tile = static_cast<long long>(h) * rows + row;
-  return {reinterpret_cast<bf16*>(base) + tile * kChunk * K, reinterpret_cast<bf16*>(base + s.qr) + tile * kChunk * K,
-          reinterpret_cast<bf16*>(base + s.qr + s.ke) + tile * kChunk * kChunk,
-          reinterpret_cast<float*>(base + s.qr + s.ke + s.scores) + tile * K};
+  return prepared_bytes(B, T, H, K, packed);
 }
 
 // ---- prepare: one block per (chunk, head) -------------------------------------------------------------------------
@@ -268,8 +238,12 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v4_chunks(const Problem p) {
 }
 
 template <int K>
-void launch(const Problem& p) {
+void launch_prepare_k(const Problem& p) {
   launch_checked(p, "gla_v4_prepare", gla_v4_prepare<K>, chunk_grid(p, p.H), kThreads, PrepareLayout<K>::kBytes);
+}
+
+template <int K>
+void launch_chunks_k(const Problem& p) {
   launch_checked(p, "gla_v4_chunks", gla_v4_chunks<K>, dim3(p.V / kBlockV, p.H, p.B), kThreads, ChunkLayout<K>::kBytes);
 }
 
@@ -287,11 +261,25 @@ void forward(const Problem& p) {
   require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
     return std::string(name) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
   });
-  if (p.K == 64) launch<64>(p);
-  else launch<128>(p);
+  gla_prepared::launch_prepare(p);
+  gla_prepared::launch_chunks(p);
 }
 
 }  // namespace
+
+void gla_prepared::launch_prepare(const Problem& p) { p.K == 64 ? launch_prepare_k<64>(p) : launch_prepare_k<128>(p); }
+void gla_prepared::launch_chunks(const Problem& p) { p.K == 64 ? launch_chunks_k<64>(p) : launch_chunks_k<128>(p); }
+
+int gla_prepared::chunks_blocks_per_sm(int K) {
+  const auto kernel = K == 64 ? gla_v4_chunks<64> : gla_v4_chunks<128>;
+  const size_t smem = K == 64 ? ChunkLayout<64>::kBytes : ChunkLayout<128>::kBytes;
+  const char* name = "gla_v4_chunks";
+  allow_shared_memory(kernel, smem, name);
+  int blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem), name,
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return blocks;
+}
 
 extern const Version gla_v4 = {
     "gla", 4, "prepared_chunks",

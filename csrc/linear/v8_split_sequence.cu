@@ -33,6 +33,7 @@
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/sequences.cuh"  // kChunk, the q/k head of a value head
+#include "../common/split_segments.cuh"
 
 namespace minilin {
 
@@ -60,53 +61,17 @@ constexpr double kCorrectionBytesPerUs = 2.0e6;
 constexpr double kAddedLaunchesUs = 15.0;
 
 // ---- the choice of P ---------------------------------------------------------------------------------------
-// Per device: its SM count and v7's resident blocks per SM at K = 64 and 128, asked once (a deque: growing it for
-// another device leaves the entries already handed out where they are).
-struct Card {
-  int sms = 0;
-  int resident[2] = {0, 0};
-};
-
-inline const Card& card() {
-  static std::mutex mutex;
-  static std::deque<Card> cards;
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "linear_v8_split_sequence", "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(cards.size()) <= device) cards.resize(device + 1);
-  Card& c = cards[device];
-  if (c.sms == 0) {
-    check_cuda(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, device), "linear_v8_split_sequence",
-               "cudaDeviceGetAttribute(MultiProcessorCount)");
-    c.resident[0] = std::max(1, linear_producer::resident_blocks_per_sm(64));
-    c.resident[1] = std::max(1, linear_producer::resident_blocks_per_sm(128));
-  }
-  return c;
-}
-
 inline int column_block(int V) { return V % 128 == 0 ? 128 : 64; }
 
-// With b blocks of v7 over `slots` resident at once, P segments take ceil(b P / slots) waves of chains of
-// T / (64 P) chunks, and the correction moves q once and o twice (counted for every segment, as with h0: P must
-// not depend on it, since the workspace is sized before the call). The fastest P wins; T must split into whole
-// chunks, segments stay at least kMinSegment long, and the correction's grid.z stays under 65536.
+// P by the split cost model (common/split_segments.cuh) with v7's chunk time and resident blocks.
 inline int choose_segments(int B, int T, int H, int K, int V) {
   if ((K != 64 && K != 128) || V % kBlockV != 0) return 1;  // v7 refuses these; it says why
-  const Card& c = card();
+  const SplitCard& c = split_card<linear_producer::resident_blocks_per_sm>("linear_v8_split_sequence");
   const long long slots = static_cast<long long>(c.sms) * c.resident[K == 64 ? 0 : 1];
   const long long blocks = static_cast<long long>(B) * H * (V / kBlockV);
   const double correction_us = static_cast<double>(B) * T * H * (K + 2.0 * V) * sizeof(bf16) / kCorrectionBytesPerUs;
-  const auto time_us = [&](int P) {
-    const double chain_us = static_cast<double>((blocks * P + slots - 1) / slots) * (T / P / kChunk) * kChunkUs[K == 128];
-    return chain_us + (P > 1 ? correction_us + kAddedLaunchesUs : 0.0);
-  };
-  int best = 1;
-  for (int P = 2; P <= kMaxSegments; P *= 2) {
-    if (T % (P * kChunk) != 0 || T / P < kMinSegment) break;
-    if (static_cast<long long>(B) * P * ceil_div(T / P / kChunk, kRunChunks) > 65535) break;
-    if (time_us(P) < time_us(best)) best = P;
-  }
-  return best;
+  const SplitCosts costs{kChunkUs[K == 128], correction_us, kAddedLaunchesUs, kMinSegment, kMaxSegments, kRunChunks};
+  return fastest_split(costs, slots, blocks, B, T);
 }
 
 // ---- the workspace: L_p (then S_p) and the chunk sums of g; each part 256-byte aligned ------------------

@@ -1,0 +1,59 @@
+// gla v4's workspace, which gla v5 reads too: per chunk row (common/sequences.cuh) and head, the tiles that v4's
+// prepare kernel computes from one chunk alone,
+//   Qr = q exp(G)  [64, K] bf16,   Ke = k exp(G_C - G)  [64, K] bf16,   P  [64, 64] bf16,   d = exp(G_C)  [K] fp32,
+// as four arrays [H][chunk rows][...], each 256-byte aligned (G the chunk-local cumulative gate, G_C its last row).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "../common/sequences.cuh"
+
+namespace minilin {
+namespace gla_prepared {
+
+__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct Sections {
+  size_t qr, ke, scores, decay;  // bytes of each array
+};
+
+__host__ __device__ inline Sections sections(long long rows, int H, int K) {
+  const size_t tiles = static_cast<size_t>(rows) * H;
+  return {aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)), aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)),
+          aligned(tiles * kChunk * kChunk * sizeof(__nv_bfloat16)), aligned(tiles * K * sizeof(float))};
+}
+
+// The workspace's bytes for B sequences of T tokens, or B sequences packed into T.
+inline size_t prepared_bytes(int B, int T, int H, int K, bool packed) {
+  const Sections s = sections(chunk_rows(B, T, packed), H, K);
+  return s.qr + s.ke + s.scores + s.decay;
+}
+
+// Chunk row `row` of head h: where its four tiles are.
+struct PreparedTiles {
+  __nv_bfloat16* qr;      // [64][K]
+  __nv_bfloat16* ke;      // [64][K]
+  __nv_bfloat16* scores;  // [64][64]
+  float* decay;           // [K]
+};
+
+template <int K>
+__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
+  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
+  const Sections s = sections(rows, p.H, K);
+  unsigned char* base = static_cast<unsigned char*>(p.workspace);
+  const long long tile = static_cast<long long>(h) * rows + row;
+  return {reinterpret_cast<__nv_bfloat16*>(base) + tile * kChunk * K,
+          reinterpret_cast<__nv_bfloat16*>(base + s.qr) + tile * kChunk * K,
+          reinterpret_cast<__nv_bfloat16*>(base + s.qr + s.ke) + tile * kChunk * kChunk,
+          reinterpret_cast<float*>(base + s.qr + s.ke + s.scores) + tile * K};
+}
+
+// v4's two launches (gla/v4_prepared_chunks.cu), K = 64 or 128, the problem checked by the caller: the prepare
+// kernel over every chunk of p, and the pass over chunks of p, both with p.workspace holding the tiles.
+void launch_prepare(const Problem& p);
+void launch_chunks(const Problem& p);
+int chunks_blocks_per_sm(int K);  // the pass over chunks' resident blocks per SM at this K (64 or 128)
+
+}  // namespace gla_prepared
+}  // namespace minilin
