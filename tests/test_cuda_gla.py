@@ -379,6 +379,7 @@ def test_the_extension_lists_the_channel_ops():
     assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "prepared_chunks",
                                                                "recurrent", "chunked", "prepared_chunks"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
+    assert ladder[("kda", 3)]["min_compute_capability"] == 90  # its chunk kernel's 193 KB of shared memory
     tensor_cores = [("gla", 3), ("gla", 4), ("kda", 3)]
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) not in tensor_cores[1:])

@@ -23,9 +23,11 @@
 //       X = V - Kg S;   Delta = (T diag(beta)) X;   O = scale (Qr S + P Delta);   S <- diag(d) S + Ke^T Delta,
 //     on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulators), S in fp32 registers across chunks (delta v3's
 //     split) and read by the products through a bf16 copy in shared memory.
-// T diag(beta) is rounded to bf16 once, as delta's T is; A and the solve stay fp32. bf16 inputs only, K = 64 or
-// 128, V a multiple of 64; reads packed sequences and grouped heads (Problem). q and k arrive L2-normalized when the
-// caller asked for it (the front's pre-pass).
+// A is summed in fp32 (its blocks below the diagonal from bf16-rounded decayed operands, as P's), the solve is fp32,
+// and T diag(beta) is rounded to bf16 once, as delta's T is. bf16 inputs only, K = 64 or 128, V a multiple of 64;
+// reads packed sequences and grouped heads (Problem). q and k arrive L2-normalized when the caller asked for it (the
+// front's pre-pass). The chunk kernel's 193 KB of shared memory at K = 128 needs compute capability 9.0 (an 8.x SM
+// gives a block at most 163 KB).
 #include "../common/chunk_tiles.cuh"
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
@@ -283,7 +285,7 @@ struct ChunkLayout {
   __device__ bf16* X() const { return S() + K * kLdV; }
   __device__ bf16* delta() const { return X() + kChunk * kLdV; }
 };
-static_assert(ChunkLayout<128>::kBytes <= 227 * 1024, "the chunks kernel's shared memory");
+static_assert(ChunkLayout<128>::kBytes <= 227 * 1024, "the chunks kernel's shared memory (compute capability 9.0)");
 
 // Chunk n's prepared tiles and value columns [v0, v0 + 64) into stage s (values past the sequence's end zero).
 template <int K>
@@ -416,6 +418,6 @@ extern const Version kda_v3 = {
     "v2's chunked WY form with gla v4's split: the chunk-local work (scores, decayed operands, the WY solve) in a "
     "kernel parallel over every chunk, the pass over chunks only the state's products on bf16 tensor cores, one "
     "chunk's tiles copied ahead.",
-    false, true, kTensorCoreShape, 80, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
+    false, true, kTensorCoreShape, 90, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin
