@@ -411,3 +411,31 @@ def test_backward_bench_checks_every_gradient_of_each_mixer_on_the_gpu():
         errors = gpu_backward.check(mixer)
         assert {"dq", "dk", "dv", "dinitial_state"} <= set(errors), mixer
         assert all(e <= gpu_backward.TOLERANCE[n] for n, e in errors.items()), (mixer, errors)
+
+
+def test_against_fla_compares_the_channel_mixers_by_name(monkeypatch, capsys):
+    """--mixers gla kda: GLA and KDA against FLA's chunk_gla and chunk_kda, asked for by name (not in the default
+    three); a name FLA is not compared for is refused with the list. No GPU needed (the comparison stands in)."""
+    import argparse
+
+    from minilin.bench import against_fla, gpu
+
+    calls = []
+
+    def fake_compare(mixer, T, repeats, problem=None, with_state=False):
+        calls.append((mixer, T))
+        return {"mixer": mixer, "T": T, "minilin_ms": 1.0, "fla_ms": 2.0, "ratio": 0.5, "minilin_call_ms": 1.1,
+                "fla_call_ms": 2.2, "minilin_error": 2e-3, "fla_error": 2e-3, "minilin_state_error": 1e-3,
+                "fla_state_error": 1e-3, "minilin_vs_fla_error": 1e-3, "minilin_version": 4}
+
+    monkeypatch.setattr(mcuda, "available", lambda: (True, ""))
+    monkeypatch.setattr(against_fla, "fla_version", lambda: "0.6.0")
+    monkeypatch.setattr(against_fla, "copy_bandwidth_gbs", lambda: 4000.0)
+    monkeypatch.setattr(against_fla, "compare", fake_compare)
+    monkeypatch.setattr(gpu, "machine", lambda: {"gpu": "a GPU", "date": "today", "cupy": "14"})
+    args = argparse.Namespace(mixers=["gla", "kda"], lengths=[8192], repeats=5, grid=None, json=None)
+    assert against_fla.main(args) == 0
+    assert calls == [("gla", 8192), ("kda", 8192)]
+    assert against_fla.main(argparse.Namespace(mixers=["rwkv7"], lengths=[8192], repeats=5, grid=None, json=None)) == 2
+    assert "FLA is compared for ['simple_gla', 'deltanet', 'gated_deltanet', 'gla', 'kda'], got ['rwkv7']" in \
+        capsys.readouterr().err

@@ -13,6 +13,33 @@
 
 namespace minilin {
 
+// What one warp of a chunk kernel computes: its tile at (m0, n0) of each 64 x 64 product of a chunk (P, X, Delta,
+// O: 16 x 16 in the wide layout, 16 x 32 in the narrow one), and its slice of the state S [K, kBlockV]: rows
+// s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 kStateTiles - 1.
+struct WarpTiles {
+  int m0, n0, s_m0, s_n0;
+};
+
+// The layout every 8-warp ("narrow") chunk kernel shares (linear v3, delta v3, gla v3 and v4): one block of 8 warps
+// per (batch, head, 64 value columns); the state split into K / 16 row tiles of 16, each shared by kRowSharers
+// warps, each warp kStateTiles tiles of 8 columns.
+namespace narrow {
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockV = 64;
+constexpr int kLdV = kBlockV + 8;   // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
+constexpr int kLdC = kChunk + 8;
+template <int K>
+constexpr int kRowSharers = kWarps / (K / 16);
+template <int K>
+constexpr int kStateTiles = (kBlockV / 8) / kRowSharers<K>;
+template <int K>
+__device__ __forceinline__ WarpTiles warp_tiles(int warp) {
+  static_assert(kRowSharers<K> >= 1 && kStateTiles<K> % 2 == 0, "K must be 64 or 128");
+  return {16 * (warp >> 1), 32 * (warp & 1), 16 * (warp / kRowSharers<K>), 8 * kStateTiles<K> * (warp % kRowSharers<K>)};
+}
+}  // namespace narrow
+
 // The layout every 16-warp ("wide") chunk kernel shares (linear v4-v7, delta v4-v10): one block of 16 warps per
 // (batch, head, 64 value columns); shared rows padded by 8 bf16 so that an ldmatrix's 8 rows hit 8 banks.
 namespace wide {
@@ -27,11 +54,7 @@ constexpr int kRowSharers = kWarps / (K / 16);  // warps sharing one 16-row tile
 template <int K>
 constexpr int kStateTiles = (kBlockV / 8) / kRowSharers<K>;  // 8-column tiles of S per warp
 
-// What one warp computes: the 16 x 16 tile at (m0, n0) of each 64 x 64 product of a chunk (P, X, Delta, O),
-// and its slice of the state S [K, kBlockV]: rows s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 kStateTiles - 1.
-struct WarpTiles {
-  int m0, n0, s_m0, s_n0;
-};
+using minilin::WarpTiles;
 template <int K>
 __device__ __forceinline__ WarpTiles warp_tiles(int warp) {
   static_assert(kRowSharers<K> >= 1 && kStateTiles<K> % 2 == 0, "K must be 64 or 128");

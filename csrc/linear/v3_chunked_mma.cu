@@ -18,11 +18,7 @@
 namespace minilin {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlockV = 64;               // value columns per block
-constexpr int kLdV = kBlockV + 8;         // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
-constexpr int kLdC = kChunk + 8;
+using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdV, narrow::kLdC;  // common/chunk_tiles.cuh
 using bf16 = __nv_bfloat16;
 
 template <int K>
@@ -55,18 +51,13 @@ template <int K>
 __global__ void __launch_bounds__(kThreads, 1) linear_v3_chunked_mma(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = Layout<K>::kLdK;
-  // The state's split: K / 16 row tiles of 16, each shared by kRowSharers warps, each warp kStateTiles
-  // tiles of 8 columns.
-  constexpr int kRowSharers = kWarps / (K / 16);
-  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
-  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+  constexpr int kStateTiles = narrow::kStateTiles<K>;  // the state split (narrow::warp_tiles)
 
   const Layout<K> L{smem};
   const int T = p.T, H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5;
-  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);  // this warp's tile of P and of O
-  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);  // ... of S
+  const auto [m0, n0, s_m0, s_n0] = narrow::warp_tiles<K>(warp);  // this warp's tile of P and of O, and of S
   const float scale = p.scale;
 
   load_chunk<K>(L, 0, p, b, h, 0, v0);
