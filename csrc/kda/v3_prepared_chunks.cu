@@ -41,11 +41,7 @@ namespace {
 
 using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, the decay table E, and the shared steps
 using bf16 = __nv_bfloat16;
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlockV = 64;               // value columns per block of the chunks kernel
-constexpr int kLdV = kBlockV + 8;         // bf16 row strides padded by 16 bytes (conflict-free ldmatrix)
-constexpr int kLdC = kChunk + 8;
+using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdV, narrow::kLdC;  // common/chunk_tiles.cuh
 constexpr int kLdA = wy_blocked::kLd;     // fp32 rows of A and T (the solve's stride)
 static_assert(wy_blocked::kThreads == kThreads, "the blocked solve runs on the block's 8 warps");
 
@@ -310,11 +306,7 @@ template <int K>
 __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = ChunkLayout<K>::kLdK;
-  // delta v3's split of the state: K / 16 row tiles of 16, each shared by kRowSharers warps, each warp kStateTiles
-  // tiles of 8 columns.
-  constexpr int kRowSharers = kWarps / (K / 16);
-  constexpr int kStateTiles = (kBlockV / 8) / kRowSharers;
-  static_assert(kRowSharers >= 1 && kStateTiles % 2 == 0, "K must be 64 or 128");
+  constexpr int kStateTiles = narrow::kStateTiles<K>;  // the state split (narrow::warp_tiles)
 
   const ChunkLayout<K> L{smem};
   const int H = p.H, V = p.V;
@@ -322,8 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
   const SequenceRows seq = sequence_rows(p, b);
   const int chunks = chunk_count(seq.length);
   const int warp = threadIdx.x >> 5;
-  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);  // this warp's tile of X, Delta and O
-  const int s_m0 = 16 * (warp / kRowSharers), s_n0 = 8 * kStateTiles * (warp % kRowSharers);  // ... of S
+  const auto [m0, n0, s_m0, s_n0] = narrow::warp_tiles<K>(warp);  // this warp's tile of X, Delta and O, and of S
 
   float S[1][kStateTiles][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
