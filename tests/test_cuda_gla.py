@@ -303,12 +303,21 @@ def test_gla_v5_splits_one_long_sequence_and_matches_the_reference(T, H, K, V, g
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_kda_versions_agree():
-    """v1 (the definition) and v2 (chunked WY) on one long float32 input, strong gates included."""
-    on_gpu, _ = to_device(inputs("kda", (1, 2000, 2, 128, 128), seed=12, strong=True), "float32")
+    """v1 (the definition) and v2 (chunked WY) on one long float32 input, strong gates included; and every bfloat16
+    version against v1 on the same bfloat16 input."""
+    args = inputs("kda", (1, 2000, 2, 128, 128), seed=12, strong=True)
+    on_gpu, _ = to_device(args, "float32")
     o1, s1 = mcuda.kda(*on_gpu, version=1)
     o2, s2 = mcuda.kda(*on_gpu, version=2)
     assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < TOLERANCE["float32"]
     assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < TOLERANCE["float32"]
+    on_gpu, _ = to_device(args, "bfloat16")
+    o1, s1 = mcuda.kda(*on_gpu, version=1)
+    for version, dtype in cuda_version_cases("kda"):
+        if dtype == "bfloat16" and version > 1:
+            o, s = mcuda.kda(*on_gpu, version=version)
+            assert rel_err(cupy.asnumpy(as_float32(o)), cupy.asnumpy(as_float32(o1))) < 1e-2, version
+            assert rel_err(cupy.asnumpy(s), cupy.asnumpy(s1)) < 1e-2, version
 
 
 @gpu
@@ -392,11 +401,14 @@ def test_bad_inputs_raise(op):
 def test_the_extension_lists_the_channel_ops():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
-    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("gla", 5), ("kda", 1), ("kda", 2)]
+    assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("gla", 5), ("kda", 1), ("kda", 2),
+                              ("kda", 3)]
     assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "prepared_chunks",
-                                                               "split_sequence", "recurrent", "chunked"]
+                                                               "split_sequence", "recurrent", "chunked",
+                                                               "prepared_chunks"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
-    tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5)]
+    assert ladder[("kda", 3)]["min_compute_capability"] == 90  # its chunk kernel's 193 KB of shared memory
+    tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5), ("kda", 3)]
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) not in tensor_cores[1:])
     # gla v4's prepared tiles, per chunk row and head: Qr and Ke [64, K] and P [64, 64] in bf16, the decay [K] in
@@ -406,6 +418,8 @@ def test_the_extension_lists_the_channel_ops():
     assert cuda.workspace_bytes("gla", 4, 2, 200, 3, 64, 64, packed=True) == 3 * 5 * per_row
     # v5 splits no sequence shorter than two segments of 1024 tokens: there it needs v4's tiles only
     assert cuda.workspace_bytes("gla", 5, 2, 100, 3, 64, 64) == 3 * 4 * per_row
+    # kda v3's: Qr, Kg, Ke [64, K] and P, T diag(beta) [64, 64] in bf16, the decay [K] in fp32
+    assert cuda.workspace_bytes("kda", 3, 2, 100, 3, 64, 64) == 3 * 4 * (3 * 64 * 64 * 2 + 2 * 64 * 64 * 2 + 64 * 4)
     # the registry keeps op order: the channel ops before decode, which has one version
     ops = [v["op"] for v in cuda.versions()]
     assert ops.index("kda") < ops.index("decode") and [v["version"] for v in cuda.versions() if v["op"] == "decode"] == [1]
@@ -445,7 +459,13 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("kda", 2, dict(g=0), r"kda_v2_chunked: g must be a device pointer"),
     ("kda", 2, dict(beta=0), r"kda_v2_chunked: beta must be a device pointer"),
     ("kda", 2, dict(K=136), r"kda_v2_chunked: K must be <= 128"),
-    ("kda", 3, {}, r"kda has versions 1, 2, got 3"),
+    ("kda", 3, dict(dtype=0), r"kda_v3_prepared_chunks: bfloat16 inputs only"),
+    ("kda", 3, dict(dtype=1, K=96), r"kda_v3_prepared_chunks: K must be 64 or 128, got K=96"),
+    ("kda", 3, dict(dtype=1, V=96), r"kda_v3_prepared_chunks: V must be a multiple of 64, got V=96"),
+    ("kda", 3, dict(dtype=1, g=0), r"kda_v3_prepared_chunks: g must be a device pointer"),
+    ("kda", 3, dict(dtype=1, beta=0), r"kda_v3_prepared_chunks: beta must be a device pointer"),
+    ("kda", 3, dict(dtype=1), r"kda_v3_prepared_chunks: needs a workspace of 494592 bytes, got 0"),
+    ("kda", 4, {}, r"kda has versions 1, 2, 3, got 4"),
 ])
 def test_the_extension_checks_a_channel_call_before_any_cuda_call(op, version, changes, message):
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")

@@ -1,0 +1,414 @@
+// kda v3 (prepared chunks, tensor cores): v2's chunked WY form with gla v4's split of the work, because v2 runs
+// every product as fp32 multiply-adds on CUDA cores (7x slower than the token loop v1): everything that one chunk
+// determines alone, including the WY solve, in a kernel parallel over every chunk of every head; the pass that must
+// run chunk after chunk is only the state's four products on bf16 tensor cores, on tiles copied one chunk ahead.
+//
+// With v2's names (G the chunk-local cumulative gate, Gs its running sum within a 16-token sub-chunk, D_a a
+// sub-chunk's total, E[hi][lo] the decay over sub-chunks lo .. hi-1, every exponent <= 0; token t of sub-chunk a,
+// token j of sub-chunk b):
+//     A_tj = beta_t sum_f k_tf k_jf exp(G_tf - G_jf)   j < t     the WY system's strictly lower part
+//     P_tj = sum_f q_tf k_jf exp(G_tf - G_jf)           j <= t    the output's intra-chunk scores
+//     T = (I + A)^-1,   Delta = T diag(beta) (V - Kg S),   Kg = k exp(G)
+//     O = scale (Qr S + P Delta),   Qr = q exp(G)
+//     S <- diag(d) S + Ke^T Delta,  Ke = k exp(G_C - G),  d = exp(G_C)
+// Two kernels:
+//   prepare, one block of 8 warps per (chunk, head): q, k, g and beta on chip, Gs (gla/sub_chunks.cuh); the
+//     diagonal 16 x 16 blocks of A and P term by term on CUDA cores (one exponential per term and channel, shared by
+//     the two); the blocks below them on tensor cores from the sub-chunk references (A's from k~ = k exp(Gs)
+//     E[a][b+1], P's from q~ = q exp(Gs) E[a][b+1], both against k^ = k exp(D_b - Gs)); T by the delta prepare's
+//     blocked solve (delta/wy_prepare_blocked.cuh, fp32); then into the workspace, per chunk row and head: Qr, Kg,
+//     Ke [64, K] and P, T diag(beta) [64, 64] in bf16, d [K] in fp32.
+//   chunks, one block of 8 warps per (batch, head, 64 value columns), sequential over chunks, the next chunk's tiles
+//     and values copied while this one computes (gla v4's pipeline):
+//       X = V - Kg S;   Delta = (T diag(beta)) X;   O = scale (Qr S + P Delta);   S <- diag(d) S + Ke^T Delta,
+//     on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulators), S in fp32 registers across chunks (delta v3's
+//     split) and read by the products through a bf16 copy in shared memory.
+// A is summed in fp32 (its blocks below the diagonal from bf16-rounded decayed operands, as P's), the solve is fp32,
+// and T diag(beta) is rounded to bf16 once, as delta's T is. bf16 inputs only, K = 64 or 128, V a multiple of 64;
+// reads packed sequences and grouped heads (Problem). q and k arrive L2-normalized when the caller asked for it (the
+// front's pre-pass). The chunk kernel's 193 KB of shared memory at K = 128 needs compute capability 9.0 (an 8.x SM
+// gives a block at most 163 KB).
+#include "../common/chunk_tiles.cuh"
+#include "../common/launch.cuh"
+#include "../common/mma.cuh"
+#include "../common/sequences.cuh"
+#include "../common/simt.cuh"
+#include "../delta/wy_prepare_blocked.cuh"  // wy_blocked::solve_unit_lower, kLd
+#include "../gla/sub_chunks.cuh"
+
+namespace minilin {
+namespace {
+
+using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, the decay table E, and the shared steps
+using bf16 = __nv_bfloat16;
+using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdV, narrow::kLdC;  // common/chunk_tiles.cuh
+constexpr int kLdA = wy_blocked::kLd;     // fp32 rows of A and T (the solve's stride)
+static_assert(wy_blocked::kThreads == kThreads, "the blocked solve runs on the block's 8 warps");
+
+// ---- the workspace: six arrays, each [H][chunk rows][...], 256-byte aligned -----------------------------------
+__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct Sections {
+  size_t rows_k, tile, decay;  // bytes of one [H][rows][64][K] bf16 array, one [H][rows][64][64] bf16, the decays
+};
+
+__host__ __device__ inline Sections sections(long long rows, int H, int K) {
+  const size_t tiles = static_cast<size_t>(rows) * H;
+  return {aligned(tiles * kChunk * K * sizeof(bf16)), aligned(tiles * kChunk * kChunk * sizeof(bf16)),
+          aligned(tiles * K * sizeof(float))};
+}
+
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
+  if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
+  const Sections s = sections(chunk_rows(B, T, packed), H, K);
+  return 3 * s.rows_k + 2 * s.tile + s.decay;
+}
+
+// Chunk row `row` of head h: where its six tiles are.
+struct PreparedTiles {
+  bf16* qr;      // [64][K]  q exp(G)
+  bf16* kg;      // [64][K]  k exp(G)
+  bf16* ke;      // [64][K]  k exp(G_C - G)
+  bf16* scores;  // [64][64] P, zeros above the diagonal
+  bf16* solve;   // [64][64] T diag(beta), zeros above the diagonal
+  float* decay;  // [K]      exp(G_C)
+};
+
+template <int K>
+__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
+  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
+  const Sections s = sections(rows, p.H, K);
+  unsigned char* base = static_cast<unsigned char*>(p.workspace);
+  const long long tile = static_cast<long long>(h) * rows + row;
+  return {reinterpret_cast<bf16*>(base) + tile * kChunk * K,
+          reinterpret_cast<bf16*>(base + s.rows_k) + tile * kChunk * K,
+          reinterpret_cast<bf16*>(base + 2 * s.rows_k) + tile * kChunk * K,
+          reinterpret_cast<bf16*>(base + 3 * s.rows_k) + tile * kChunk * kChunk,
+          reinterpret_cast<bf16*>(base + 3 * s.rows_k + s.tile) + tile * kChunk * kChunk,
+          reinterpret_cast<float*>(base + 3 * s.rows_k + 2 * s.tile) + tile * K};
+}
+
+// ---- prepare: one block per (chunk, head) -------------------------------------------------------------------------
+template <int K>
+struct PrepareLayout {
+  static constexpr int kLdK = K + 8;      // bf16 rows of q, k and their decayed forms
+  static constexpr int kLdG = K + 4;      // fp32 rows of g (16-byte rows for cp.async)
+  static constexpr size_t kPairBytes = kPairs * kSub * kLdK * sizeof(bf16);
+  static_assert(2 * kPairBytes >= kChunk * kLdA * sizeof(float), "T reuses the bytes of the pairs");
+  static constexpr size_t kBytes = 2 * kChunk * kLdK * sizeof(bf16)  // q; k, then k^ in place
+                                   + kChunk * kLdG * sizeof(float)   // g, then Gs
+                                   + 2 * kPairBytes                  // Q_ab, K_ab (then T)
+                                   + kChunk * kLdC * sizeof(bf16)    // P
+                                   + kChunk * kLdA * sizeof(float)   // A
+                                   + kDecays * K * sizeof(float)     // E
+                                   + kChunk * sizeof(float);         // beta
+  unsigned char* base;
+  __device__ bf16* q() const { return reinterpret_cast<bf16*>(base); }
+  __device__ bf16* k() const { return q() + kChunk * kLdK; }
+  __device__ float* G() const { return reinterpret_cast<float*>(k() + kChunk * kLdK); }
+  __device__ bf16* Qpair(int w) const { return reinterpret_cast<bf16*>(G() + kChunk * kLdG) + w * kSub * kLdK; }
+  __device__ float* Tm() const { return reinterpret_cast<float*>(Qpair(0)); }  // over both pairs, after their products
+  __device__ bf16* Kpair(int w) const { return Qpair(kPairs) + w * kSub * kLdK; }
+  __device__ bf16* P() const { return Kpair(kPairs); }
+  __device__ float* A() const { return reinterpret_cast<float*>(P() + kChunk * kLdC); }
+  __device__ float* E(int hi, int lo) const { return A() + kChunk * kLdA + decay_index(hi, lo) * K; }
+  __device__ float* beta() const { return A() + kChunk * kLdA + kDecays * K; }
+};
+
+// A's block (a, b) below the diagonal on tensor cores, for one warp: beta_t (K_ab k^_b^T)_tj into fp32 rows of A.
+template <int K, int kLdK>
+__device__ __forceinline__ void key_pair_product(int pair, const bf16* k_pair, const bf16* k_hat, const float* beta,
+                                                 float* A) {
+  const int a = pair < 1 ? 1 : pair < 3 ? 2 : 3, b = pair - pair_index(a, 0);
+  float acc[1][2][4];
+  zero(acc);
+  warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, k_pair, kLdK, k_hat, kLdK, 0, b * kSub, 0, K);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = a * kSub + acc_row(0, e);
+      A[r * kLdA + b * kSub + acc_col(j, e)] = beta[r] * acc[0][j][e];
+    }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) kda_v3_prepare(const Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = PrepareLayout<K>::kLdK, kLdG = PrepareLayout<K>::kLdG;
+  const PrepareLayout<K> L{smem};
+  const ChunkOfBlock chunk = chunk_of_block(p);  // (common/sequences.cuh)
+  if (!chunk.used) return;
+  const int h = blockIdx.y, H = p.H;
+  const SequenceRows seq = sequence_rows(p, chunk.b);
+  const int t0 = chunk.n * kChunk, valid = min(kChunk, seq.length - t0);
+  const PreparedTiles out = prepared_tiles<K>(p, h, seq.chunk0 + chunk.n);
+  const int warp = threadIdx.x >> 5;
+
+  // 1. q, k (bf16), g (fp32) and beta on chip, zero past the sequence's end; Gs by a running sum per sub-chunk
+  cp_async_qk_rows<K>(L.q(), L.k(), kLdK, p, seq, h, t0);
+  cp_async_rows(L.G(), kLdG, p.g + ((seq.first + t0) * H + h) * K, static_cast<long long>(H) * K, kChunk, K, valid);
+  cp_async_commit();
+  load_chunk_scalars(L.beta(), p.beta, p, seq, h, t0);
+  cp_async_wait<0>();
+  __syncthreads();
+  const bf16* q_s = L.q();
+  bf16* k_s = L.k();
+  float* G = L.G();
+  float* A = L.A();
+  const float* beta = L.beta();
+  running_sums_within_sub_chunks<K, kLdG, kThreads>(G);
+  __syncthreads();
+
+  // 2. the diagonal blocks of P and A term by term, one causal entry (r, c) of a block per thread, the exponential
+  //    of each term shared by the two sums; zeros above the diagonal (and on it, for A); then E
+  constexpr int kTerms = kSub * (kSub + 1) / 2;
+  for (int idx = threadIdx.x; idx < kSubs * kTerms; idx += kThreads) {
+    const int a = idx / kTerms;
+    int r, c;
+    triangular_entry(idx % kTerms, r, c);
+    const int i = a * kSub + r, j = a * kSub + c;
+    const bf16* qi = q_s + i * kLdK;
+    const bf16* ki = k_s + i * kLdK;
+    const bf16* kj = k_s + j * kLdK;
+    const float* Gi = G + i * kLdG;
+    const float* Gj = G + j * kLdG;
+    float acc_p = 0.0f, acc_a = 0.0f;
+    for (int f = 0; f < K; f += 2) {
+      const float2 q2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qi + f));
+      const float2 ki2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(ki + f));
+      const float2 kj2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kj + f));
+      const float2 gi = *reinterpret_cast<const float2*>(Gi + f);
+      const float2 gj = *reinterpret_cast<const float2*>(Gj + f);
+      const float ex = __expf(gi.x - gj.x), ey = __expf(gi.y - gj.y);
+      acc_p = fmaf(q2.x * kj2.x, ex, acc_p);
+      acc_p = fmaf(q2.y * kj2.y, ey, acc_p);
+      acc_a = fmaf(ki2.x * kj2.x, ex, acc_a);
+      acc_a = fmaf(ki2.y * kj2.y, ey, acc_a);
+    }
+    L.P()[i * kLdC + j] = __float2bfloat16_rn(acc_p);
+    A[i * kLdA + j] = c < r ? beta[i] * acc_a : 0.0f;
+  }
+  for (int idx = threadIdx.x; idx < kSubs * kSub * kSub; idx += kThreads) {
+    const int a = idx / (kSub * kSub), r = (idx / kSub) % kSub, c = idx % kSub;
+    if (c > r) {
+      L.P()[(a * kSub + r) * kLdC + a * kSub + c] = __float2bfloat16_rn(0.0f);
+      A[(a * kSub + r) * kLdA + a * kSub + c] = 0.0f;
+    }
+  }
+  fill_decays<K, kLdG, kThreads>(G, L.E(0, 0));
+  __syncthreads();
+
+  // 3. the decayed operands, two channels per thread: Qr, Kg and Ke straight to the workspace; the rows Q_ab =
+  //    q~ E[a][b+1] and K_ab = k~ E[a][b+1] of each pair b < a; k^ = k exp(D_a - Gs) over k in place
+  for (int idx = threadIdx.x; idx < kChunk * K / 2; idx += kThreads) {
+    const int i = idx / (K / 2), f = 2 * (idx % (K / 2)), a = i / kSub;
+    float qd[2], kt[2], kh[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float Gi = G[i * kLdG + f + u];
+      const float D = G[(a * kSub + kSub - 1) * kLdG + f + u];
+      const float from_start = __expf(Gi), to_end = __expf(D - Gi);
+      qd[u] = to_float(q_s[i * kLdK + f + u]) * from_start;  // q~: from the sub-chunk's start
+      kt[u] = to_float(k_s[i * kLdK + f + u]) * from_start;  // k~
+      kh[u] = to_float(k_s[i * kLdK + f + u]) * to_end;      // k^: to the sub-chunk's end
+    }
+    const float* to_chunk = L.E(a, 0);              // from the chunk's start to the sub-chunk's
+    const float* from_chunk = L.E(kSubs, a + 1);    // from the sub-chunk's end to the chunk's
+    store_bf16x2(out.qr + i * K + f, qd[0] * to_chunk[f], qd[1] * to_chunk[f + 1]);
+    store_bf16x2(out.kg + i * K + f, kt[0] * to_chunk[f], kt[1] * to_chunk[f + 1]);
+    store_bf16x2(out.ke + i * K + f, kh[0] * from_chunk[f], kh[1] * from_chunk[f + 1]);
+    store_bf16x2(k_s + i * kLdK + f, kh[0], kh[1]);
+    for (int bb = 0; bb < a; ++bb) {
+      const float* E = L.E(a, bb + 1);
+      const int row = (i - a * kSub) * kLdK + f;
+      store_bf16x2(L.Qpair(pair_index(a, bb)) + row, qd[0] * E[f], qd[1] * E[f + 1]);
+      store_bf16x2(L.Kpair(pair_index(a, bb)) + row, kt[0] * E[f], kt[1] * E[f + 1]);
+    }
+  }
+  for (int f = threadIdx.x; f < K; f += kThreads) out.decay[f] = L.E(kSubs, 0)[f];
+  __syncthreads();
+
+  // 4. the blocks below the diagonal: P's 6 and A's 6 on tensor cores, 12 products over the 8 warps
+  for (int w = warp; w < 2 * kPairs; w += kWarps) {
+    if (w < kPairs) pair_products<K, kLdK, kLdC>(w, L.Qpair(w), k_s, L.P());
+    else key_pair_product<K, kLdK>(w - kPairs, L.Kpair(w - kPairs), k_s, beta, A);
+  }
+  __syncthreads();  // A complete; the pairs are dead, so T may take their bytes
+
+  // 5. T = (I + A)^-1 by blocks (fp32), then T diag(beta) and P into the workspace, 8 bf16 (16 bytes) per thread
+  //    and step, zeros above the diagonal blocks
+  float* Tm = L.Tm();
+  wy_blocked::solve_unit_lower<wy_blocked::WaveProducts::kCudaCores>(A, Tm, warp, threadIdx.x);
+  for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
+    const int r = e / kChunk, c = e % kChunk;
+    const bool above = c / kSub > r / kSub;
+    const uint4 zeros = make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(out.scores + e) = above ? zeros : *reinterpret_cast<const uint4*>(L.P() + r * kLdC + c);
+    unsigned packed[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int c0 = c + 2 * u;
+      const float x = above ? 0.0f : Tm[r * kLdA + c0] * beta[c0];
+      const float y = above ? 0.0f : Tm[r * kLdA + c0 + 1] * beta[c0 + 1];
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
+      packed[u] = *reinterpret_cast<const unsigned*>(&pair);
+    }
+    *reinterpret_cast<uint4*>(out.solve + e) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+// ---- chunks: one block per (batch, head, 64 value columns), chunk after chunk -----------------------------------
+template <int K>
+struct ChunkLayout {
+  static constexpr int kLdK = K + 8;
+  static constexpr int kStages = 2;
+  static constexpr size_t kStageBytes = 3 * kChunk * kLdK * sizeof(bf16)  // Qr, Kg, Ke
+                                        + 2 * kChunk * kLdC * sizeof(bf16)  // P, T diag(beta)
+                                        + kChunk * kLdV * sizeof(bf16)      // v
+                                        + K * sizeof(float);                // d
+  static constexpr size_t kBytes = kStages * kStageBytes + K * kLdV * sizeof(bf16)  // + S (bf16 copy)
+                                   + 2 * kChunk * kLdV * sizeof(bf16);              // + X, Delta
+  unsigned char* base;
+  __device__ bf16* Qr(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
+  __device__ bf16* Kg(int s) const { return Qr(s) + kChunk * kLdK; }
+  __device__ bf16* Ke(int s) const { return Kg(s) + kChunk * kLdK; }
+  __device__ bf16* P(int s) const { return Ke(s) + kChunk * kLdK; }
+  __device__ bf16* Tb(int s) const { return P(s) + kChunk * kLdC; }
+  __device__ bf16* v(int s) const { return Tb(s) + kChunk * kLdC; }
+  __device__ float* decay(int s) const { return reinterpret_cast<float*>(v(s) + kChunk * kLdV); }
+  __device__ bf16* S() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }
+  __device__ bf16* X() const { return S() + K * kLdV; }
+  __device__ bf16* delta() const { return X() + kChunk * kLdV; }
+};
+static_assert(ChunkLayout<128>::kBytes <= 227 * 1024, "the chunks kernel's shared memory (compute capability 9.0)");
+
+// Chunk n's prepared tiles and value columns [v0, v0 + 64) into stage s (values past the sequence's end zero).
+template <int K>
+__device__ __forceinline__ void copy_chunk(const ChunkLayout<K>& L, int s, const Problem& p, const SequenceRows& seq,
+                                           int h, int n, int v0) {
+  constexpr int kLdK = ChunkLayout<K>::kLdK;
+  const PreparedTiles in = prepared_tiles<K>(p, h, seq.chunk0 + n);
+  const int t0 = n * kChunk;
+  cp_async_tile<kThreads, kChunk, K>(L.Qr(s), kLdK, in.qr, K);
+  cp_async_tile<kThreads, kChunk, K>(L.Kg(s), kLdK, in.kg, K);
+  cp_async_tile<kThreads, kChunk, K>(L.Ke(s), kLdK, in.ke, K);
+  cp_async_tile<kThreads, kChunk, kChunk>(L.P(s), kLdC, in.scores, kChunk);
+  cp_async_tile<kThreads, kChunk, kChunk>(L.Tb(s), kLdC, in.solve, kChunk);
+  cp_async_tile<kThreads, kChunk, kBlockV>(L.v(s), kLdV,
+                                           static_cast<const bf16*>(p.v) + ((seq.first + t0) * p.H + h) * p.V + v0,
+                                           static_cast<long long>(p.H) * p.V, min(kChunk, seq.length - t0));
+  cp_async_tile<kThreads, 1, K>(L.decay(s), K, in.decay, K);
+  cp_async_commit();
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kLdK = ChunkLayout<K>::kLdK;
+  constexpr int kStateTiles = narrow::kStateTiles<K>;  // the state split (narrow::warp_tiles)
+
+  const ChunkLayout<K> L{smem};
+  const int H = p.H, V = p.V;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z;
+  const SequenceRows seq = sequence_rows(p, b);
+  const int chunks = chunk_count(seq.length);
+  const int warp = threadIdx.x >> 5;
+  const auto [m0, n0, s_m0, s_n0] = narrow::warp_tiles<K>(warp);  // this warp's tile of X, Delta and O, and of S
+
+  float S[1][kStateTiles][4];
+  const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
+  load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
+
+  bf16* o = static_cast<bf16*>(p.o);
+  if (chunks > 0) copy_chunk<K>(L, 0, p, seq, h, 0, v0);
+  for (int n = 0; n < chunks; ++n) {
+    const int s = n & 1;
+    // The other stage was last read in chunk n - 1, before its closing barrier.
+    if (n + 1 < chunks) {
+      copy_chunk<K>(L, s ^ 1, p, seq, h, n + 1, v0);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // stage s, and the bf16 copy of S written after chunk n - 1, visible to every warp
+
+    {  // X = V - Kg S (what the memory mispredicts), in bf16
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Kg(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
+      const bf16* v_s = L.v(s);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
+          const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v_s + r * kLdV + c));
+          store_bf16x2(L.X() + r * kLdV + c, v2.x - acc[0][j][e], v2.y - acc[0][j][e + 1]);
+        }
+    }
+    __syncthreads();
+    {  // Delta = (T diag(beta)) X, lower triangular: this warp's rows need X's rows up to its diagonal block
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Tb(s), kLdC, L.X(), kLdV, m0, n0, 0, m0 + 16);
+      store_tile_bf16(acc, L.delta(), kLdV, m0, n0);
+    }
+    __syncthreads();
+    {  // O = scale (Qr S + P Delta); P is 0 above the diagonal, so P Delta stops at this warp's diagonal block
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
+      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(s), kLdC, L.delta(), kLdV, m0, n0, 0, m0 + 16);
+      store_output_tile(acc, o, seq, H, V, h, n * kChunk, v0, m0, n0, p.scale);
+    }
+    {  // S <- diag(d) S + Ke^T Delta in registers
+      const float* decay = L.decay(s);
+#pragma unroll
+      for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[0][j][e] *= decay[s_m0 + acc_row(0, e)];
+      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, L.Ke(s), kLdK, L.delta(), kLdV, s_m0, s_n0,
+                                                                       0, kChunk);
+    }
+    __syncthreads();  // every read of the bf16 copy of S, of X, Delta and of stage s is done
+    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+  }
+
+  store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
+}
+
+template <int K>
+void launch(const Problem& p) {
+  launch_checked(p, "kda_v3_prepare", kda_v3_prepare<K>, chunk_grid(p, p.H), kThreads, PrepareLayout<K>::kBytes);
+  launch_checked(p, "kda_v3_chunks", kda_v3_chunks<K>, dim3(p.V / kBlockV, p.H, p.B), kThreads, ChunkLayout<K>::kBytes);
+}
+
+void forward(const Problem& p) {
+  const char* name = "kda_v3_prepared_chunks";
+  check_tensor_core_problem(p, name, true, kBlockV);
+  require(p.g != nullptr, [&] {
+    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
+  });
+  const size_t needed = workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
+  require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
+    return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
+           std::to_string(p.workspace_size);
+  });
+  require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
+    return std::string(name) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
+  });
+  if (p.K == 64) launch<64>(p);
+  else launch<128>(p);
+}
+
+}  // namespace
+
+extern const Version kda_v3 = {
+    "kda", 3, "prepared_chunks",
+    "v2's chunked WY form with gla v4's split: the chunk-local work (scores, decayed operands, the WY solve) in a "
+    "kernel parallel over every chunk, the pass over chunks only the state's products on bf16 tensor cores, one "
+    "chunk's tiles copied ahead.",
+    false, true, kTensorCoreShape, 90, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
+
+}  // namespace minilin
