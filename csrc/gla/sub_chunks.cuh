@@ -1,11 +1,14 @@
 // The pieces of a chunk that gla v3 and v4 compute alike (v2's sub-chunk algorithm, csrc/NOTES.md "gla, kda"): a
 // 64-token chunk is 4 sub-chunks of 16 tokens; the cumulative gate restarts at each sub-chunk (Gs), so that no
 // stored sum spans more than 16 tokens, and the 6 blocks of P below the diagonal blocks are products of queries and
-// keys rescaled to the boundaries between sub-chunks, every exponent <= 0.
+// keys rescaled to the boundaries between sub-chunks, every exponent <= 0. The compacted decay table (fill_decays)
+// and the mapping of threads to causal entries (triangular_entry) are v4's; v3 keeps its square table and its
+// mapping of every entry of a diagonal block, as measured.
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include "../common/chunk_tiles.cuh"  // narrow::, WarpTiles, store_output_tile
 #include "../common/mma.cuh"
 #include "../common/sequences.cuh"  // kChunk
 
@@ -82,6 +85,34 @@ __device__ __forceinline__ void pair_products(int warp, const __nv_bfloat16* q_p
 #pragma unroll
     for (int e = 0; e < 4; e += 2)
       store_bf16x2(P + (a * kSub + acc_row(0, e)) * kLdC + b * kSub + acc_col(j, e), acc[0][j][e], acc[0][j][e + 1]);
+}
+
+// A chunk's state read and update, for one warp of the narrow layout (common/chunk_tiles.cuh; t its tiles):
+//     O = scale (Qr S + P V)             its output tile, stored into o (rows past the sequence's end not written)
+//     S <- diag(d) S + Ke^T V            its slice of the state, in fp32 registers
+// with the chunk's tiles in bf16 shared rows (Qr, Ke of stride kLdK; P, zero above the diagonal, so that P V stops
+// at the warp's diagonal block, of stride kLdC; v and the bf16 copy of S entering the chunk, S_copy, of stride
+// kLdV) and d = exp(G_C) per key channel.
+template <int K, int kLdK, int kLdC, int kLdV>
+__device__ __forceinline__ void read_and_update_state(float (&S)[1][narrow::kStateTiles<K>][4], const WarpTiles& t,
+                                                      const __nv_bfloat16* Qr, const __nv_bfloat16* Ke,
+                                                      const __nv_bfloat16* P, const __nv_bfloat16* v,
+                                                      const __nv_bfloat16* S_copy, const float* decay,
+                                                      __nv_bfloat16* o, const SequenceRows& seq, int H, int V, int h,
+                                                      int t0, int v0, float scale) {
+  {
+    float acc[1][4][4];
+    zero(acc);
+    warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, Qr, kLdK, S_copy, kLdV, t.m0, t.n0, 0, K);
+    warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, P, kLdC, v, kLdV, t.m0, t.n0, 0, t.m0 + 16);
+    store_output_tile(acc, o, seq, H, V, h, t0, v0, t.m0, t.n0, scale);
+  }
+#pragma unroll
+  for (int j = 0; j < narrow::kStateTiles<K>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) S[0][j][e] *= decay[t.s_m0 + acc_row(0, e)];
+  warp_mma<1, narrow::kStateTiles<K>, Stored::kTransposed, Stored::kRowMajor>(S, Ke, kLdK, v, kLdV, t.s_m0, t.s_n0, 0,
+                                                                              kChunk);
 }
 
 }  // namespace gla_sub_chunks

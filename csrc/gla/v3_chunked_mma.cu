@@ -32,7 +32,6 @@ using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdV, narrow::k
 constexpr int kE = kSubs + 1;             // E[a][b] for a, b in 0 .. kSubs
 using bf16 = __nv_bfloat16;
 
-
 template <int K>
 struct Layout {
   static constexpr int kLdK = K + 8;      // bf16 rows of q, k and their decayed forms
@@ -71,7 +70,8 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
   const SequenceRows seq = sequence_rows(p, b);  // sequence b's tokens (common/sequences.cuh)
   const int T = seq.length, chunks = ceil_div(T, kChunk);
   const int warp = threadIdx.x >> 5;
-  const auto [m0, n0, s_m0, s_n0] = narrow::warp_tiles<K>(warp);  // this warp's tile of O, and of S
+  const WarpTiles tiles = narrow::warp_tiles<K>(warp);  // this warp's tile of O, and of S
+  const int s_m0 = tiles.s_m0, s_n0 = tiles.s_n0;
 
   float S[1][kStateTiles][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
@@ -146,22 +146,8 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
     __syncthreads();
 
     // 5. O = Qr S + P V, times scale; then S <- diag(E[4][0]) S + Ke^T V in registers
-    {
-      float acc[1][4][4];
-      zero(acc);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(), kLdK, L.S(), kLdV, m0, n0, 0, K);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(), kLdC, L.v(), kLdV, m0, n0, 0, m0 + 16);
-      store_output_tile(acc, o, seq, H, V, h, t0, v0, m0, n0, p.scale);
-    }
-    {
-      const float* chunk_decay = L.E(kSubs, 0);
-#pragma unroll
-      for (int j = 0; j < kStateTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S[0][j][e] *= chunk_decay[s_m0 + acc_row(0, e)];
-      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, L.Ke(), kLdK, L.v(), kLdV, s_m0, s_n0, 0,
-                                                                       kChunk);
-    }
+    read_and_update_state<K, kLdK, kLdC, kLdV>(S, tiles, L.Qr(), L.Ke(), L.P(), L.v(), L.S(), L.E(kSubs, 0), o, seq, H,
+                                               V, h, t0, v0, p.scale);
     __syncthreads();  // every read of the bf16 copy of S, and of this chunk's tiles, is done
     store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }

@@ -237,7 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v4_chunks(const Problem p) {
   const SequenceRows seq = sequence_rows(p, b);
   const int chunks = chunk_count(seq.length);
   const int warp = threadIdx.x >> 5;
-  const auto [m0, n0, s_m0, s_n0] = narrow::warp_tiles<K>(warp);  // this warp's tile of O, and of S
+  const WarpTiles tiles = narrow::warp_tiles<K>(warp);  // this warp's tile of O, and of S
+  const int s_m0 = tiles.s_m0, s_n0 = tiles.s_n0;
 
   float S[1][kStateTiles][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
@@ -256,22 +257,9 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v4_chunks(const Problem p) {
     }
     __syncthreads();  // stage s, and the bf16 copy of S written after chunk n - 1, visible to every warp
 
-    {  // O = scale (Qr S + P V); P is 0 above the diagonal, so P V stops at this warp's diagonal block
-      float acc[1][4][4];
-      zero(acc);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(s), kLdC, L.v(s), kLdV, m0, n0, 0, m0 + 16);
-      store_output_tile(acc, o, seq, H, V, h, n * kChunk, v0, m0, n0, p.scale);
-    }
-    {  // S <- diag(d) S + Ke^T V in registers
-      const float* decay = L.decay(s);
-#pragma unroll
-      for (int j = 0; j < kStateTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S[0][j][e] *= decay[s_m0 + acc_row(0, e)];
-      warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, L.Ke(s), kLdK, L.v(s), kLdV, s_m0, s_n0, 0,
-                                                                       kChunk);
-    }
+    // O = scale (Qr S + P V), then S <- diag(d) S + Ke^T V in registers: v3's step 5
+    read_and_update_state<K, kLdK, kLdC, kLdV>(S, tiles, L.Qr(s), L.Ke(s), L.P(s), L.v(s), L.S(), L.decay(s), o, seq, H,
+                                               V, h, n * kChunk, v0, p.scale);
     __syncthreads();  // every read of the bf16 copy of S and of stage s is done
     store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
   }

@@ -224,6 +224,11 @@ def main(args) -> int:
     print(f"minilin bench --backward: {info['gpu']}, {info['date']}; bf16, {problem}; device time, median of "
           f"{ROUNDS} alternating rounds", flush=True)
     checks, rows, failed = {}, [], []
+
+    def report(complete: bool) -> dict:  # --json's contents, written after every row and once more at the end
+        return {"backward": True, "grid": grid, "machine": info, "shapes": shapes, "tolerance": TOLERANCE,
+                "checks": checks, "rows": rows, "complete": complete}
+
     head_dims = list(dict.fromkeys((K, V) for *_, K, V in shapes))
     for mixer in mixers:
         wrong = set()  # the (K, V) whose gradients missed the tolerance: not timed
@@ -248,12 +253,10 @@ def main(args) -> int:
                   file=sys.stderr, flush=True)
             rows.append(row)
             if args.json:  # after every row, so that a run cut short keeps what it measured ("complete": false)
-                write_json(args.json, {"backward": True, "grid": grid, "machine": info, "shapes": shapes,
-                                       "tolerance": TOLERANCE, "checks": checks, "rows": rows, "complete": False})
+                write_json(args.json, report(complete=False))
     print(format_table(rows, checks))
     if args.json:
-        write_json(args.json, {"backward": True, "grid": grid, "machine": info, "shapes": shapes,
-                               "tolerance": TOLERANCE, "checks": checks, "rows": rows, "complete": True})
+        write_json(args.json, report(complete=True))
     return 1 if failed else 0
 
 
