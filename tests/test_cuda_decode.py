@@ -22,7 +22,8 @@ if OK:
     import cupy
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
-MIXERS = ["linear_attention", "simple_gla", "gla", "retnet", "lightning", "mamba2", "deltanet", "gated_deltanet", "kda"]
+MIXERS = ["linear_attention", "simple_gla", "gla", "retnet", "lightning", "mamba2", "deltanet", "gated_deltanet", "kda",
+          "hgrn2"]
 DELTA = {"deltanet", "gated_deltanet", "kda"}
 # (N, H, K, V): one sequence and head; K != V both ways; K = 40 (not a multiple of 16: a partial row group) with
 # V = 36 (a partial 32-column tile); K = 256, the largest; the benchmark's head size.
@@ -32,7 +33,7 @@ SHAPES = [(1, 1, 128, 128), (3, 2, 64, 32), (2, 3, 32, 96), (3, 2, 40, 36), (2, 
 
 
 # ---- inputs ----------------------------------------------------------------------------------------------
-SEQUENCE = {"mamba2": (0, 3, 4)}  # positions of the arrays that are bf16 when the dtype is (q, k, v by default)
+SEQUENCE = {"mamba2": (0, 3, 4), "hgrn2": (0, 1)}  # positions of the arrays that are bf16 when the dtype is (q, k, v by default)
 
 
 def one_token(mixer, N, H, K, V, seed, T=1):
@@ -139,7 +140,7 @@ def test_out_of_place_in_place_and_zero_states_agree_with_the_numpy_step(mixer, 
 
 @gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "mamba2", "gated_deltanet", "kda"])
+@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "mamba2", "gated_deltanet", "kda", "hgrn2"])
 def test_many_steps_follow_the_recurrent_form(mixer, dtype):
     """T steps from an initial state equal the token loop over T tokens: the state carried from step to step is
     laid out as the next step reads it."""

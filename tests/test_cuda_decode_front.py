@@ -86,7 +86,7 @@ def fake_cupy(monkeypatch):
 
     def record_step(delta, q, k, v, g, gate, beta, state, state_indices, in_place, out, scale, normalize_qk, version,
                     shapes):
-        launched.append(dict(delta=delta, g=g, gate=gate, beta=beta, state=state, state_indices=state_indices,
+        launched.append(dict(delta=delta, k=k, g=g, gate=gate, beta=beta, state=state, state_indices=state_indices,
                              in_place=in_place, out=out, scale=scale, normalize_qk=normalize_qk, sizes=shapes.sizes))
         return "launched", "new states"
 
@@ -131,7 +131,7 @@ def test_every_mixer_has_a_step_and_the_steps_reach_the_launch(fake_cupy):
              "gla": ((q, k, v, gk), (False, "channel")), "retnet": ((q, k, v), (False, "scalar")),
              "lightning": ((q, k, v), (False, "scalar")), "deltanet": ((q, k, v, beta), (True, None)),
              "gated_deltanet": ((q, k, v, g, beta), (True, "scalar")),
-             "kda": ((q, k, v, gk, beta), (True, "channel"))}
+             "kda": ((q, k, v, gk, beta), (True, "channel")), "hgrn2": ((q, v, gk), (False, "channel"))}
     gamma = on_gpu(np.full(2, 0.9, np.float32))
     for mixer, (args, (delta, gate)) in calls.items():
         fake_cupy.clear()
@@ -143,6 +143,26 @@ def test_every_mixer_has_a_step_and_the_steps_reach_the_launch(fake_cupy):
         assert call["sizes"] == {"N": 3, "H": 2, "K": 16, "V": 8}
         assert call["in_place"] and call["scale"] == 16 ** -0.5
     assert set(mcuda.STEPS) == set(calls) | {"mamba2"}
+
+
+def test_hgrn2_runs_glas_kernels_with_the_key_tied_to_the_forget_gate(fake_cupy):
+    """HGRN2's forward and step hand the GLA op and GLA's step k = 1 - exp(g) (computed as -expm1(g)), with q, v, g
+    as given; a g of the wrong shape is named as g, before any key is made from it."""
+    t = token()
+    q, v, gk = t["q"], t["v"], t["gk"]
+    assert mcuda.hgrn2_step(q, v, gk, state=t["pool"][:3]) == ("launched", "new states")
+    (call,) = fake_cupy
+    assert call["gate"] == "channel" and not call["delta"] and np.array_equal(call["k"], -np.expm1(np.asarray(gk)))
+    fake_cupy.clear()
+    seq = lambda x: on_gpu(np.repeat(np.asarray(x)[:, None], 5, axis=1))  # noqa: E731 - [N, 5, H, .]: 5 tokens
+    assert mcuda.hgrn2(seq(q), seq(v), seq(gk)) == "launched"
+    (call,) = fake_cupy
+    assert call["op"] == "gla" and call["sizes"] == {"B": 3, "T": 5, "H": 2, "K": 16, "V": 8}
+    assert np.array_equal(call["k"], -np.expm1(np.asarray(seq(gk))))
+    with pytest.raises(ValueError, match=r"g: expected shape \[B, T, H, K\] = \[3, 5, 2, 16\], got \[3, 5, 2\]"):
+        mcuda.hgrn2(seq(q), seq(v), seq(t["g"]))
+    with pytest.raises(ValueError, match=r"g: expected log-space decay"):
+        mcuda.hgrn2(seq(q), seq(v), on_gpu(-np.asarray(seq(gk))))
 
 
 def test_retnet_and_lightning_steps_pass_their_log_gates_per_sequence_and_head(fake_cupy):

@@ -321,6 +321,31 @@ def test_kda_versions_agree():
 
 
 @gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("version, dtype", cuda_version_cases("gla"))
+def test_hgrn2_runs_on_every_gla_version(version, dtype):
+    """HGRN2 through GLA's kernels (the key 1 - exp(g) formed on the GPU, minilin.cuda.hgrn2) against the float64
+    NumPy recurrent form: a last partial chunk, an initial state, strong gates (down to -20) beside weak ones."""
+    from minilin.mixers import hgrn2
+
+    B, T, H, K, V = 2, 130, 2, 64, 64
+    rng = np.random.default_rng(51)
+    strong = rng.random((1, 1, H, K)) < 0.5
+    g = np.where(strong, rng.uniform(-20.0, 0.0, (B, T, H, K)), rng.uniform(-0.1, 0.0, (B, T, H, K)))
+    q, v = rng.standard_normal((B, T, H, K)), rng.standard_normal((B, T, H, V))
+    q_gpu, v_gpu, g_gpu = (cupy.asarray(x, dtype=cupy.float32) for x in (q, v, g))
+    if dtype == "bfloat16":
+        q_gpu, v_gpu = mcuda.to_bf16(q_gpu), mcuda.to_bf16(v_gpu)
+    host = [cupy.asnumpy(as_float32(x)).astype(np.float64) for x in (q_gpu, v_gpu, g_gpu)]
+    state0 = 0.5 * rng.standard_normal((B, H, K, V)).astype(np.float32)
+    ref_o, ref_state = hgrn2.recurrent(*host, initial_state=state0.astype(np.float64))
+    o, state = mcuda.hgrn2(q_gpu, v_gpu, g_gpu, initial_state=cupy.asarray(state0), version=version)
+    err_o = rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o)
+    err_state = rel_err(cupy.asnumpy(state).astype(np.float64), ref_state)
+    assert err_o < TOLERANCE[dtype] and err_state < TOLERANCE[dtype], (err_o, err_state)
+
+
+@gpu
 def test_default_versions():
     """The fastest measured: for GLA the split-sequence tensor-core version in bfloat16 and the recurrent one in
     float32 (the chunked CUDA-core v2 is slower); for KDA the recurrent one (front.FASTER_DEFAULT says why)."""

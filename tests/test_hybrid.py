@@ -167,7 +167,7 @@ def test_to_keeps_the_stack_and_its_outputs(x):
     assert rel_err(y32, y) < 1e-5
 
 
-@pytest.mark.parametrize("mixer", ["gated_deltanet", "simple_gla", "kda", "deltanet"])
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "simple_gla", "kda", "deltanet", "hgrn2"])
 def test_decode_on_the_gpu_uses_the_decode_kernels(mixer, x):
     """With CuPy float32 arrays the linear layers decode through minilin.cuda's step kernels (softmax and
     window layers through the reference on CuPy); prefill then decode equals the float64 NumPy stack."""

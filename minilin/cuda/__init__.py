@@ -44,14 +44,14 @@ from .backward import (delta_rule_backward, deltanet_backward, gated_deltanet_ba
 from .bf16 import from_bf16, native_dtype, to_bf16
 from .decode import delta_rule_step, gated_linear_step
 from .front import channel_delta_rule, channel_gated_linear, default_version, delta_rule, extension, gated_linear, versions
-from .mixers import deltanet, gated_deltanet, gla, kda, lightning, linear_attention, mamba2, retnet, simple_gla
-from .steps import (deltanet_step, gated_deltanet_step, gla_step, kda_step, lightning_step, linear_attention_step,
-                    mamba2_step, retnet_step, simple_gla_step)
+from .mixers import deltanet, gated_deltanet, gla, hgrn2, kda, lightning, linear_attention, mamba2, retnet, simple_gla
+from .steps import (deltanet_step, gated_deltanet_step, gla_step, hgrn2_step, kda_step, lightning_step,
+                    linear_attention_step, mamba2_step, retnet_step, simple_gla_step)
 
 __all__ = ["available", "channel_delta_rule", "channel_gated_linear", "default_version", "delta_rule", "delta_rule_backward", "delta_rule_step", "deltanet",
            "deltanet_backward", "deltanet_step", "extension", "from_bf16", "gated_deltanet", "gated_deltanet_backward",
-           "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla", "gla_step", "kda",
-           "kda_step",
+           "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla", "gla_step", "hgrn2",
+           "hgrn2_step", "kda", "kda_step",
            "lightning", "lightning_backward", "lightning_step", "linear_attention", "linear_attention_backward", "linear_attention_step",
            "mamba2", "mamba2_backward", "mamba2_step", "native_dtype", "retnet", "retnet_backward", "retnet_step", "simple_gla", "simple_gla_backward",
            "simple_gla_step", "to_bf16", "versions"]
@@ -63,7 +63,7 @@ OPS = {name: catalog.signature(name).gpu for name in catalog.names() if catalog.
 # `<mixer>_step`.
 STEPS = {"linear_attention": linear_attention_step, "simple_gla": simple_gla_step, "gla": gla_step,
          "retnet": retnet_step, "lightning": lightning_step, "mamba2": mamba2_step, "deltanet": deltanet_step,
-         "gated_deltanet": gated_deltanet_step, "kda": kda_step}
+         "gated_deltanet": gated_deltanet_step, "kda": kda_step, "hgrn2": hgrn2_step}
 
 
 def available() -> tuple[bool, str]:

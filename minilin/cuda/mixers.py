@@ -19,7 +19,11 @@ CuPy arrays, the state float32.
         gated_deltanet     g as given
     a decay per key channel -> front.channel_gated_linear, front.channel_delta_rule:
         gla                g [B, T, H, K] as given
+        hgrn2              k = 1 - exp(g), the input gate tied to the forget gate (minilin.mixers.hgrn2)
         kda                g [B, T, H, K] as given, with the delta rule
+RWKV-6 does not fit these kernels: its output reads the state before the token's decay and write, S_{t-1}, plus a
+bonus term, where the kernels read S_t; mapping it would take shifted copies of k, v and w and a pass for the
+bonus, so it runs in NumPy (on CuPy arrays too) only.
 """
 from __future__ import annotations
 
@@ -50,6 +54,25 @@ def simple_gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, v
 def gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
     """Gated Linear Attention: g [B, T, HV, K] float32, log-space decays <= 0, one per key channel."""
     return channel_gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                version=version, check_values=check_values)
+
+
+def hgrn2_key(q, g, per_token: str):
+    """HGRN2's key k = 1 - exp(g) = -expm1(g) [per_token K] in q's dtype (bf16 rounds it once), from the log forget
+    gate g [per_token K] float32; q and g checked first, so that a bad g is named as g, not as the key it makes.
+    expm1 keeps the key exact where the gate is close to 1 (g near 0)."""
+    cupy = cupy_module()
+    shapes = Shapes()
+    check_input("q", q, f"{per_token} K", shapes, float32_only=False)
+    check_input("g", g, f"{per_token} K", shapes, float32_only=True)
+    return bf16.like(cupy.negative(cupy.expm1(g)), q)
+
+
+def hgrn2(q, v, g, *, scale=None, initial_state=None, version=None, check_values=True):
+    """HGRN2: GLA with the input gate tied to the forget gate, k = 1 - exp(g) (minilin.mixers.hgrn2). q [B, T, H, K],
+    v [B, T, H, V], g [B, T, H, K] float32 log forget gates <= 0; the key is one elementwise pass on CuPy, then the
+    GLA kernels (`versions('gla')`). Returns (o [B, T, H, V], final state [B, H, K, V] float32)."""
+    return channel_gated_linear(q, hgrn2_key(q, g, "B T H"), v, g, scale=scale, initial_state=initial_state,
                                 version=version, check_values=check_values)
 
 

@@ -7,18 +7,19 @@ states written over the old rows, `state` returned) or False (a new [N, H, K, V]
 `check_values=`. The mappings onto the two step engines are the forward's (minilin/cuda/mixers.py):
 
     gated_linear_step:  linear_attention (no g), simple_gla (g [N, H]), gla (g [N, H, K]), retnet (g = log gamma),
-                        lightning (g = -slope), mamba2 (q = C, k = B, v = dt x, g = dt A, scale = 1, y += D x)
+                        lightning (g = -slope), mamba2 (q = C, k = B, v = dt x, g = dt A, scale = 1, y += D x),
+                        hgrn2 (gla's step with k = 1 - exp(g))
     delta_rule_step:    deltanet (no g), gated_deltanet (g [N, H]), kda (g [N, H, K])
 
-retnet, lightning and mamba2 build their g (and Mamba-2 its v and y) with CuPy elementwise passes around the
-kernel, as their forward wrappers do; the others launch the kernel alone.
+retnet, lightning, mamba2 and hgrn2 build their g (Mamba-2 its v and y, HGRN2 its k) with CuPy elementwise passes
+around the kernel, as their forward wrappers do; the others launch the kernel alone.
 """
 from __future__ import annotations
 
 from ..validation import Shapes, check_flag
 from .decode import _launch, _step, check_index_values, check_indices
 from .front import check_input, cupy_module
-from .mixers import (lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, mamba2_skip,
+from .mixers import (hgrn2_key, lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, mamba2_skip,
                      retnet_log_gate)
 
 
@@ -47,6 +48,13 @@ def gla_step(q, k, v, g, *, state=None, scale=None, state_indices=None, in_place
     """GLA, one token: S_t = diag(exp(g)) S_{t-1} + k v^T. g [N, H, K] float32 log-decays <= 0."""
     return _step(False, q, k, v, g, "channel", None, scale=scale, allow_neg_eigval=False, normalize_qk=False,
                  **_common(state, state_indices, in_place, out, version, check_values))
+
+
+def hgrn2_step(q, v, g, *, state=None, scale=None, state_indices=None, in_place=True, out=None, version=None,
+               check_values=True):
+    """HGRN2, one token: GLA's step with the key k = 1 - exp(g) (mixers.hgrn2_key). q, g [N, H, K], v [N, H, V]."""
+    return gla_step(q, hgrn2_key(q, g, "N H"), v, g, state=state, scale=scale, state_indices=state_indices,
+                    in_place=in_place, out=out, version=version, check_values=check_values)
 
 
 def retnet_step(q, k, v, *, state=None, gamma=None, scale=None, state_indices=None, in_place=True, out=None,

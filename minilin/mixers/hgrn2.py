@@ -30,7 +30,7 @@ from . import _gated_linear
 
 SIGNATURE = Signature(
     inputs=(Tensor("q", "B T H K"), Tensor("v", "B T H V"), Tensor("g", "B T H K", gate=True)),
-    output="B T H V", state="B H K V")
+    output="B T H V", state="B H K V", gpu="gla")  # on the GPU through GLA's kernels (minilin.cuda.hgrn2)
 
 
 def _checked(q, v, g, scale, state, step=False):
