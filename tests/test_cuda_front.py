@@ -151,12 +151,22 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
     assert front.default_version("linear") == 1 and front.default_version("linear", False) == 1
 
 
-def test_a_measured_faster_default_replaces_the_last_rung(monkeypatch):
-    ladder = tuple({"op": "kda", "version": n, "name": name, "float32": True, "bfloat16": True,
-                    "min_compute_capability": 80, **TOKEN_LOOP_SHAPE} for n, name in ((1, "recurrent"), (2, "chunked")))
+def test_the_default_passes_over_a_rung_measured_slower(monkeypatch):
+    """kda's ladder: v2 (the WY form on CUDA cores) measured slower than v1, so version=None never picks it; v3
+    (tensor cores, compute capability 9.0) is the default where it runs and takes the shape, v1 elsewhere."""
+    ladder = ({"op": "kda", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
+              {"op": "kda", "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
+              {"op": "kda", "version": 3, "name": "prepared_chunks", "float32": False, "bfloat16": True,
+               "min_compute_capability": 90, **TENSOR_CORE_SHAPE})
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
-    assert front.FASTER_DEFAULT[("kda", True)] == 1
-    assert front._version_info("kda", None, True, 90)["version"] == 1
+    assert 2 in front.SLOWER_RUNGS[("kda", True)] and 2 in front.SLOWER_RUNGS[("kda", False)]
+    assert front._version_info("kda", None, True, 90)["version"] == 3
+    assert front._version_info("kda", None, True, 90, 128, 128)["version"] == 3
+    assert front._version_info("kda", None, True, 90, 256, 128)["version"] == 1  # v3 takes K 64 or 128 only
+    assert front._version_info("kda", None, True, 80)["version"] == 1  # v3 does not run: v1, not the slower v2
+    assert front._version_info("kda", None, False, 90)["version"] == 1  # v3 is bf16 only
     assert front._version_info("kda", 2, True, 90)["version"] == 2  # still callable by number
 
 

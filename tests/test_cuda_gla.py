@@ -347,10 +347,11 @@ def test_hgrn2_runs_on_every_gla_version(version, dtype):
 
 @gpu
 def test_default_versions():
-    """The fastest measured: for GLA the split-sequence tensor-core version in bfloat16 and the recurrent one in
-    float32 (the chunked CUDA-core v2 is slower); for KDA the recurrent one (front.FASTER_DEFAULT says why)."""
+    """The fastest measured: the tensor-core versions in bfloat16 (gla v5, kda v3; the token loop at K = 256) and
+    the recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS)."""
     assert front.default_version("gla", True) == 5 and front.default_version("gla", False) == 1
-    assert front.default_version("kda", True) == front.default_version("kda", False) == 1
+    assert front.default_version("kda", True) == 3 and front.default_version("kda", False) == 1
+    assert front.default_version("kda", True, 128, 128) == 3 and front.default_version("kda", True, 256, 128) == 1
 
 
 @gpu

@@ -114,26 +114,28 @@ def _capability_range(info: dict) -> str:
     return f"{_dotted(low)} to {_dotted(high)}"
 
 
-# Where the last rung that takes a dtype is not the fastest, the version version=None runs instead, as measured
-# (csrc/NOTES.md, 2026-12-01, H200, B=4, T=8192, H=16, K=V=128, bf16): kda v2, the WY form on CUDA cores, took
-# 42.6 ms against v1's 6.3; gla v2 (CUDA cores, the float32 default otherwise) 29.6 ms against v1's 5.5.
-FASTER_DEFAULT = {("kda", True): 1, ("kda", False): 1, ("gla", False): 1}
+# Rungs that measured slower than a rung below them, per (op, dtype is bfloat16): version=None passes over them
+# (csrc/NOTES.md, 2026-12-01, H200, B=4, T=8192, H=16, K=V=128): kda v2, the WY form on CUDA cores, took 42.6 ms
+# in bf16 against v1's 6.3 and v3's 1.7; gla v2 (CUDA cores) 29.6 ms against v1's 5.5, which makes v1 the
+# float32 default. Where a faster rung does not run (kda v3 below compute capability 9.0, or at K = 256) the
+# default falls to the next rung down that is not listed here, never to a slower one.
+SLOWER_RUNGS = {("kda", True): (2,), ("kda", False): (2,), ("gla", False): (2,)}
 
 
 def _version_info(op: str, version, dtype_is_bf16: bool, capability: int, K: int | None = None,
                   V: int | None = None) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
     if version is None:
-        # The last rung of the ladder that takes this dtype (and K, V when given) and runs on this GPU, or
-        # FASTER_DEFAULT's. Where no rung takes the shape the last one is chosen anyway: its checks say why.
+        # The last rung of the ladder that takes this dtype (and K, V when given), runs on this GPU and is not
+        # in SLOWER_RUNGS. Where no rung takes the shape the last one is chosen anyway: its checks say why.
         usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"]) and _runs_on(v, capability)]
         if not usable:
             raise RuntimeError(f"version: no {op} version runs on compute capability "
                                f"{capability // 10}.{capability % 10} (see versions('{op}'))")
         if K is not None and V is not None:
             usable = [v for v in usable if takes_shape(v, K, V)] or usable[-1:]
-        faster = [v for v in usable if v["version"] == FASTER_DEFAULT.get((op, dtype_is_bf16))]
-        return faster[0] if faster else usable[-1]
+        faster = [v for v in usable if v["version"] not in SLOWER_RUNGS.get((op, dtype_is_bf16), ())]
+        return (faster or usable)[-1]
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
         raise TypeError(f"version: expected an integer or None, got {_describe(version)} {version!r}")
     for v in available:

@@ -4,7 +4,7 @@ Same signatures as the NumPy reference (minilin/mixers/<name>.py, CONVENTIONS.md
 `cu_seqlens` included where the reference takes them (linear attention, simple GLA, GLA, DeltaNet, Gated
 DeltaNet, KDA: front.py says how), plus `version=` (which kernel: None picks
 `default_version`, the last rung that takes the dtype and the shape (`front.takes_shape`: K, V) and runs on this
-GPU, or the faster one that `front.FASTER_DEFAULT` names) and
+GPU and is not a rung measured slower than one below it, `front.SLOWER_RUNGS`) and
 `check_values=` (value checks that cost a device sync; False for timing). All return (o, final_state) as
 CuPy arrays, the state float32.
 
