@@ -35,6 +35,7 @@
 #include "../common/simt.cuh"
 #include "../delta/wy_prepare_blocked.cuh"  // wy_blocked::solve_unit_lower, kLd
 #include "../gla/sub_chunks.cuh"
+#include "prepare_steps.cuh"
 #include "prepared_tiles.cuh"
 
 namespace minilin {
@@ -158,34 +159,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_prepare(const Problem p) {
   fill_decays<K, kLdG, kThreads>(G, L.E(0, 0));
   __syncthreads();
 
-  // 3. the decayed operands, two channels per thread: Qr, Kg and Ke straight to the workspace; the rows Q_ab =
-  //    q~ E[a][b+1] and K_ab = k~ E[a][b+1] of each pair b < a; k^ = k exp(D_a - Gs) over k in place
-  for (int idx = threadIdx.x; idx < kChunk * K / 2; idx += kThreads) {
-    const int i = idx / (K / 2), f = 2 * (idx % (K / 2)), a = i / kSub;
-    float qd[2], kt[2], kh[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const float Gi = G[i * kLdG + f + u];
-      const float D = G[(a * kSub + kSub - 1) * kLdG + f + u];
-      const float from_start = __expf(Gi), to_end = __expf(D - Gi);
-      qd[u] = to_float(q_s[i * kLdK + f + u]) * from_start;  // q~: from the sub-chunk's start
-      kt[u] = to_float(k_s[i * kLdK + f + u]) * from_start;  // k~
-      kh[u] = to_float(k_s[i * kLdK + f + u]) * to_end;      // k^: to the sub-chunk's end
-    }
-    const float* to_chunk = L.E(a, 0);              // from the chunk's start to the sub-chunk's
-    const float* from_chunk = L.E(kSubs, a + 1);    // from the sub-chunk's end to the chunk's
-    store_bf16x2(out.qr + i * K + f, qd[0] * to_chunk[f], qd[1] * to_chunk[f + 1]);
-    store_bf16x2(out.kg + i * K + f, kt[0] * to_chunk[f], kt[1] * to_chunk[f + 1]);
-    store_bf16x2(out.ke + i * K + f, kh[0] * from_chunk[f], kh[1] * from_chunk[f + 1]);
-    store_bf16x2(k_s + i * kLdK + f, kh[0], kh[1]);
-    for (int bb = 0; bb < a; ++bb) {
-      const float* E = L.E(a, bb + 1);
-      const int row = (i - a * kSub) * kLdK + f;
-      store_bf16x2(L.Qpair(pair_index(a, bb)) + row, qd[0] * E[f], qd[1] * E[f + 1]);
-      store_bf16x2(L.Kpair(pair_index(a, bb)) + row, kt[0] * E[f], kt[1] * E[f + 1]);
-    }
-  }
-  for (int f = threadIdx.x; f < K; f += kThreads) out.decay[f] = L.E(kSubs, 0)[f];
+  // 3. the decayed operands (kda/prepare_steps.cuh)
+  decayed_operands<K, K, kLdK, kLdG, kThreads>(q_s, k_s, G, L.E(0, 0), L.Qpair(0), L.Kpair(0), out, 0);
   __syncthreads();
 
   // 4. the blocks below the diagonal: P's 6 and A's 6 on tensor cores, 12 products over the 8 warps
@@ -195,26 +170,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_prepare(const Problem p) {
   }
   __syncthreads();  // A complete; the pairs are dead, so T may take their bytes
 
-  // 5. T = (I + A)^-1 by blocks (fp32), then T diag(beta) and P into the workspace, 8 bf16 (16 bytes) per thread
-  //    and step, zeros above the diagonal blocks
-  float* Tm = L.Tm();
-  wy_blocked::solve_unit_lower<wy_blocked::WaveProducts::kCudaCores>(A, Tm, warp, threadIdx.x);
-  for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
-    const int r = e / kChunk, c = e % kChunk;
-    const bool above = c / kSub > r / kSub;
-    const uint4 zeros = make_uint4(0u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(out.scores + e) = above ? zeros : *reinterpret_cast<const uint4*>(L.P() + r * kLdC + c);
-    unsigned packed[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int c0 = c + 2 * u;
-      const float x = above ? 0.0f : Tm[r * kLdA + c0] * beta[c0];
-      const float y = above ? 0.0f : Tm[r * kLdA + c0 + 1] * beta[c0 + 1];
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
-      packed[u] = *reinterpret_cast<const unsigned*>(&pair);
-    }
-    *reinterpret_cast<uint4*>(out.solve + e) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  }
+  // 5. T = (I + A)^-1, then T diag(beta) and P into the workspace (kda/prepare_steps.cuh)
+  solve_and_store<kLdC, kThreads>(A, L.Tm(), L.P(), beta, out, warp);
 }
 
 // ---- chunks: one block per (batch, head, 64 value columns), chunk after chunk -----------------------------------
