@@ -17,6 +17,8 @@
 //   kda v2         chunked: the WY form on CUDA cores, the decays through gla v2's sub-chunk references.
 //   kda v3         prepared_chunks: v2's WY form with gla v4's split, the chunk-local work and the solve in a kernel
 //                  parallel over chunks, the pass over chunks the state's products on bf16 tensor cores.
+//   kda v4         sliced_prepare: v3 with its prepare taken through the key channels 64 at a time, two blocks per
+//                  SM instead of one.
 //   decode v1      register_tiles: one block per (sequence, head, 32 value columns), its state slice in registers,
 //                  read and written once with 16-byte accesses.
 //   linear_bwd v1  recurrent: a forward token loop for dq and a backward one for the state's adjoint, dk and dv;
@@ -35,7 +37,7 @@ extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, line
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
-extern const Version kda_v1, kda_v2, kda_v3;
+extern const Version kda_v1, kda_v2, kda_v3, kda_v4;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2;
 
@@ -51,7 +53,7 @@ const std::vector<Version>& versions() {
                                                 delta_v10,
 #endif
                                                 gla_v1,    gla_v2,    gla_v3,    gla_v4,    gla_v5,
-                                                kda_v1,    kda_v2,    kda_v3,
+                                                kda_v1,    kda_v2,    kda_v3,    kda_v4,
                                                 decode_v1,
                                                 linear_bwd_v1,
                                                 linear_bwd_v2,

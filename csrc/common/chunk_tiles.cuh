@@ -63,19 +63,19 @@ __device__ __forceinline__ WarpTiles warp_tiles(int warp) {
 }
 }  // namespace wide
 
-// Tokens [t0, t0 + 64) of sequence seq as read by value head h: its q/k head's q and k rows (K wide, shared row
-// stride ldk); rows past the sequence's end are zero-filled.
-template <int K>
+// Tokens [t0, t0 + 64) of sequence seq as read by value head h: its q/k head's q and k rows (K wide), or their
+// channels [c0, c0 + kCols), into shared rows of stride ldk; rows past the sequence's end are zero-filled.
+template <int K, int kCols = K>
 __device__ __forceinline__ void cp_async_qk_rows(__nv_bfloat16* q_dst, __nv_bfloat16* k_dst, int ldk, const Problem& p,
-                                                 const SequenceRows& seq, int h, int t0) {
+                                                 const SequenceRows& seq, int h, int t0, int c0 = 0) {
   constexpr int kRows = 64;
   const int valid = min(kRows, seq.length - t0);
   const int qk_heads = qk_heads_of(p);
   const long long first_qk = (seq.first + t0) * qk_heads + qk_head_of(p, h);
-  cp_async_rows(q_dst, ldk, static_cast<const __nv_bfloat16*>(p.q) + first_qk * K,
-                static_cast<long long>(qk_heads) * K, kRows, K, valid);
-  cp_async_rows(k_dst, ldk, static_cast<const __nv_bfloat16*>(p.k) + first_qk * K,
-                static_cast<long long>(qk_heads) * K, kRows, K, valid);
+  cp_async_rows(q_dst, ldk, static_cast<const __nv_bfloat16*>(p.q) + first_qk * K + c0,
+                static_cast<long long>(qk_heads) * K, kRows, kCols, valid);
+  cp_async_rows(k_dst, ldk, static_cast<const __nv_bfloat16*>(p.k) + first_qk * K + c0,
+                static_cast<long long>(qk_heads) * K, kRows, kCols, valid);
 }
 
 // Tokens [t0, t0 + 64) of sequence seq, head h: q and k rows (cp_async_qk_rows), value columns [v0, v0 + kBlockV)

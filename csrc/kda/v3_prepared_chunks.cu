@@ -35,58 +35,18 @@
 #include "../common/simt.cuh"
 #include "../delta/wy_prepare_blocked.cuh"  // wy_blocked::solve_unit_lower, kLd
 #include "../gla/sub_chunks.cuh"
+#include "prepare_steps.cuh"
+#include "prepared_tiles.cuh"
 
 namespace minilin {
 namespace {
 
 using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, the decay table E, and the shared steps
+using namespace kda_prepared;    // the workspace's tiles
 using bf16 = __nv_bfloat16;
 using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdV, narrow::kLdC;  // common/chunk_tiles.cuh
 constexpr int kLdA = wy_blocked::kLd;     // fp32 rows of A and T (the solve's stride)
 static_assert(wy_blocked::kThreads == kThreads, "the blocked solve runs on the block's 8 warps");
-
-// ---- the workspace: six arrays, each [H][chunk rows][...], 256-byte aligned -----------------------------------
-__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-struct Sections {
-  size_t rows_k, tile, decay;  // bytes of one [H][rows][64][K] bf16 array, one [H][rows][64][64] bf16, the decays
-};
-
-__host__ __device__ inline Sections sections(long long rows, int H, int K) {
-  const size_t tiles = static_cast<size_t>(rows) * H;
-  return {aligned(tiles * kChunk * K * sizeof(bf16)), aligned(tiles * kChunk * kChunk * sizeof(bf16)),
-          aligned(tiles * K * sizeof(float))};
-}
-
-size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
-  if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
-  const Sections s = sections(chunk_rows(B, T, packed), H, K);
-  return 3 * s.rows_k + 2 * s.tile + s.decay;
-}
-
-// Chunk row `row` of head h: where its six tiles are.
-struct PreparedTiles {
-  bf16* qr;      // [64][K]  q exp(G)
-  bf16* kg;      // [64][K]  k exp(G)
-  bf16* ke;      // [64][K]  k exp(G_C - G)
-  bf16* scores;  // [64][64] P, zeros above the diagonal
-  bf16* solve;   // [64][64] T diag(beta), zeros above the diagonal
-  float* decay;  // [K]      exp(G_C)
-};
-
-template <int K>
-__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
-  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
-  const Sections s = sections(rows, p.H, K);
-  unsigned char* base = static_cast<unsigned char*>(p.workspace);
-  const long long tile = static_cast<long long>(h) * rows + row;
-  return {reinterpret_cast<bf16*>(base) + tile * kChunk * K,
-          reinterpret_cast<bf16*>(base + s.rows_k) + tile * kChunk * K,
-          reinterpret_cast<bf16*>(base + 2 * s.rows_k) + tile * kChunk * K,
-          reinterpret_cast<bf16*>(base + 3 * s.rows_k) + tile * kChunk * kChunk,
-          reinterpret_cast<bf16*>(base + 3 * s.rows_k + s.tile) + tile * kChunk * kChunk,
-          reinterpret_cast<float*>(base + 3 * s.rows_k + 2 * s.tile) + tile * K};
-}
 
 // ---- prepare: one block per (chunk, head) -------------------------------------------------------------------------
 template <int K>
@@ -199,34 +159,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_prepare(const Problem p) {
   fill_decays<K, kLdG, kThreads>(G, L.E(0, 0));
   __syncthreads();
 
-  // 3. the decayed operands, two channels per thread: Qr, Kg and Ke straight to the workspace; the rows Q_ab =
-  //    q~ E[a][b+1] and K_ab = k~ E[a][b+1] of each pair b < a; k^ = k exp(D_a - Gs) over k in place
-  for (int idx = threadIdx.x; idx < kChunk * K / 2; idx += kThreads) {
-    const int i = idx / (K / 2), f = 2 * (idx % (K / 2)), a = i / kSub;
-    float qd[2], kt[2], kh[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const float Gi = G[i * kLdG + f + u];
-      const float D = G[(a * kSub + kSub - 1) * kLdG + f + u];
-      const float from_start = __expf(Gi), to_end = __expf(D - Gi);
-      qd[u] = to_float(q_s[i * kLdK + f + u]) * from_start;  // q~: from the sub-chunk's start
-      kt[u] = to_float(k_s[i * kLdK + f + u]) * from_start;  // k~
-      kh[u] = to_float(k_s[i * kLdK + f + u]) * to_end;      // k^: to the sub-chunk's end
-    }
-    const float* to_chunk = L.E(a, 0);              // from the chunk's start to the sub-chunk's
-    const float* from_chunk = L.E(kSubs, a + 1);    // from the sub-chunk's end to the chunk's
-    store_bf16x2(out.qr + i * K + f, qd[0] * to_chunk[f], qd[1] * to_chunk[f + 1]);
-    store_bf16x2(out.kg + i * K + f, kt[0] * to_chunk[f], kt[1] * to_chunk[f + 1]);
-    store_bf16x2(out.ke + i * K + f, kh[0] * from_chunk[f], kh[1] * from_chunk[f + 1]);
-    store_bf16x2(k_s + i * kLdK + f, kh[0], kh[1]);
-    for (int bb = 0; bb < a; ++bb) {
-      const float* E = L.E(a, bb + 1);
-      const int row = (i - a * kSub) * kLdK + f;
-      store_bf16x2(L.Qpair(pair_index(a, bb)) + row, qd[0] * E[f], qd[1] * E[f + 1]);
-      store_bf16x2(L.Kpair(pair_index(a, bb)) + row, kt[0] * E[f], kt[1] * E[f + 1]);
-    }
-  }
-  for (int f = threadIdx.x; f < K; f += kThreads) out.decay[f] = L.E(kSubs, 0)[f];
+  // 3. the decayed operands (kda/prepare_steps.cuh)
+  decayed_operands<K, K, kLdK, kLdG, kThreads>(q_s, k_s, G, L.E(0, 0), L.Qpair(0), L.Kpair(0), out, 0);
   __syncthreads();
 
   // 4. the blocks below the diagonal: P's 6 and A's 6 on tensor cores, 12 products over the 8 warps
@@ -236,26 +170,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_prepare(const Problem p) {
   }
   __syncthreads();  // A complete; the pairs are dead, so T may take their bytes
 
-  // 5. T = (I + A)^-1 by blocks (fp32), then T diag(beta) and P into the workspace, 8 bf16 (16 bytes) per thread
-  //    and step, zeros above the diagonal blocks
-  float* Tm = L.Tm();
-  wy_blocked::solve_unit_lower<wy_blocked::WaveProducts::kCudaCores>(A, Tm, warp, threadIdx.x);
-  for (int e = threadIdx.x * 8; e < kChunk * kChunk; e += kThreads * 8) {
-    const int r = e / kChunk, c = e % kChunk;
-    const bool above = c / kSub > r / kSub;
-    const uint4 zeros = make_uint4(0u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(out.scores + e) = above ? zeros : *reinterpret_cast<const uint4*>(L.P() + r * kLdC + c);
-    unsigned packed[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int c0 = c + 2 * u;
-      const float x = above ? 0.0f : Tm[r * kLdA + c0] * beta[c0];
-      const float y = above ? 0.0f : Tm[r * kLdA + c0 + 1] * beta[c0 + 1];
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
-      packed[u] = *reinterpret_cast<const unsigned*>(&pair);
-    }
-    *reinterpret_cast<uint4*>(out.solve + e) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  }
+  // 5. T = (I + A)^-1, then T diag(beta) and P into the workspace (kda/prepare_steps.cuh)
+  solve_and_store<kLdC, kThreads>(A, L.Tm(), L.P(), beta, out, warp);
 }
 
 // ---- chunks: one block per (batch, head, 64 value columns), chunk after chunk -----------------------------------
@@ -378,19 +294,23 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
 }
 
-template <int K>
-void launch(const Problem& p) {
-  launch_checked(p, "kda_v3_prepare", kda_v3_prepare<K>, chunk_grid(p, p.H), kThreads, PrepareLayout<K>::kBytes);
-  launch_checked(p, "kda_v3_chunks", kda_v3_chunks<K>, dim3(p.V / kBlockV, p.H, p.B), kThreads, ChunkLayout<K>::kBytes);
-}
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) { return prepared_bytes(B, T, H, K, V, packed); }
 
 void forward(const Problem& p) {
-  const char* name = "kda_v3_prepared_chunks";
+  check_problem(p, "kda_v3_prepared_chunks");
+  launch_checked(p, "kda_v3_prepare", p.K == 64 ? kda_v3_prepare<64> : kda_v3_prepare<128>, chunk_grid(p, p.H),
+                 kThreads, p.K == 64 ? PrepareLayout<64>::kBytes : PrepareLayout<128>::kBytes);
+  launch_chunks(p);
+}
+
+}  // namespace
+
+void kda_prepared::check_problem(const Problem& p, const char* name) {
   check_tensor_core_problem(p, name, true, kBlockV);
   require(p.g != nullptr, [&] {
     return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
   });
-  const size_t needed = workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
+  const size_t needed = prepared_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
   require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
     return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
            std::to_string(p.workspace_size);
@@ -398,11 +318,12 @@ void forward(const Problem& p) {
   require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
     return std::string(name) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
   });
-  if (p.K == 64) launch<64>(p);
-  else launch<128>(p);
 }
 
-}  // namespace
+void kda_prepared::launch_chunks(const Problem& p) {
+  launch_checked(p, "kda_v3_chunks", p.K == 64 ? kda_v3_chunks<64> : kda_v3_chunks<128>, dim3(p.V / kBlockV, p.H, p.B),
+                 kThreads, p.K == 64 ? ChunkLayout<64>::kBytes : ChunkLayout<128>::kBytes);
+}
 
 extern const Version kda_v3 = {
     "kda", 3, "prepared_chunks",

@@ -1,0 +1,67 @@
+// kda v3's workspace, which kda v4 writes too, and v3's pass over chunks that reads it: per chunk row
+// (common/sequences.cuh) and head, the tiles that a prepare kernel computes from one chunk alone,
+//   Qr = q exp(G), Kg = k exp(G), Ke = k exp(G_C - G)  [64, K] bf16,   P, T diag(beta)  [64, 64] bf16 (zero above
+//   the diagonal),   d = exp(G_C)  [K] fp32,
+// as six arrays [H][chunk rows][...], each 256-byte aligned (G the chunk-local cumulative gate, G_C its last row,
+// T = (I + A)^-1 the WY system's inverse: kda/v3_prepared_chunks.cu has the algebra).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "../common/sequences.cuh"
+
+namespace minilin {
+namespace kda_prepared {
+
+__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct Sections {
+  size_t rows_k, tile, decay;  // bytes of one [H][rows][64][K] bf16 array, one [H][rows][64][64] bf16, the decays
+};
+
+__host__ __device__ inline Sections sections(long long rows, int H, int K) {
+  const size_t tiles = static_cast<size_t>(rows) * H;
+  return {aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)), aligned(tiles * kChunk * kChunk * sizeof(__nv_bfloat16)),
+          aligned(tiles * K * sizeof(float))};
+}
+
+// The workspace's bytes for B sequences of T tokens, or B sequences packed into T (0 for an empty problem).
+inline size_t prepared_bytes(int B, int T, int H, int K, int V, bool packed) {
+  if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
+  const Sections s = sections(chunk_rows(B, T, packed), H, K);
+  return 3 * s.rows_k + 2 * s.tile + s.decay;
+}
+
+// Chunk row `row` of head h: where its six tiles are.
+struct PreparedTiles {
+  __nv_bfloat16* qr;      // [64][K]  q exp(G)
+  __nv_bfloat16* kg;      // [64][K]  k exp(G)
+  __nv_bfloat16* ke;      // [64][K]  k exp(G_C - G)
+  __nv_bfloat16* scores;  // [64][64] P, zeros above the diagonal
+  __nv_bfloat16* solve;   // [64][64] T diag(beta), zeros above the diagonal
+  float* decay;           // [K]      exp(G_C)
+};
+
+template <int K>
+__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
+  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
+  const Sections s = sections(rows, p.H, K);
+  unsigned char* base = static_cast<unsigned char*>(p.workspace);
+  const long long tile = static_cast<long long>(h) * rows + row;
+  using bf16 = __nv_bfloat16;
+  return {reinterpret_cast<bf16*>(base) + tile * kChunk * K,
+          reinterpret_cast<bf16*>(base + s.rows_k) + tile * kChunk * K,
+          reinterpret_cast<bf16*>(base + 2 * s.rows_k) + tile * kChunk * K,
+          reinterpret_cast<bf16*>(base + 3 * s.rows_k) + tile * kChunk * kChunk,
+          reinterpret_cast<bf16*>(base + 3 * s.rows_k + s.tile) + tile * kChunk * kChunk,
+          reinterpret_cast<float*>(base + 3 * s.rows_k + 2 * s.tile) + tile * K};
+}
+
+// What both versions check before launching (bf16, K = 64 or 128, V a multiple of 64, g given, the workspace large
+// enough and 16-byte aligned), naming `name` in the error; and v3's pass over chunks (kda/v3_prepared_chunks.cu)
+// over every sequence of p, its tiles in p.workspace.
+void check_problem(const Problem& p, const char* name);
+void launch_chunks(const Problem& p);
+
+}  // namespace kda_prepared
+}  // namespace minilin
