@@ -366,11 +366,12 @@ def test_hgrn2_runs_on_every_gla_version(version, dtype):
 
 @gpu
 def test_default_versions():
-    """The fastest measured: the tensor-core versions in bfloat16 (gla v5, kda v4; the token loop at K = 256) and
-    the recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS)."""
+    """The fastest measured: the tensor-core versions in bfloat16 (gla v5, kda v4, kda v3 at K = 64; the token loop at
+    K = 256) and the recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS)."""
     assert front.default_version("gla", True) == 5 and front.default_version("gla", False) == 1
     assert front.default_version("kda", True) == 4 and front.default_version("kda", False) == 1
     assert front.default_version("kda", True, 128, 128) == 4 and front.default_version("kda", True, 256, 128) == 1
+    assert front.default_version("kda", True, 64, 64) == 3  # v4 measured slower there (front.SLOWER_RUNGS)
 
 
 @gpu

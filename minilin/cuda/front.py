@@ -114,12 +114,23 @@ def _capability_range(info: dict) -> str:
     return f"{_dotted(low)} to {_dotted(high)}"
 
 
-# Rungs that measured slower than a rung below them, per (op, dtype is bfloat16): version=None passes over them
-# (csrc/NOTES.md, 2026-12-01, H200, B=4, T=8192, H=16, K=V=128): kda v2, the WY form on CUDA cores, took 42.6 ms
-# in bf16 against v1's 6.3 and v3's 1.7; gla v2 (CUDA cores) 29.6 ms against v1's 5.5, which makes v1 the
-# float32 default. Where a faster rung does not run (kda v3 below compute capability 9.0, or at K = 256) the
-# default falls to the next rung down that is not listed here, never to a slower one.
-SLOWER_RUNGS = {("kda", True): (2,), ("kda", False): (2,), ("gla", False): (2,)}
+# Rungs that measured slower than a rung below them, per (op, dtype is bfloat16): version=None passes over them,
+# at every key width (None) or at the key widths K listed (csrc/NOTES.md, 2026-12-01, H200, bf16 unless said):
+# kda v2, the WY form on CUDA cores, took 42.6 ms against v1's 6.3 at B=4, T=8192, H=16, K=V=128; gla v2 (CUDA
+# cores) 29.6 ms against v1's 5.5 (float32 too: v1 is the float32 default); kda v4 at K = V = 64, where its 64-
+# channel slices are one, 0.959 ms against v3's 0.873 (1.10x, 0.133 against 0.120 at B=8, T=1024, H=8), while at
+# K = 128 it is the faster (1.445 against 1.645). Where a faster rung does not run (kda v3 and v4 below compute
+# capability 9.0, or at K = 256) the default falls to the next rung down that is not passed over.
+SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,)}, ("kda", False): {2: None}, ("gla", False): {2: None}}
+
+
+def _passed_over(op: str, dtype_is_bf16: bool, version: int, K: int | None) -> bool:
+    """Whether version=None passes over `version` of `op` (SLOWER_RUNGS) at key width K (None: not known)."""
+    slower = SLOWER_RUNGS.get((op, dtype_is_bf16), {})
+    if version not in slower:
+        return False
+    widths = slower[version]
+    return widths is None or (K is not None and K in widths)
 
 
 def _version_info(op: str, version, dtype_is_bf16: bool, capability: int, K: int | None = None,
@@ -127,14 +138,15 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int, K: int
     available = [v for v in _built_versions() if v["op"] == op]
     if version is None:
         # The last rung of the ladder that takes this dtype (and K, V when given), runs on this GPU and is not
-        # in SLOWER_RUNGS. Where no rung takes the shape the last one is chosen anyway: its checks say why.
+        # passed over (SLOWER_RUNGS). Where no rung takes the shape the last one is chosen anyway: its checks say
+        # why.
         usable = [v for v in available if (v["bfloat16"] if dtype_is_bf16 else v["float32"]) and _runs_on(v, capability)]
         if not usable:
             raise RuntimeError(f"version: no {op} version runs on compute capability "
                                f"{capability // 10}.{capability % 10} (see versions('{op}'))")
         if K is not None and V is not None:
             usable = [v for v in usable if takes_shape(v, K, V)] or usable[-1:]
-        faster = [v for v in usable if v["version"] not in SLOWER_RUNGS.get((op, dtype_is_bf16), ())]
+        faster = [v for v in usable if not _passed_over(op, dtype_is_bf16, v["version"], K)]
         return (faster or usable)[-1]
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
         raise TypeError(f"version: expected an integer or None, got {_describe(version)} {version!r}")
