@@ -57,11 +57,14 @@ __device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h,
           reinterpret_cast<float*>(base + 3 * s.rows_k + 2 * s.tile) + tile * K};
 }
 
-// What both versions check before launching (bf16, K = 64 or 128, V a multiple of 64, g given, the workspace large
-// enough and 16-byte aligned), naming `name` in the error; and v3's pass over chunks (kda/v3_prepared_chunks.cu)
-// over every sequence of p, its tiles in p.workspace.
+// What every version that writes these tiles checks before launching (bf16, K = 64 or 128, V a multiple of 64, g
+// given, the workspace large enough and 16-byte aligned), naming `name` in the error; v3's pass over chunks
+// (kda/v3_prepared_chunks.cu) over every sequence of p, its tiles in p.workspace, one block per `columns` value
+// columns (64, or 32 for kda v5); and that pass's resident blocks per SM at 32 columns and this K (64 or 128).
 void check_problem(const Problem& p, const char* name);
-void launch_chunks(const Problem& p);
+void launch_chunks(const Problem& p, int columns = 64);
+int narrow_chunks_blocks_per_sm(int K);
+void launch_sliced_prepare(const Problem& p);  // kda v4's prepare kernel over every chunk of p (kda/v4_sliced_prepare.cu)
 
 }  // namespace kda_prepared
 }  // namespace minilin

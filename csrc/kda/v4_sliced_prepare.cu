@@ -229,12 +229,16 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) { return 
 
 void forward(const Problem& p) {
   check_problem(p, "kda_v4_sliced_prepare");
-  launch_checked(p, "kda_v4_prepare", p.K == 64 ? kda_v4_prepare<64> : kda_v4_prepare<128>, chunk_grid(p, p.H),
-                 kThreads, SliceLayout::kBytes);
+  launch_sliced_prepare(p);
   launch_chunks(p);
 }
 
 }  // namespace
+
+void kda_prepared::launch_sliced_prepare(const Problem& p) {
+  launch_checked(p, "kda_v4_prepare", p.K == 64 ? kda_v4_prepare<64> : kda_v4_prepare<128>, chunk_grid(p, p.H),
+                 kThreads, SliceLayout::kBytes);
+}
 
 extern const Version kda_v4 = {
     "kda", 4, "sliced_prepare",
