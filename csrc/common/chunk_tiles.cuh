@@ -13,16 +13,16 @@
 
 namespace minilin {
 
-// What one warp of a chunk kernel computes: its tile at (m0, n0) of each 64 x 64 product of a chunk (P, X, Delta,
-// O: 16 x 16 in the wide layout, 16 x 32 in the narrow one), and its slice of the state S [K, kBlockV]: rows
-// s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 kStateTiles - 1.
+// What one warp of a chunk kernel computes: its tile at (m0, n0) of each 64 x (value block) product of a chunk (P,
+// X, Delta, O: 16 x 16 in the wide layout, 16 x 32 in the narrow one at 64 value columns, 16 x 16 at 32), and its
+// slice of the state S [K, value block]: rows s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 kStateTiles - 1.
 struct WarpTiles {
   int m0, n0, s_m0, s_n0;
 };
 
 // The layout every 8-warp ("narrow") chunk kernel shares (linear v3, delta v3, gla v3 and v4, kda v3-v5): one block
-// of 8 warps per (batch, head, 64 value columns), or per kBlockV columns where a kernel takes narrower value blocks
-// (kda v5: 32); each warp one 16 x kBlockV / 2 tile of the chunk's 64 x kBlockV products; the state split into
+// of 8 warps per (batch, head, kBlockV = 64 value columns), or per kColumns = 32 where a kernel takes narrower value
+// blocks (kda v5); each warp one 16 x kColumns / 2 tile of the chunk's 64 x kColumns products; the state split into
 // K / 16 row tiles of 16, each shared by kRowSharers warps, each warp kStateTiles tiles of 8 columns.
 namespace narrow {
 constexpr int kWarps = 8;

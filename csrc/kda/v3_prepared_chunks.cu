@@ -18,7 +18,8 @@
 //     E[a][b+1], P's from q~ = q exp(Gs) E[a][b+1], both against k^ = k exp(D_b - Gs)); T by the delta prepare's
 //     blocked solve (delta/wy_prepare_blocked.cuh, fp32); then into the workspace, per chunk row and head: Qr, Kg,
 //     Ke [64, K] and P, T diag(beta) [64, 64] in bf16, d [K] in fp32.
-//   chunks, one block of 8 warps per (batch, head, 64 value columns), sequential over chunks, the next chunk's tiles
+//   chunks, one block of 8 warps per (batch, head, 64 value columns; kda v5: 32 where those fit the card at once),
+//     sequential over chunks, the next chunk's tiles
 //     and values copied while this one computes (gla v4's pipeline):
 //       X = V - Kg S;   Delta = (T diag(beta)) X;   O = scale (Qr S + P Delta);   S <- diag(d) S + Ke^T Delta,
 //     on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulators), S in fp32 registers across chunks (delta v3's
@@ -305,6 +306,12 @@ void forward(const Problem& p) {
   launch_chunks(p);
 }
 
+template <int K, int kColumns>
+void launch_chunks_k(const Problem& p) {
+  launch_checked(p, "kda_v3_chunks", kda_v3_chunks<K, kColumns>, dim3(p.V / kColumns, p.H, p.B), kThreads,
+                 ChunkLayout<K, kColumns>::kBytes);
+}
+
 }  // namespace
 
 void kda_prepared::check_problem(const Problem& p, const char* name) {
@@ -322,13 +329,10 @@ void kda_prepared::check_problem(const Problem& p, const char* name) {
   });
 }
 
-template <int K, int kColumns>
-void launch_chunks_k(const Problem& p) {
-  launch_checked(p, "kda_v3_chunks", kda_v3_chunks<K, kColumns>, dim3(p.V / kColumns, p.H, p.B), kThreads,
-                 ChunkLayout<K, kColumns>::kBytes);
-}
-
 void kda_prepared::launch_chunks(const Problem& p, int columns) {
+  require(columns == 32 || columns == kBlockV, [&] {
+    return "kda_v3_chunks: a value block of 32 or 64 columns, got " + std::to_string(columns);
+  });
   if (columns == 32) p.K == 64 ? launch_chunks_k<64, 32>(p) : launch_chunks_k<128, 32>(p);
   else p.K == 64 ? launch_chunks_k<64, kBlockV>(p) : launch_chunks_k<128, kBlockV>(p);
 }

@@ -9,7 +9,7 @@
 // as wide), twice as many blocks running side by side; each block still copies the chunk's whole tiles (Qr, Kg,
 // Ke, P, T diag(beta)), which the blocks of one head then read from L2. Where the 32-column blocks would not all be
 // resident at once, the 64-column pass runs (v4 itself). Every output element is the same sum in the same order as
-// v4's (the mma k-steps do not depend on the tile's width): outputs equal v4's bit for bit (tested).
+// v4's (the mma k-steps do not depend on the tile's width): outputs equal v4's bit for bit (a test checks it).
 #include "../common/launch.cuh"
 #include "../common/split_segments.cuh"  // split_card: the SM count and resident blocks, asked once per device
 #include "prepared_tiles.cuh"
@@ -30,8 +30,9 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
 
 void forward(const Problem& p) {
   kda_prepared::check_problem(p, "kda_v5_narrow_value_blocks");
+  const int columns = value_columns(p);  // its device queries may throw: before any launch
   kda_prepared::launch_sliced_prepare(p);
-  kda_prepared::launch_chunks(p, value_columns(p));
+  kda_prepared::launch_chunks(p, columns);
 }
 
 }  // namespace
