@@ -64,7 +64,11 @@ __device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h,
 void check_problem(const Problem& p, const char* name);
 void launch_chunks(const Problem& p, int columns = 64);
 int narrow_chunks_blocks_per_sm(int K);
-void launch_sliced_prepare(const Problem& p);  // kda v4's prepare kernel over every chunk of p (kda/v4_sliced_prepare.cu)
+// The pass's value block width for p (kda/v5_narrow_value_blocks.cu): 32 where every (sequence, head, 32 columns)
+// block is resident on the card at once, else 64.
+int value_columns(const Problem& p);
+// kda v4's prepare kernel over every chunk of p (kda/v4_sliced_prepare.cu); halves: kda v6's form of it.
+void launch_sliced_prepare(const Problem& p, bool halves = false);
 
 }  // namespace kda_prepared
 }  // namespace minilin

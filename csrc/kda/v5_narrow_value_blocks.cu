@@ -15,14 +15,14 @@
 #include "prepared_tiles.cuh"
 
 namespace minilin {
-namespace {
 
-// The value block width of the pass: 32 where every (sequence, head, 32 columns) block is resident at once.
-int value_columns(const Problem& p) {
+int kda_prepared::value_columns(const Problem& p) {
   const SplitCard& card = split_card<kda_prepared::narrow_chunks_blocks_per_sm>("kda_v5_narrow_value_blocks");
   const long long narrow_blocks = static_cast<long long>(p.B) * p.H * (p.V / 32);
   return narrow_blocks <= static_cast<long long>(card.sms) * card.resident[p.K == 64 ? 0 : 1] ? 32 : 64;
 }
+
+namespace {
 
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
   return kda_prepared::prepared_bytes(B, T, H, K, V, packed);
@@ -30,7 +30,7 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
 
 void forward(const Problem& p) {
   kda_prepared::check_problem(p, "kda_v5_narrow_value_blocks");
-  const int columns = value_columns(p);  // its device queries may throw: before any launch
+  const int columns = kda_prepared::value_columns(p);  // its device queries may throw: before any launch
   kda_prepared::launch_sliced_prepare(p);
   kda_prepared::launch_chunks(p, columns);
 }
