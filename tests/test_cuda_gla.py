@@ -327,8 +327,9 @@ def test_kda_versions_agree():
 def test_kda_v6_is_as_accurate_as_v5(K, layout):
     """v6 takes each diagonal block's (8..15, 0..7) quarter as a product of rows rescaled to token 7 of the sub-chunk
     and rounded to bf16 (v5: fp32 sums of per-term exponentials), so its outputs differ from v5's by bf16 roundings:
-    against the float64 reference, at gates down to -20 beside weak ones, its error stays within 1.5x of v5's and
-    within the bf16 tolerance; a wrong quadrant, reference token or row would be of the order of the outputs."""
+    against the float64 reference, at gates down to -20 beside weak ones, its error stays within 1.2x of v5's and
+    within the bf16 tolerance (a float64 model of both with their bf16 roundings put the ratio at ~1.03 on these
+    inputs); a wrong quadrant, a missing beta or an unwritten entry would be 10-100x v5's error."""
     if not any(version == 6 for version, _ in cuda_version_cases("kda")):
         pytest.skip("kda v6 does not run on this GPU")
     B, V = (1, 128) if layout == "packed" else (2, 128)
@@ -345,7 +346,7 @@ def test_kda_v6_is_as_accurate_as_v5(K, layout):
         errors[version] = (rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o),
                            rel_err(cupy.asnumpy(s).astype(np.float64), ref_s))
     assert all(e < TOLERANCE["bfloat16"] for e in errors[6]), errors
-    assert errors[6][0] <= 1.5 * errors[5][0] and errors[6][1] <= 1.5 * errors[5][1], errors
+    assert errors[6][0] <= 1.2 * errors[5][0] and errors[6][1] <= 1.2 * errors[5][1], errors
 
 
 @gpu
@@ -417,8 +418,9 @@ def test_hgrn2_runs_on_every_gla_version(version, dtype):
 
 @gpu
 def test_default_versions():
-    """The fastest measured: the tensor-core versions in bfloat16 (gla v5, kda v6, kda v3 at K = 64; the token loop at
-    K = 256) and the recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS)."""
+    """The last tensor-core rungs in bfloat16 (gla v5, kda v6, kda v3 at K = 64, where v4 measured slower; the token
+    loop at K = 256) and the recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS).
+    kda v5 and v6 are the default only once measured faster than v4 (csrc/NOTES.md)."""
     assert front.default_version("gla", True) == 5 and front.default_version("gla", False) == 1
     assert front.default_version("kda", True) == 6 and front.default_version("kda", False) == 1
     assert front.default_version("kda", True, 128, 128) == 6 and front.default_version("kda", True, 256, 128) == 1
@@ -505,7 +507,7 @@ def test_the_extension_lists_the_channel_ops():
                                                                "prepared_chunks", "sliced_prepare",
                                                                "narrow_value_blocks", "half_sub_chunks"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
-    # v3's chunk kernel's 193 KB of shared memory, which v4 and v5 run too
+    # v3's chunk kernel's 193 KB of shared memory, which v4 to v6 run too
     assert all(ladder[("kda", n)]["min_compute_capability"] == 90 for n in (3, 4, 5, 6))
     tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5), ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6)]
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only

@@ -65,8 +65,8 @@ void check_problem(const Problem& p, const char* name);
 void launch_chunks(const Problem& p, int columns = 64);
 int narrow_chunks_blocks_per_sm(int K);
 // The pass's value block width for p (kda/v5_narrow_value_blocks.cu): 32 where every (sequence, head, 32 columns)
-// block is resident on the card at once, else 64.
-int value_columns(const Problem& p);
+// block is resident on the card at once, else 64; `name`, the calling version's, names a failed device query.
+int value_columns(const Problem& p, const char* name);
 // kda v4's prepare kernel over every chunk of p (kda/v4_sliced_prepare.cu); halves: kda v6's form of it.
 void launch_sliced_prepare(const Problem& p, bool halves = false);
 

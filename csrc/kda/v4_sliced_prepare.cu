@@ -91,7 +91,8 @@ struct SliceLayout {
   __device__ bf16* KH() const { return QH() + kHalfRows * kLdK; }
   __device__ bf16* KL() const { return KH() + kHalfRows * kLdK; }
 };
-static_assert(2 * (SliceLayout<true>::kBytes + 1024) <= 228 * 1024, "two prepare blocks per SM (compute capability 9.0)");
+static_assert(2 * (SliceLayout<true>::kBytes + 1024) <= 228 * 1024,
+              "two prepare blocks per SM (compute capability 9.0)");
 
 // Item idx of a round: the causal entry (i, j) (row i, column j of the chunk) of a diagonal block (v4) or of one of
 // its two 8 x 8 triangles (v6: triangle h, rows and columns from 8 h), and its quarter.

@@ -16,8 +16,8 @@
 
 namespace minilin {
 
-int kda_prepared::value_columns(const Problem& p) {
-  const SplitCard& card = split_card<kda_prepared::narrow_chunks_blocks_per_sm>("kda_v5_narrow_value_blocks");
+int kda_prepared::value_columns(const Problem& p, const char* name) {
+  const SplitCard& card = split_card<kda_prepared::narrow_chunks_blocks_per_sm>(name);
   const long long narrow_blocks = static_cast<long long>(p.B) * p.H * (p.V / 32);
   return narrow_blocks <= static_cast<long long>(card.sms) * card.resident[p.K == 64 ? 0 : 1] ? 32 : 64;
 }
@@ -30,7 +30,7 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
 
 void forward(const Problem& p) {
   kda_prepared::check_problem(p, "kda_v5_narrow_value_blocks");
-  const int columns = kda_prepared::value_columns(p);  // its device queries may throw: before any launch
+  const int columns = kda_prepared::value_columns(p, "kda_v5_narrow_value_blocks");  // may throw: before any launch
   kda_prepared::launch_sliced_prepare(p);
   kda_prepared::launch_chunks(p, columns);
 }

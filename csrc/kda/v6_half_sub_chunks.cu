@@ -11,8 +11,9 @@
 // diagonal (two sub-chunks per 16 x 16 product, its off-diagonal quadrants discarded). A factor that underflows
 // stands for a decay below exp(-87), whose true product is smaller still. Per 64-channel slice: 288 entries of
 // per-term exponentials instead of 544 (18432 exponentials instead of 34816), plus one per token and channel for the
-// rescaling (4096); the quarters' operands are rounded to bf16 once, as the pairs' are. The pass over chunks and its value block width are v5's; the prepare kernel is v4's with
-// kHalves (kda/v4_sliced_prepare.cu), 107 KB of shared memory, still two blocks per SM.
+// rescaling (4096); the quarters' operands are rounded to bf16 once, as the pairs' are. The pass over chunks and
+// its value block width are v5's; the prepare kernel is v4's with kHalves (kda/v4_sliced_prepare.cu), 107 KB of
+// shared memory, still two blocks per SM.
 #include "../common/launch.cuh"
 #include "prepared_tiles.cuh"
 
@@ -25,7 +26,7 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
 
 void forward(const Problem& p) {
   kda_prepared::check_problem(p, "kda_v6_half_sub_chunks");
-  const int columns = kda_prepared::value_columns(p);  // its device queries may throw: before any launch
+  const int columns = kda_prepared::value_columns(p, "kda_v6_half_sub_chunks");  // may throw: before any launch
   kda_prepared::launch_sliced_prepare(p, /*halves=*/true);
   kda_prepared::launch_chunks(p, columns);
 }

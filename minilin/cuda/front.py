@@ -119,9 +119,9 @@ def _capability_range(info: dict) -> str:
 # kda v2, the WY form on CUDA cores, took 42.6 ms against v1's 6.3 at B=4, T=8192, H=16, K=V=128; gla v2 (CUDA
 # cores) 29.6 ms against v1's 5.5 (float32 too: v1 is the float32 default); kda v4 at K = V = 64, where its 64-
 # channel slices are one, 0.959 ms against v3's 0.873 (1.10x, 0.133 against 0.120 at B=8, T=1024, H=8), while at
-# K = 128 it is the faster (1.445 against 1.645); kda v5 and v6 run v4's sliced prepare, so at K = 64 they are
-# passed over with it.
-# Where a faster rung does not run (kda v3 to v5 below compute capability 9.0, or at K = 256) the default falls to
+# K = 128 it is the faster (1.445 against 1.645); kda v5 and v6, not yet timed at K = 64, run v4's sliced prepare,
+# so they are passed over there with it until they are.
+# Where a faster rung does not run (kda v3 to v6 below compute capability 9.0, or at K = 256) the default falls to
 # the next rung down that is not passed over.
 SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,), 5: (64,), 6: (64,)}, ("kda", False): {2: None},
                 ("gla", False): {2: None}}
