@@ -341,11 +341,7 @@ int kda_prepared::narrow_chunks_blocks_per_sm(int K) {
   const auto kernel = K == 64 ? kda_v3_chunks<64, 32> : kda_v3_chunks<128, 32>;
   const size_t smem = K == 64 ? ChunkLayout<64, 32>::kBytes : ChunkLayout<128, 32>::kBytes;
   const char* name = "kda_v3_chunks";
-  allow_shared_memory(kernel, smem, name);
-  int blocks = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem), name,
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  return blocks;
+  return resident_blocks(kernel, kThreads, smem, name);
 }
 
 extern const Version kda_v3 = {
