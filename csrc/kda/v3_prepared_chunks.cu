@@ -79,7 +79,7 @@ struct PrepareLayout {
 template <int K, int kLdK>
 __device__ __forceinline__ void key_pair_product(int pair, const bf16* k_pair, const bf16* k_hat, const float* beta,
                                                  float* A) {
-  const int a = pair < 1 ? 1 : pair < 3 ? 2 : 3, b = pair - pair_index(a, 0);
+  const auto [a, b] = pair_of(pair);
   float acc[1][2][4];
   zero(acc);
   warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, k_pair, kLdK, k_hat, kLdK, 0, b * kSub, 0, K);

@@ -88,8 +88,7 @@ __device__ __forceinline__ DiagonalItem diagonal_item(int idx) {
 // Product u (< kProducts) below the diagonal blocks, for one warp, over the slice's channels, accumulated: P's pair u
 // (Q_ab k^_b^T) for u < kPairs, else A's pair u - kPairs (K_ab k^_b^T, beta applied when stored).
 __device__ __forceinline__ void lower_block_product(int u, const SliceLayout& L, float (&acc)[1][2][4]) {
-  const int w = u < kPairs ? u : u - kPairs;
-  const int a = w < 1 ? 1 : w < 3 ? 2 : 3, b = w - pair_index(a, 0);
+  const int w = u < kPairs ? u : u - kPairs, b = pair_of(w).b;
   const bf16* rows = u < kPairs ? L.Qpair(w) : L.Kpair(w);
   warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, rows, SliceLayout::kLdK, L.k(), SliceLayout::kLdK, 0,
                                                          b * kSub, 0, kSlice);
@@ -204,8 +203,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
   for (int u = 0; u < kProductsPerWarp; ++u) {
     const int product = warp + u * kWarps;
     if (product >= kProducts) continue;
-    const int w = product < kPairs ? product : product - kPairs;
-    const int a = w < 1 ? 1 : w < 3 ? 2 : 3, b = w - pair_index(a, 0);
+    const auto [a, b] = pair_of(product < kPairs ? product : product - kPairs);
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
