@@ -274,11 +274,7 @@ int gla_prepared::chunks_blocks_per_sm(int K) {
   const auto kernel = K == 64 ? gla_v4_chunks<64> : gla_v4_chunks<128>;
   const size_t smem = K == 64 ? ChunkLayout<64>::kBytes : ChunkLayout<128>::kBytes;
   const char* name = "gla_v4_chunks";
-  allow_shared_memory(kernel, smem, name);
-  int blocks = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem), name,
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  return blocks;
+  return resident_blocks(kernel, kThreads, smem, name);
 }
 
 extern const Version gla_v4 = {

@@ -136,11 +136,7 @@ int resident_blocks_per_sm(int K) {
   const auto kernel = K == 64 ? linear_chunked_producer_warp<64> : linear_chunked_producer_warp<128>;
   const size_t smem = K == 64 ? Layout<64>::kBytes : Layout<128>::kBytes;
   const char* name = "linear_v7_chunked_producer_warp";
-  allow_shared_memory(kernel, smem, name);
-  int blocks = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem), name,
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  return blocks;
+  return resident_blocks(kernel, kThreads, smem, name);
 }
 
 }  // namespace linear_producer
