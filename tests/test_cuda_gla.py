@@ -241,11 +241,15 @@ def test_gla_versions_agree():
     o2, s2 = mcuda.gla(*on_gpu, version=2)
     assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < TOLERANCE["float32"]
     assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < TOLERANCE["float32"]
-    on_gpu, _ = to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "bfloat16")
-    o1, s1 = mcuda.gla(*on_gpu, version=1)
-    for version, dtype in cuda_version_cases("gla"):
+    bf16_versions_agree_with_v1("gla", to_device(inputs("gla", (1, 2000, 2, 128, 128), seed=11), "bfloat16")[0])
+
+
+def bf16_versions_agree_with_v1(op, on_gpu):
+    """Every bfloat16 version of op ("gla" or "kda") within 1e-2 of v1, the definition, on the same inputs."""
+    o1, s1 = getattr(mcuda, op)(*on_gpu, version=1)
+    for version, dtype in cuda_version_cases(op):
         if dtype == "bfloat16" and version > 1:
-            o, s = mcuda.gla(*on_gpu, version=version)
+            o, s = getattr(mcuda, op)(*on_gpu, version=version)
             assert rel_err(cupy.asnumpy(as_float32(o)), cupy.asnumpy(as_float32(o1))) < 1e-2, version
             assert rel_err(cupy.asnumpy(s), cupy.asnumpy(s1)) < 1e-2, version
 
@@ -311,13 +315,7 @@ def test_kda_versions_agree():
     o2, s2 = mcuda.kda(*on_gpu, version=2)
     assert rel_err(cupy.asnumpy(o2), cupy.asnumpy(o1)) < TOLERANCE["float32"]
     assert rel_err(cupy.asnumpy(s2), cupy.asnumpy(s1)) < TOLERANCE["float32"]
-    on_gpu, _ = to_device(args, "bfloat16")
-    o1, s1 = mcuda.kda(*on_gpu, version=1)
-    for version, dtype in cuda_version_cases("kda"):
-        if dtype == "bfloat16" and version > 1:
-            o, s = mcuda.kda(*on_gpu, version=version)
-            assert rel_err(cupy.asnumpy(as_float32(o)), cupy.asnumpy(as_float32(o1))) < 1e-2, version
-            assert rel_err(cupy.asnumpy(s), cupy.asnumpy(s1)) < 1e-2, version
+    bf16_versions_agree_with_v1("kda", to_device(args, "bfloat16")[0])
 
 
 @gpu

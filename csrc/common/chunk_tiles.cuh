@@ -101,6 +101,15 @@ __device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat
   }
 }
 
+// Value columns [v0, v0 + kColumns) of tokens [t0, t0 + 64) of sequence seq, head h, into shared rows of stride ldv
+// by the block's kThreads threads (cp_async_tile); rows past the sequence's end are zero-filled.
+template <int kThreads, int kColumns>
+__device__ __forceinline__ void cp_async_value_tile(__nv_bfloat16* dst, int ldv, const Problem& p,
+                                                    const SequenceRows& seq, int h, int t0, int v0) {
+  const __nv_bfloat16* v = static_cast<const __nv_bfloat16*>(p.v) + ((seq.first + t0) * p.H + h) * p.V + v0;
+  cp_async_tile<kThreads, kChunk, kColumns>(dst, ldv, v, static_cast<long long>(p.H) * p.V, min(kChunk, seq.length - t0));
+}
+
 // The same for head (b, h) of B sequences of T tokens.
 template <int K, int kBlockV>
 __device__ __forceinline__ void cp_async_chunk(__nv_bfloat16* q_dst, __nv_bfloat16* k_dst, int ldk, __nv_bfloat16* v_dst,

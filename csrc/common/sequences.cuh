@@ -31,6 +31,9 @@ __host__ __device__ inline long long chunk_rows(int B, int T, bool packed) {
   return packed ? static_cast<long long>(T / kChunk) + B : static_cast<long long>(B) * chunk_count(T);
 }
 
+// A workspace section's bytes rounded up to 256, so that every section after it starts 256-byte aligned.
+__host__ __device__ inline size_t workspace_aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 // Sequence b of B sequences of T tokens each.
 __host__ __device__ inline SequenceRows fixed_rows(int b, int T) {
   return {static_cast<long long>(b) * T, T, static_cast<long long>(b) * chunk_count(T)};

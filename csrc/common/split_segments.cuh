@@ -4,6 +4,8 @@
 // segment's start state to its outputs.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <deque>
 #include <mutex>
@@ -68,5 +70,33 @@ inline const SplitCard& split_card(const char* name) {
   }
   return c;
 }
+
+// What a split version measured of itself (its file says from what): its chunk pass's time per chunk and block at
+// K = 64 and 128, the correction's rate (it moves the queries once and o twice, bf16) and the launches a split adds.
+struct SplitModel {
+  double chunk_us[2];  // K = 64, K = 128
+  double correction_bytes_per_us;
+  double added_launches_us;
+  int min_segment, max_segments, run_chunks;  // SplitCosts's limits
+};
+
+// P for B sequences of T tokens, H heads and K, V, with the chunk pass on blocks of block_v value columns whose
+// resident blocks per SM `resident_blocks_per_sm` gives (asked once per device, under `name`); 1 without asking the
+// device where no sequence splits in two.
+template <int (*resident_blocks_per_sm)(int K)>
+inline int model_segments(const SplitModel& m, const char* name, int B, int T, int H, int K, int V, int block_v) {
+  if (T % (2 * kChunk) != 0 || T / 2 < m.min_segment) return 1;
+  const SplitCard& c = split_card<resident_blocks_per_sm>(name);
+  const long long slots = static_cast<long long>(c.sms) * c.resident[K == 64 ? 0 : 1];
+  const long long blocks = static_cast<long long>(B) * H * (V / block_v);
+  const double correction_us =
+      static_cast<double>(B) * T * H * (K + 2.0 * V) * sizeof(__nv_bfloat16) / m.correction_bytes_per_us;
+  const SplitCosts costs{m.chunk_us[K == 128], correction_us, m.added_launches_us, m.min_segment, m.max_segments,
+                         m.run_chunks};
+  return fastest_split(costs, slots, blocks, B, T);
+}
+
+// The correction kernels' value columns per block: 128 where V allows, else 64.
+inline int column_block(int V) { return V % 128 == 0 ? 128 : 64; }
 
 }  // namespace minilin

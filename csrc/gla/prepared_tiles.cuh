@@ -11,16 +11,14 @@
 namespace minilin {
 namespace gla_prepared {
 
-__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 struct Sections {
   size_t qr, ke, scores, decay;  // bytes of each array
 };
 
 __host__ __device__ inline Sections sections(long long rows, int H, int K) {
   const size_t tiles = static_cast<size_t>(rows) * H;
-  return {aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)), aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)),
-          aligned(tiles * kChunk * kChunk * sizeof(__nv_bfloat16)), aligned(tiles * K * sizeof(float))};
+  return {workspace_aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)), workspace_aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)),
+          workspace_aligned(tiles * kChunk * kChunk * sizeof(__nv_bfloat16)), workspace_aligned(tiles * K * sizeof(float))};
 }
 
 // The workspace's bytes for B sequences of T tokens, or B sequences packed into T.

@@ -22,6 +22,15 @@ constexpr int kPairs = kSubs * (kSubs - 1) / 2;  // 6 blocks below the diagonal
 // The pair (a, b), b < a, that P's block below the diagonal number w (0 .. 5) is: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
 __device__ __forceinline__ int pair_index(int a, int b) { return a * (a - 1) / 2 + b; }
 
+// And back: the sub-chunks (a, b) of pair w.
+struct SubChunkPair {
+  int a, b;
+};
+__device__ __forceinline__ SubChunkPair pair_of(int w) {
+  const int a = w < 1 ? 1 : w < 3 ? 2 : 3;
+  return {a, w - pair_index(a, 0)};
+}
+
 // The table of sub-chunk decays E[hi][lo] = exp(D_lo + ... + D_{hi - 1}) for 0 <= lo <= hi <= kSubs (D_a: sub-chunk
 // a's total gate, the last row of its Gs), compacted: entry decay_index(hi, lo) of kDecays, each K channels.
 constexpr int kDecays = (kSubs + 1) * (kSubs + 2) / 2;  // 15
@@ -76,7 +85,7 @@ template <int K, int kLdK, int kLdC>
 __device__ __forceinline__ void pair_products(int warp, const __nv_bfloat16* q_pair, const __nv_bfloat16* k_hat,
                                               __nv_bfloat16* P) {
   if (warp >= kPairs) return;
-  const int a = warp < 1 ? 1 : warp < 3 ? 2 : 3, b = warp - pair_index(a, 0);
+  const auto [a, b] = pair_of(warp);
   float acc[1][2][4];
   zero(acc);
   warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, q_pair, kLdK, k_hat, kLdK, 0, b * kSub, 0, K);

@@ -188,9 +188,7 @@ __device__ __forceinline__ void copy_chunk(const ChunkLayout<K>& L, int s, const
   cp_async_tile<kThreads, kChunk, K>(L.Qr(s), kLdK, in.qr, K);
   cp_async_tile<kThreads, kChunk, K>(L.Ke(s), kLdK, in.ke, K);
   cp_async_tile<kThreads, kChunk, kChunk>(L.P(s), kLdC, in.scores, kChunk);
-  cp_async_tile<kThreads, kChunk, kBlockV>(L.v(s), kLdV,
-                                           static_cast<const bf16*>(p.v) + ((seq.first + t0) * p.H + h) * p.V + v0,
-                                           static_cast<long long>(p.H) * p.V, min(kChunk, seq.length - t0));
+  cp_async_value_tile<kThreads, kBlockV>(L.v(s), kLdV, p, seq, h, t0, v0);
   cp_async_tile<kThreads, 1, K>(L.decay(s), K, in.decay, K);
   cp_async_commit();
 }

@@ -51,21 +51,11 @@ constexpr int kThreads = 32 * kWarps;
 // T = 8192 and 1.684 ms at B = 1, T = 32768, H = 16, the same prepare in both, so 384 more chunks per chain cost
 // 0.793 ms); K = 64 is not measured, taken as 1.5 us; the correction moves Qr once and o twice at linear v8's
 // ~2 TB/s; the four added launches ~20 us.
-constexpr double kChunkUs[2] = {1.5, 2.07};
-constexpr double kCorrectionBytesPerUs = 2.0e6;
-constexpr double kAddedLaunchesUs = 20.0;
-
-inline int column_block(int V) { return V % 128 == 0 ? 128 : 64; }
+constexpr SplitModel kModel{{1.5, 2.07}, 2.0e6, 20.0, kMinSegment, kMaxSegments, kRunChunks};
 
 inline int choose_segments(int B, int T, int H, int K, int V) {
   if ((K != 64 && K != 128) || V % kBlockV != 0) return 1;  // v4 refuses these; it says why
-  if (T % (2 * kChunk) != 0 || T / 2 < kMinSegment) return 1;  // no split possible: no need to ask the device
-  const SplitCard& c = split_card<gla_prepared::chunks_blocks_per_sm>("gla_v5_split_sequence");
-  const long long slots = static_cast<long long>(c.sms) * c.resident[K == 64 ? 0 : 1];
-  const long long blocks = static_cast<long long>(B) * H * (V / kBlockV);
-  const double correction_us = static_cast<double>(B) * T * H * (K + 2.0 * V) * sizeof(bf16) / kCorrectionBytesPerUs;
-  const SplitCosts costs{kChunkUs[K == 128], correction_us, kAddedLaunchesUs, kMinSegment, kMaxSegments, kRunChunks};
-  return fastest_split(costs, slots, blocks, B, T);
+  return model_segments<gla_prepared::chunks_blocks_per_sm>(kModel, "gla_v5_split_sequence", B, T, H, K, V, kBlockV);
 }
 
 // ---- the workspace: v4's tiles, then fp32 L_p (then S_p) [B P][H][K][V], D_p [B P][H][K] and c_n at the first chunk
@@ -79,16 +69,16 @@ struct Workspace {
 __host__ __device__ inline int runs_per_segment(int P, int T) { return (T / P / kChunk + kRunChunks - 1) / kRunChunks; }
 
 inline size_t states_bytes(int P, int B, int H, int K, int V) {
-  return gla_prepared::aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
+  return workspace_aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
 }
 
 inline size_t decays_bytes(int P, int B, int H, int K) {
-  return gla_prepared::aligned(static_cast<size_t>(B) * P * H * K * sizeof(float));
+  return workspace_aligned(static_cast<size_t>(B) * P * H * K * sizeof(float));
 }
 
 inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
   return gla_prepared::prepared_bytes(B, T, H, K, false) + states_bytes(P, B, H, K, V) + decays_bytes(P, B, H, K) +
-         gla_prepared::aligned(static_cast<size_t>(B) * P * H * runs_per_segment(P, T) * K * sizeof(float));
+         workspace_aligned(static_cast<size_t>(B) * P * H * runs_per_segment(P, T) * K * sizeof(float));
 }
 
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {

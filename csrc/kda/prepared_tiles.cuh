@@ -13,16 +13,14 @@
 namespace minilin {
 namespace kda_prepared {
 
-__host__ __device__ inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 struct Sections {
   size_t rows_k, tile, decay;  // bytes of one [H][rows][64][K] bf16 array, one [H][rows][64][64] bf16, the decays
 };
 
 __host__ __device__ inline Sections sections(long long rows, int H, int K) {
   const size_t tiles = static_cast<size_t>(rows) * H;
-  return {aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)), aligned(tiles * kChunk * kChunk * sizeof(__nv_bfloat16)),
-          aligned(tiles * K * sizeof(float))};
+  return {workspace_aligned(tiles * kChunk * K * sizeof(__nv_bfloat16)), workspace_aligned(tiles * kChunk * kChunk * sizeof(__nv_bfloat16)),
+          workspace_aligned(tiles * K * sizeof(float))};
 }
 
 // The workspace's bytes for B sequences of T tokens, or B sequences packed into T (0 for an empty problem).

@@ -80,7 +80,7 @@ struct PrepareLayout {
 template <int K, int kLdK>
 __device__ __forceinline__ void key_pair_product(int pair, const bf16* k_pair, const bf16* k_hat, const float* beta,
                                                  float* A) {
-  const int a = pair < 1 ? 1 : pair < 3 ? 2 : 3, b = pair - pair_index(a, 0);
+  const auto [a, b] = pair_of(pair);
   float acc[1][2][4];
   zero(acc);
   warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, k_pair, kLdK, k_hat, kLdK, 0, b * kSub, 0, K);
@@ -213,9 +213,7 @@ __device__ __forceinline__ void copy_chunk(const ChunkLayout<K, kColumns>& L, in
   cp_async_tile<kThreads, kChunk, K>(L.Ke(s), kLdK, in.ke, K);
   cp_async_tile<kThreads, kChunk, kChunk>(L.P(s), kLdC, in.scores, kChunk);
   cp_async_tile<kThreads, kChunk, kChunk>(L.Tb(s), kLdC, in.solve, kChunk);
-  cp_async_tile<kThreads, kChunk, kColumns>(L.v(s), kLdV,
-                                           static_cast<const bf16*>(p.v) + ((seq.first + t0) * p.H + h) * p.V + v0,
-                                           static_cast<long long>(p.H) * p.V, min(kChunk, seq.length - t0));
+  cp_async_value_tile<kThreads, kColumns>(L.v(s), kLdV, p, seq, h, t0, v0);
   cp_async_tile<kThreads, 1, K>(L.decay(s), K, in.decay, K);
   cp_async_commit();
 }

@@ -122,8 +122,7 @@ __device__ __forceinline__ void block_product(int u, const SliceLayout<kHalves>&
     warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, rows, kLdK, L.KL(), kLdK, 16 * s, 16 * s, 0, kSlice);
     return;
   }
-  const int w = u < kPairs ? u : u - kPairs;
-  const int a = w < 1 ? 1 : w < 3 ? 2 : 3, b = w - pair_index(a, 0);
+  const int w = u < kPairs ? u : u - kPairs, b = pair_of(w).b;
   const bf16* rows = u < kPairs ? L.Qpair(w) : L.Kpair(w);
   warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, rows, kLdK, L.k(), kLdK, 0, b * kSub, 0, kSlice);
 }
@@ -281,8 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
         }
       continue;
     }
-    const int w = product < kPairs ? product : product - kPairs;
-    const int a = w < 1 ? 1 : w < 3 ? 2 : 3, b = w - pair_index(a, 0);
+    const auto [a, b] = pair_of(product < kPairs ? product : product - kPairs);
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll

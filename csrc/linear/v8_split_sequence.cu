@@ -56,39 +56,29 @@ constexpr int kThreads = 32 * kWarps;
 // The cost model's constants, from H200 measurements: v7 takes ~2.9 us per chunk and block at K = 128 (0.373 ms
 // for chains of 128 chunks in one wave) and ~2.4 at K = 64 (0.155 ms for chains of 64); the correction moves q
 // once and o twice at ~2 TB/s (0.20 ms for 402 MB); the three added launches are a guess of ~15 us.
-constexpr double kChunkUs[2] = {2.4, 2.9};
-constexpr double kCorrectionBytesPerUs = 2.0e6;
-constexpr double kAddedLaunchesUs = 15.0;
+constexpr SplitModel kModel{{2.4, 2.9}, 2.0e6, 15.0, kMinSegment, kMaxSegments, kRunChunks};
 
 // ---- the choice of P ---------------------------------------------------------------------------------------
-inline int column_block(int V) { return V % 128 == 0 ? 128 : 64; }
-
 // P by the split cost model (common/split_segments.cuh) with v7's chunk time and resident blocks.
 inline int choose_segments(int B, int T, int H, int K, int V) {
   if ((K != 64 && K != 128) || V % kBlockV != 0) return 1;  // v7 refuses these; it says why
-  const SplitCard& c = split_card<linear_producer::resident_blocks_per_sm>("linear_v8_split_sequence");
-  const long long slots = static_cast<long long>(c.sms) * c.resident[K == 64 ? 0 : 1];
-  const long long blocks = static_cast<long long>(B) * H * (V / kBlockV);
-  const double correction_us = static_cast<double>(B) * T * H * (K + 2.0 * V) * sizeof(bf16) / kCorrectionBytesPerUs;
-  const SplitCosts costs{kChunkUs[K == 128], correction_us, kAddedLaunchesUs, kMinSegment, kMaxSegments, kRunChunks};
-  return fastest_split(costs, slots, blocks, B, T);
+  return model_segments<linear_producer::resident_blocks_per_sm>(kModel, "linear_v8_split_sequence", B, T, H, K, V,
+                                                                 kBlockV);
 }
 
 // ---- the workspace: L_p (then S_p) and the chunk sums of g; each part 256-byte aligned ------------------
-inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 struct Workspace {
   float* states;      // [B P, H, K, V]
   float* chunk_gate;  // [B, T / 64, H]: g summed over each chunk
 };
 
 inline size_t states_bytes(int P, int B, int H, int K, int V) {
-  return aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
+  return workspace_aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
 }
 
 // With P > 1 segments: L_p (then S_p), then the chunk sums.
 inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
-  return states_bytes(P, B, H, K, V) + aligned(static_cast<size_t>(B) * (T / kChunk) * H * sizeof(float));
+  return states_bytes(P, B, H, K, V) + workspace_aligned(static_cast<size_t>(B) * (T / kChunk) * H * sizeof(float));
 }
 
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {

@@ -11,8 +11,8 @@ Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] 
 [B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
 layout; HV a multiple of H groups the value heads (`minilin.heads`). cu_seqlens [N + 1] with B = 1 packs N
 sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]). Versions marked `packed` in `versions`
-(the token loops, linear v7 / v8, delta v10, gla v3 - v5: the bfloat16 defaults of linear and delta at K = 64 or 128
-on an sm_90a build and a compute capability 9.0 GPU, gla's at K = 64 or 128, kda's) read both layouts in the kernel,
+(the token loops, linear v7 / v8, delta v10, gla v3 - v5, kda v3 - v4: the bfloat16 defaults of linear and delta
+at K = 64 or 128 on an sm_90a build and a compute capability 9.0 GPU, gla's and kda's) read both layouts in the kernel,
 one launch for the whole batch (up to MAX_PACKED_SEQUENCES sequences: the grid's z extent); the others see q
 and k repeated to HV heads (`heads.expand`, one copy of each) and one launch per sequence, so a packed call to
 them costs what N calls cost.
@@ -295,8 +295,8 @@ def _launch(op: str, q, k, v, g, beta, initial_state, scale, version, cu_seqlens
     """(o, final state) of `op` over checked arrays: q and k [B, T, H, K], v [B, T, HV, V] (HV a multiple of H).
     cu_seqlens: the checked offsets (a tuple), or None.
 
-    A version that reads grouped heads and packed sequences in the kernel (`packed` in `versions`: the token
-    loops, linear v7 / v8 and delta v10) runs in one launch, the offsets copied to the device as int32 (up to
+    A version that reads grouped heads and packed sequences in the kernel (`packed` in `versions`; the module
+    docstring names them) runs in one launch, the offsets copied to the device as int32 (up to
     MAX_PACKED_SEQUENCES sequences). For the others, and beyond that, q and k are repeated to HV heads
     (`heads.expand`, a copy of each) and, with cu_seqlens, each sequence is launched on its own slice of the arrays
     (B = 1, so each slice along T is contiguous): N launches, one after the other."""
