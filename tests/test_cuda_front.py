@@ -152,27 +152,29 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
 
 
 def test_the_default_passes_over_a_rung_measured_slower(monkeypatch):
-    """kda's ladder: v2 (the WY form on CUDA cores) measured slower than v1, so version=None never picks it; v4 (v3
-    with a sliced prepare) is the default where it runs and takes the shape, except at K = 64, where it measured
-    slower than v3; v1 where neither tensor-core rung runs."""
+    """kda's ladder: v2 (the WY form on CUDA cores) measured slower than v1, so version=None never picks it; the last
+    tensor-core rung is the default where it runs and takes the shape, except at K = 64, where v4 (and v5, v6, which
+    run v4's sliced prepare) measured slower than v3; v1 where no tensor-core rung runs."""
     ladder = ({"op": "kda", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
                "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
               {"op": "kda", "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
                "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
               *({"op": "kda", "version": n, "name": name, "float32": False, "bfloat16": True,
                  "min_compute_capability": 90, **TENSOR_CORE_SHAPE}
-                for n, name in ((3, "prepared_chunks"), (4, "sliced_prepare"))))
+                for n, name in ((3, "prepared_chunks"), (4, "sliced_prepare"), (5, "narrow_value_blocks"),
+                                (6, "half_sub_chunks"))))
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     assert front.SLOWER_RUNGS[("kda", True)][2] is None and front.SLOWER_RUNGS[("kda", False)][2] is None
-    assert front._version_info("kda", None, True, 90)["version"] == 4  # K not known: the K = 128 measurement
-    assert front._version_info("kda", None, True, 90, 128, 128)["version"] == 4
-    assert front._version_info("kda", None, True, 90, 64, 64)["version"] == 3  # v4 is passed over at K = 64 only
+    assert front._version_info("kda", None, True, 90)["version"] == 6  # K not known: the K = 128 measurement
+    assert front._version_info("kda", None, True, 90, 128, 128)["version"] == 6
+    assert front._version_info("kda", None, True, 90, 64, 64)["version"] == 3  # v4-v6 passed over at K = 64 only
     assert front._version_info("kda", None, True, 90, 256, 128)["version"] == 1  # v3, v4 take K 64 or 128 only
     assert front._version_info("kda", None, True, 80)["version"] == 1  # v3, v4 do not run: v1, not the slower v2
     assert front._version_info("kda", None, True, 80, 64, 64)["version"] == 1
     assert front._version_info("kda", None, False, 90)["version"] == 1  # v3, v4 are bf16 only
     assert front._version_info("kda", 2, True, 90)["version"] == 2  # still callable by number
     assert front._version_info("kda", 4, True, 90, 64, 64)["version"] == 4
+    assert front._version_info("kda", 5, True, 90, 64, 64)["version"] == 5
 
 
 def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):

@@ -13,16 +13,17 @@
 
 namespace minilin {
 
-// What one warp of a chunk kernel computes: its tile at (m0, n0) of each 64 x 64 product of a chunk (P, X, Delta,
-// O: 16 x 16 in the wide layout, 16 x 32 in the narrow one), and its slice of the state S [K, kBlockV]: rows
-// s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 kStateTiles - 1.
+// What one warp of a chunk kernel computes: its tile at (m0, n0) of each 64 x (value block) product of a chunk (P,
+// X, Delta, O: 16 x 16 in the wide layout, 16 x 32 in the narrow one at 64 value columns, 16 x 16 at 32), and its
+// slice of the state S [K, value block]: rows s_m0 .. s_m0 + 15, columns s_n0 .. s_n0 + 8 kStateTiles - 1.
 struct WarpTiles {
   int m0, n0, s_m0, s_n0;
 };
 
-// The layout every 8-warp ("narrow") chunk kernel shares (linear v3, delta v3, gla v3 and v4): one block of 8 warps
-// per (batch, head, 64 value columns); the state split into K / 16 row tiles of 16, each shared by kRowSharers
-// warps, each warp kStateTiles tiles of 8 columns.
+// The layout every 8-warp ("narrow") chunk kernel shares (linear v3, delta v3, gla v3 and v4, kda v3-v5): one block
+// of 8 warps per (batch, head, kBlockV = 64 value columns), or per kColumns = 32 where a kernel takes narrower value
+// blocks (kda v5); each warp one 16 x kColumns / 2 tile of the chunk's 64 x kColumns products; the state split into
+// K / 16 row tiles of 16, each shared by kRowSharers warps, each warp kStateTiles tiles of 8 columns.
 namespace narrow {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -31,12 +32,16 @@ constexpr int kLdV = kBlockV + 8;   // bf16 row strides padded by 16 bytes (conf
 constexpr int kLdC = kChunk + 8;
 template <int K>
 constexpr int kRowSharers = kWarps / (K / 16);
-template <int K>
-constexpr int kStateTiles = (kBlockV / 8) / kRowSharers<K>;
-template <int K>
+template <int K, int kColumns = kBlockV>
+constexpr int kStateTiles = (kColumns / 8) / kRowSharers<K>;
+template <int kColumns = kBlockV>
+constexpr int kTileNT = kColumns / 16;  // 8-column tiles of a warp's tile of a product: half the value block
+template <int K, int kColumns = kBlockV>
 __device__ __forceinline__ WarpTiles warp_tiles(int warp) {
-  static_assert(kRowSharers<K> >= 1 && kStateTiles<K> % 2 == 0, "K must be 64 or 128");
-  return {16 * (warp >> 1), 32 * (warp & 1), 16 * (warp / kRowSharers<K>), 8 * kStateTiles<K> * (warp % kRowSharers<K>)};
+  static_assert(kRowSharers<K> >= 1 && kStateTiles<K, kColumns> % 2 == 0 && kTileNT<kColumns> % 2 == 0,
+                "K must be 64 or 128, the value block 32 or 64 columns");
+  return {16 * (warp >> 1), (kColumns / 2) * (warp & 1), 16 * (warp / kRowSharers<K>),
+          8 * kStateTiles<K, kColumns> * (warp % kRowSharers<K>)};
 }
 }  // namespace narrow
 

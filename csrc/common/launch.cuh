@@ -64,7 +64,7 @@ inline void allow_shared_memory(Kernel kernel, size_t bytes, const char* name) {
 // Every launch: the kernel's dynamic shared memory allowed, the launch on p's stream, the launch checked.
 // `args` follow the problem (a Problem or a DecodeProblem, passed by value) in the kernel's parameters.
 // Blocks of `kernel` (`threads` a block, `smem` bytes of dynamic shared memory) that one SM of the current device
-// holds at once: what a launch that sizes its split by the card asks (linear v8, gla v5).
+// holds at once: what a launch that sizes its split by the card asks (linear v8, gla v5, kda v5).
 template <typename Kernel>
 inline int resident_blocks(Kernel kernel, int threads, size_t smem, const char* name) {
   allow_shared_memory(kernel, smem, name);

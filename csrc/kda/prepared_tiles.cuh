@@ -55,11 +55,18 @@ __device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h,
           reinterpret_cast<float*>(base + 3 * s.rows_k + 2 * s.tile) + tile * K};
 }
 
-// What both versions check before launching (bf16, K = 64 or 128, V a multiple of 64, g given, the workspace large
-// enough and 16-byte aligned), naming `name` in the error; and v3's pass over chunks (kda/v3_prepared_chunks.cu)
-// over every sequence of p, its tiles in p.workspace.
+// What every version that writes these tiles checks before launching (bf16, K = 64 or 128, V a multiple of 64, g
+// given, the workspace large enough and 16-byte aligned), naming `name` in the error; v3's pass over chunks
+// (kda/v3_prepared_chunks.cu) over every sequence of p, its tiles in p.workspace, one block per `columns` value
+// columns (64, or 32 for kda v5); and that pass's resident blocks per SM at 32 columns and this K (64 or 128).
 void check_problem(const Problem& p, const char* name);
-void launch_chunks(const Problem& p);
+void launch_chunks(const Problem& p, int columns = 64);
+int narrow_chunks_blocks_per_sm(int K);
+// The pass's value block width for p (kda/v5_narrow_value_blocks.cu): 32 where every (sequence, head, 32 columns)
+// block is resident on the card at once, else 64; `name`, the calling version's, names a failed device query.
+int value_columns(const Problem& p, const char* name);
+// kda v4's prepare kernel over every chunk of p (kda/v4_sliced_prepare.cu); halves: kda v6's form of it.
+void launch_sliced_prepare(const Problem& p, bool halves = false);
 
 }  // namespace kda_prepared
 }  // namespace minilin

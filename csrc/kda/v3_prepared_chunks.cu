@@ -18,7 +18,8 @@
 //     E[a][b+1], P's from q~ = q exp(Gs) E[a][b+1], both against k^ = k exp(D_b - Gs)); T by the delta prepare's
 //     blocked solve (delta/wy_prepare_blocked.cuh, fp32); then into the workspace, per chunk row and head: Qr, Kg,
 //     Ke [64, K] and P, T diag(beta) [64, 64] in bf16, d [K] in fp32.
-//   chunks, one block of 8 warps per (batch, head, 64 value columns), sequential over chunks, the next chunk's tiles
+//   chunks, one block of 8 warps per (batch, head, 64 value columns; kda v5: 32 where those fit the card at once),
+//     sequential over chunks, the next chunk's tiles
 //     and values copied while this one computes (gla v4's pipeline):
 //       X = V - Kg S;   Delta = (T diag(beta)) X;   O = scale (Qr S + P Delta);   S <- diag(d) S + Ke^T Delta,
 //     on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulators), S in fp32 registers across chunks (delta v3's
@@ -44,7 +45,7 @@ namespace {
 using namespace gla_sub_chunks;  // kSub, kSubs, kPairs, pair_index, the decay table E, and the shared steps
 using namespace kda_prepared;    // the workspace's tiles
 using bf16 = __nv_bfloat16;
-using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdV, narrow::kLdC;  // common/chunk_tiles.cuh
+using narrow::kWarps, narrow::kThreads, narrow::kBlockV, narrow::kLdC;  // common/chunk_tiles.cuh
 constexpr int kLdA = wy_blocked::kLd;     // fp32 rows of A and T (the solve's stride)
 static_assert(wy_blocked::kThreads == kThreads, "the blocked solve runs on the block's 8 warps");
 
@@ -174,9 +175,10 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_prepare(const Problem p) {
   solve_and_store<kLdC, kThreads>(A, L.Tm(), L.P(), beta, out, warp);
 }
 
-// ---- chunks: one block per (batch, head, 64 value columns), chunk after chunk -----------------------------------
-template <int K>
+// ---- chunks: one block per (batch, head, kColumns value columns: 64, or kda v5's 32), chunk after chunk --------
+template <int K, int kColumns = kBlockV>
 struct ChunkLayout {
+  static constexpr int kLdV = kColumns + 8;  // bf16 rows of v, S, X and Delta: 16 bytes of padding
   static constexpr int kLdK = K + 8;
   static constexpr int kStages = 2;
   static constexpr size_t kStageBytes = 3 * kChunk * kLdK * sizeof(bf16)  // Qr, Kg, Ke
@@ -197,13 +199,13 @@ struct ChunkLayout {
   __device__ bf16* X() const { return S() + K * kLdV; }
   __device__ bf16* delta() const { return X() + kChunk * kLdV; }
 };
-static_assert(ChunkLayout<128>::kBytes <= 227 * 1024, "the chunks kernel's shared memory (compute capability 9.0)");
+static_assert(ChunkLayout<128>::kBytes <= 227 * 1024 && ChunkLayout<128, 32>::kBytes <= ChunkLayout<128>::kBytes, "the chunks kernel's shared memory (compute capability 9.0)");
 
-// Chunk n's prepared tiles and value columns [v0, v0 + 64) into stage s (values past the sequence's end zero).
-template <int K>
-__device__ __forceinline__ void copy_chunk(const ChunkLayout<K>& L, int s, const Problem& p, const SequenceRows& seq,
+// Chunk n's prepared tiles and value columns [v0, v0 + kColumns) into stage s (values past the sequence's end zero).
+template <int K, int kColumns>
+__device__ __forceinline__ void copy_chunk(const ChunkLayout<K, kColumns>& L, int s, const Problem& p, const SequenceRows& seq,
                                            int h, int n, int v0) {
-  constexpr int kLdK = ChunkLayout<K>::kLdK;
+  constexpr int kLdK = ChunkLayout<K, kColumns>::kLdK, kLdV = ChunkLayout<K, kColumns>::kLdV;
   const PreparedTiles in = prepared_tiles<K>(p, h, seq.chunk0 + n);
   const int t0 = n * kChunk;
   cp_async_tile<kThreads, kChunk, K>(L.Qr(s), kLdK, in.qr, K);
@@ -211,36 +213,37 @@ __device__ __forceinline__ void copy_chunk(const ChunkLayout<K>& L, int s, const
   cp_async_tile<kThreads, kChunk, K>(L.Ke(s), kLdK, in.ke, K);
   cp_async_tile<kThreads, kChunk, kChunk>(L.P(s), kLdC, in.scores, kChunk);
   cp_async_tile<kThreads, kChunk, kChunk>(L.Tb(s), kLdC, in.solve, kChunk);
-  cp_async_value_tile<kThreads, kBlockV>(L.v(s), kLdV, p, seq, h, t0, v0);
+  cp_async_value_tile<kThreads, kColumns>(L.v(s), kLdV, p, seq, h, t0, v0);
   cp_async_tile<kThreads, 1, K>(L.decay(s), K, in.decay, K);
   cp_async_commit();
 }
 
-template <int K>
+template <int K, int kColumns>
 __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kLdK = ChunkLayout<K>::kLdK;
-  constexpr int kStateTiles = narrow::kStateTiles<K>;  // the state split (narrow::warp_tiles)
+  constexpr int kLdK = ChunkLayout<K, kColumns>::kLdK, kLdV = ChunkLayout<K, kColumns>::kLdV;
+  constexpr int kStateTiles = narrow::kStateTiles<K, kColumns>;  // the state split (narrow::warp_tiles)
+  constexpr int NT = narrow::kTileNT<kColumns>;                  // 8-column tiles of a warp's tile of X, Delta, O
 
-  const ChunkLayout<K> L{smem};
+  const ChunkLayout<K, kColumns> L{smem};
   const int H = p.H, V = p.V;
-  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z;
+  const int v0 = blockIdx.x * kColumns, h = blockIdx.y, b = blockIdx.z;
   const SequenceRows seq = sequence_rows(p, b);
   const int chunks = chunk_count(seq.length);
   const int warp = threadIdx.x >> 5;
-  const auto [m0, n0, s_m0, s_n0] = narrow::warp_tiles<K>(warp);  // this warp's tile of X, Delta and O, and of S
+  const auto [m0, n0, s_m0, s_n0] = narrow::warp_tiles<K, kColumns>(warp);  // this warp's tile of X, Delta and O, and of S
 
   float S[1][kStateTiles][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
   load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
 
   bf16* o = static_cast<bf16*>(p.o);
-  if (chunks > 0) copy_chunk<K>(L, 0, p, seq, h, 0, v0);
+  if (chunks > 0) copy_chunk<K, kColumns>(L, 0, p, seq, h, 0, v0);
   for (int n = 0; n < chunks; ++n) {
     const int s = n & 1;
     // The other stage was last read in chunk n - 1, before its closing barrier.
     if (n + 1 < chunks) {
-      copy_chunk<K>(L, s ^ 1, p, seq, h, n + 1, v0);
+      copy_chunk<K, kColumns>(L, s ^ 1, p, seq, h, n + 1, v0);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -248,12 +251,12 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
     __syncthreads();  // stage s, and the bf16 copy of S written after chunk n - 1, visible to every warp
 
     {  // X = V - Kg S (what the memory mispredicts), in bf16
-      float acc[1][4][4];
+      float acc[1][NT][4];
       zero(acc);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Kg(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
+      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Kg(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
       const bf16* v_s = L.v(s);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
@@ -263,17 +266,17 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
     }
     __syncthreads();
     {  // Delta = (T diag(beta)) X, lower triangular: this warp's rows need X's rows up to its diagonal block
-      float acc[1][4][4];
+      float acc[1][NT][4];
       zero(acc);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Tb(s), kLdC, L.X(), kLdV, m0, n0, 0, m0 + 16);
+      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Tb(s), kLdC, L.X(), kLdV, m0, n0, 0, m0 + 16);
       store_tile_bf16(acc, L.delta(), kLdV, m0, n0);
     }
     __syncthreads();
     {  // O = scale (Qr S + P Delta); P is 0 above the diagonal, so P Delta stops at this warp's diagonal block
-      float acc[1][4][4];
+      float acc[1][NT][4];
       zero(acc);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
-      warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(s), kLdC, L.delta(), kLdV, m0, n0, 0, m0 + 16);
+      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
+      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(s), kLdC, L.delta(), kLdV, m0, n0, 0, m0 + 16);
       store_output_tile(acc, o, seq, H, V, h, n * kChunk, v0, m0, n0, p.scale);
     }
     {  // S <- diag(d) S + Ke^T Delta in registers
@@ -301,6 +304,12 @@ void forward(const Problem& p) {
   launch_chunks(p);
 }
 
+template <int K, int kColumns>
+void launch_chunks_k(const Problem& p) {
+  launch_checked(p, "kda_v3_chunks", kda_v3_chunks<K, kColumns>, dim3(p.V / kColumns, p.H, p.B), kThreads,
+                 ChunkLayout<K, kColumns>::kBytes);
+}
+
 }  // namespace
 
 void kda_prepared::check_problem(const Problem& p, const char* name) {
@@ -318,9 +327,19 @@ void kda_prepared::check_problem(const Problem& p, const char* name) {
   });
 }
 
-void kda_prepared::launch_chunks(const Problem& p) {
-  launch_checked(p, "kda_v3_chunks", p.K == 64 ? kda_v3_chunks<64> : kda_v3_chunks<128>, dim3(p.V / kBlockV, p.H, p.B),
-                 kThreads, p.K == 64 ? ChunkLayout<64>::kBytes : ChunkLayout<128>::kBytes);
+void kda_prepared::launch_chunks(const Problem& p, int columns) {
+  require(columns == 32 || columns == kBlockV, [&] {
+    return "kda_v3_chunks: a value block of 32 or 64 columns, got " + std::to_string(columns);
+  });
+  if (columns == 32) p.K == 64 ? launch_chunks_k<64, 32>(p) : launch_chunks_k<128, 32>(p);
+  else p.K == 64 ? launch_chunks_k<64, kBlockV>(p) : launch_chunks_k<128, kBlockV>(p);
+}
+
+int kda_prepared::narrow_chunks_blocks_per_sm(int K) {
+  const auto kernel = K == 64 ? kda_v3_chunks<64, 32> : kda_v3_chunks<128, 32>;
+  const size_t smem = K == 64 ? ChunkLayout<64, 32>::kBytes : ChunkLayout<128, 32>::kBytes;
+  const char* name = "kda_v3_chunks";
+  return resident_blocks(kernel, kThreads, smem, name);
 }
 
 extern const Version kda_v3 = {
