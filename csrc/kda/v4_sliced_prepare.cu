@@ -91,7 +91,7 @@ struct SliceLayout {
   __device__ bf16* KH() const { return QH() + kHalfRows * kLdK; }
   __device__ bf16* KL() const { return KH() + kHalfRows * kLdK; }
 };
-static_assert(2 * (SliceLayout<true>::kBytes + 1024) <= 228 * 1024,
+static_assert(2 * (SliceLayout<true>::kBytes + 256 + 1024) <= 228 * 1024,  // 256: the entry table (fill_entry_table)
               "two prepare blocks per SM (compute capability 9.0)");
 
 // Item idx of a round: the causal entry (i, j) (row i, column j of the chunk) of a diagonal block (v4) or of one of
@@ -101,12 +101,27 @@ struct DiagonalItem {
   bool below;  // j < i: an entry of A (A's diagonal is zero)
 };
 template <bool kHalves>
-__device__ __forceinline__ DiagonalItem diagonal_item(int idx) {
-  constexpr int kBlockTerms = kHalves ? kHalfTerms : kTerms, kBlockRows = kHalves ? kHalf : kSub;
-  const int entry = idx / kQuarters, block = entry / kBlockTerms;
-  int r, c;
-  triangular_entry(entry % kBlockTerms, r, c);  // row by row, for a triangle of any size
-  return {block * kBlockRows + r, block * kBlockRows + c, idx % kQuarters, c < r};
+constexpr int kBlockTerms = kHalves ? kHalfTerms : kTerms;  // causal entries of one triangle
+template <bool kHalves>
+constexpr int kBlockRows = kHalves ? kHalf : kSub;
+
+// A triangle's entries row by row, (r << 4) | c a byte each: triangular_entry's square root and fix-ups, once per
+// block instead of at every item of every slice (they drew ~7% of v6's prepare samples, whose items are short).
+template <bool kHalves>
+__device__ __forceinline__ void fill_entry_table(unsigned char* table) {
+  for (int t = threadIdx.x; t < kBlockTerms<kHalves>; t += kThreads) {
+    int r, c;
+    triangular_entry(t, r, c);  // row by row, for a triangle of any size
+    table[t] = static_cast<unsigned char>((r << 4) | c);
+  }
+}
+
+template <bool kHalves>
+__device__ __forceinline__ DiagonalItem diagonal_item(int idx, const unsigned char* entry_table) {
+  constexpr int kTriangle = kBlockTerms<kHalves>, kRows = kBlockRows<kHalves>;
+  const int entry = idx / kQuarters, block = entry / kTriangle;
+  const int rc = entry_table[entry % kTriangle], r = rc >> 4, c = rc & 15;
+  return {block * kRows + r, block * kRows + c, idx % kQuarters, c < r};
 }
 
 // Product u (< kProducts) for one warp, over the slice's channels, accumulated: P's pair u below the diagonal blocks
@@ -147,6 +162,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
   float* A = L.A();
   const float* beta = L.beta();
   load_chunk_scalars(L.beta(), p.beta, p, seq, h, t0);  // visible after the first slice's barrier
+  __shared__ unsigned char entry_table[kBlockTerms<kHalves>];
+  fill_entry_table<kHalves>(entry_table);  // likewise
 
   float diag_p[kRoundsHere], diag_a[kRoundsHere];  // this thread's items' partial sums over the slices so far
   float lower[kProductsPerWarp][1][2][4];          // this warp's products (block_product)
@@ -173,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
     for (int r = 0; r < kRoundsHere; ++r) {
       const int idx = threadIdx.x + r * kThreads;
       if (kItemsHere % kThreads != 0 && idx >= kItemsHere) break;  // warp-uniform: the last round is whole warps
-      const DiagonalItem it = diagonal_item<kHalves>(idx);
+      const DiagonalItem it = diagonal_item<kHalves>(idx, entry_table);
       const bf16* qi = q_s + it.i * kLdK;
       const bf16* ki = k_s + it.i * kLdK;
       const bf16* kj = k_s + it.j * kLdK;
@@ -241,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
     acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
     acc_p += __shfl_xor_sync(0xffffffffu, acc_p, 2);
     acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);
-    const DiagonalItem it = diagonal_item<kHalves>(idx);
+    const DiagonalItem it = diagonal_item<kHalves>(idx, entry_table);
     if (it.quarter == 0) {
       L.P()[it.i * kLdC + it.j] = __float2bfloat16_rn(acc_p);
       A[it.i * kLdA + it.j] = it.below ? beta[it.i] * acc_a : 0.0f;
