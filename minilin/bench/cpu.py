@@ -58,12 +58,17 @@ NOTES["linear_attention"] = (
     "on one thread), and the input checks 0.6 ms (q . q, k . k and v . v, whose finiteness proves theirs: "
     "three reads of 4 MB): 5-5.5 ms before anything else. The rest of a 7.6-8.3 ms call, each step a pass over "
     "an array no larger than an input: K^T copied for Q K^T (0.8 ms; a transposed right operand runs 2-4x "
-    "slower), the state pass (0.55: 8 x 16 additions of [4, 64, 64]), the sum of the two output terms (0.45), "
-    "a round of calls per segment (0.3), q * scale (0.25), the causal mask (0.2). Measured no faster: q * scale "
+    "slower), the state pass (0.55: 8 x 16 additions of [4, 64, 64]; 0.37 since the states are laid out chunk "
+    "first, each addition one contiguous block), the sum of the two output terms (0.45; 0.07 since the intra-chunk "
+    "term is written in the output's layout, 2026-12-02), a round of calls per segment (0.3), q * scale (0.25), "
+    "the causal mask (0.2). Measured no faster: q * scale "
     "folded into A and the inter-chunk output, one fused [Q | A][S; V] output product, segment buffers "
     "allocated once per call, N + 1 state slots for one product of all writes, C = 16, 48 or 64, and K^T's copy "
     "replaced by swapped views for both products (1.08x the time: the scores' product on a swapped right operand "
-    "took 1.5x as long, which the saved copy did not pay for)")
+    "took 1.5x as long, which the saved copy did not pay for); on 2026-12-02 the swapped view for Q K^T alone, "
+    "K^T still copied for the writes (1.3x the time of the two products and the copy), one transpose of all of k "
+    "into [B, H, K, T] (2.2 against 0.9 ms for the per-segment copies) or of each segment into [B, H, K, L] "
+    "(1.11x with the two products), contiguous copies of each segment's q, k and v for the products (1.12x)")
 NOTES["gated_deltanet"] = (
     "6x asks for 15.3-15.6 ms (the loop at 92-94 ms); the chunked call takes 15.2-15.9. Its state pass takes "
     "8-9 ms: 256 chunks one after another, each three products (K_e S_n; the output [Q_e | P T diag(beta)] "
