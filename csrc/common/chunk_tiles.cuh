@@ -83,6 +83,17 @@ __device__ __forceinline__ void cp_async_qk_rows(__nv_bfloat16* q_dst, __nv_bflo
                 static_cast<long long>(qk_heads) * K, kRows, kCols, valid);
 }
 
+// Tokens [t0, t0 + 64) of sequence seq, head h: the per-channel log-gates g [B, T, H, K] (GLA's, KDA's), their
+// channels [c0, c0 + kCols), fp32, into shared rows of stride ldg; rows past the sequence's end are zero-filled (a
+// zero gate decays nothing).
+template <int K, int kCols = K>
+__device__ __forceinline__ void cp_async_channel_gate_rows(float* g_dst, int ldg, const Problem& p,
+                                                           const SequenceRows& seq, int h, int t0, int c0 = 0) {
+  constexpr int kRows = 64;
+  cp_async_rows(g_dst, ldg, p.g + ((seq.first + t0) * p.H + h) * K + c0, static_cast<long long>(p.H) * K, kRows, kCols,
+                min(kRows, seq.length - t0));
+}
+
 // Tokens [t0, t0 + 64) of sequence seq, head h: q and k rows (cp_async_qk_rows), value columns [v0, v0 + kBlockV)
 // (stride ldv) and, when g_dst is given and p.g set, the log-gates; rows past the sequence's end are zero-filled.
 template <int K, int kBlockV>

@@ -82,10 +82,8 @@ __global__ void __launch_bounds__(kThreads, 1) gla_v3_chunked_mma(const Problem 
     const int t0 = n * kChunk;
     // 1. the chunk on chip (zero past T: a zero gate decays nothing, a zero key and value write nothing)
     {
-      const int valid = min(kChunk, T - t0);
-      const long long first = (seq.first + t0) * H + h;
       cp_async_chunk<K, kBlockV>(L.q(), L.k(), kLdK, L.v(), kLdV, nullptr, p, seq, h, t0, v0);
-      cp_async_rows(L.G(), kLdG, p.g + first * K, static_cast<long long>(H) * K, kChunk, K, valid);
+      cp_async_channel_gate_rows<K>(L.G(), kLdG, p, seq, h, t0);
       cp_async_commit();
       cp_async_wait<0>();
     }

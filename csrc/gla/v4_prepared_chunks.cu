@@ -73,16 +73,16 @@ __global__ void __launch_bounds__(kThreads, 2) gla_v4_prepare(const Problem p) {
   const PrepareLayout<K> L{smem};
   const ChunkOfBlock chunk = chunk_of_block(p);  // (common/sequences.cuh)
   if (!chunk.used) return;
-  const int h = blockIdx.y, H = p.H;
+  const int h = blockIdx.y;
   const SequenceRows seq = sequence_rows(p, chunk.b);
-  const int t0 = chunk.n * kChunk, valid = min(kChunk, seq.length - t0);
+  const int t0 = chunk.n * kChunk;
   const PreparedTiles out = prepared_tiles<K>(p, h, seq.chunk0 + chunk.n);
   const int warp = threadIdx.x >> 5;
 
   // 1. q, k (bf16) and g (fp32) on chip, zero past the sequence's end (a zero gate decays nothing, a zero key writes
   //    nothing); Gs by a running sum per (sub-chunk, channel)
   cp_async_qk_rows<K>(L.q(), L.k(), kLdK, p, seq, h, t0);
-  cp_async_rows(L.G(), kLdG, p.g + ((seq.first + t0) * H + h) * K, static_cast<long long>(H) * K, kChunk, K, valid);
+  cp_async_channel_gate_rows<K>(L.G(), kLdG, p, seq, h, t0);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();

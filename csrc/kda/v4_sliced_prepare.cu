@@ -151,9 +151,9 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
   const SliceLayout<kHalves> L{smem};
   const ChunkOfBlock chunk = chunk_of_block(p);  // (common/sequences.cuh)
   if (!chunk.used) return;
-  const int h = blockIdx.y, H = p.H;
+  const int h = blockIdx.y;
   const SequenceRows seq = sequence_rows(p, chunk.b);
-  const int t0 = chunk.n * kChunk, valid = min(kChunk, seq.length - t0);
+  const int t0 = chunk.n * kChunk;
   const PreparedTiles out = prepared_tiles<K>(p, h, seq.chunk0 + chunk.n);
   const int warp = threadIdx.x >> 5;
   bf16* q_s = L.q();
@@ -176,8 +176,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
     if (c0 > 0) __syncthreads();  // the last slice's step 4 has read k^ and the pairs
     // 1. the slice's q, k (bf16) and g (fp32) on chip, zero past the sequence's end; Gs
     cp_async_qk_rows<K, kSlice>(q_s, k_s, kLdK, p, seq, h, t0, c0);
-    cp_async_rows(G, kLdG, p.g + ((seq.first + t0) * H + h) * K + c0, static_cast<long long>(H) * K, kChunk, kSlice,
-                  valid);
+    cp_async_channel_gate_rows<K, kSlice>(G, kLdG, p, seq, h, t0, c0);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
