@@ -23,7 +23,8 @@ __host__ __device__ inline Sections sections(long long rows, int H, int K) {
           workspace_aligned(tiles * K * sizeof(float))};
 }
 
-// The workspace's bytes for B sequences of T tokens, or B sequences packed into T (0 for an empty problem).
+// The workspace's bytes for B sequences of T tokens, or B sequences packed into T (0 for an empty problem): the
+// workspace_bytes of kda v3 - v6 (Version, minilin_cuda.h).
 inline size_t prepared_bytes(int B, int T, int H, int K, int V, bool packed) {
   if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
   const Sections s = sections(chunk_rows(B, T, packed), H, K);

@@ -295,8 +295,6 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
 }
 
-size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) { return prepared_bytes(B, T, H, K, V, packed); }
-
 void forward(const Problem& p) {
   check_problem(p, "kda_v3_prepared_chunks");
   launch_checked(p, "kda_v3_prepare", p.K == 64 ? kda_v3_prepare<64> : kda_v3_prepare<128>, chunk_grid(p, p.H),
@@ -347,6 +345,6 @@ extern const Version kda_v3 = {
     "v2's chunked WY form with gla v4's split: the chunk-local work (scores, decayed operands, the WY solve) in a "
     "kernel parallel over every chunk, the pass over chunks only the state's products on bf16 tensor cores, one "
     "chunk's tiles copied ahead.",
-    false, true, kTensorCoreShape, 90, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
+    false, true, kTensorCoreShape, 90, kda_prepared::prepared_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin

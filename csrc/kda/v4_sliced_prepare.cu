@@ -316,8 +316,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
   solve_and_store<kLdC, kThreads>(A, L.Tm(), L.P(), beta, out, warp);
 }
 
-size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) { return prepared_bytes(B, T, H, K, V, packed); }
-
 void forward(const Problem& p) {
   check_problem(p, "kda_v4_sliced_prepare");
   launch_sliced_prepare(p);
@@ -341,6 +339,6 @@ extern const Version kda_v4 = {
     "kda", 4, "sliced_prepare",
     "v3 with its prepare taken through the key channels 64 at a time (the sums of P and A kept across the slices in "
     "registers, four threads per diagonal entry): 93 KB of shared memory instead of 155, two blocks per SM.",
-    false, true, kTensorCoreShape, 90, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
+    false, true, kTensorCoreShape, 90, kda_prepared::prepared_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin

@@ -24,10 +24,6 @@ int kda_prepared::value_columns(const Problem& p, const char* name) {
 
 namespace {
 
-size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
-  return kda_prepared::prepared_bytes(B, T, H, K, V, packed);
-}
-
 void forward(const Problem& p) {
   kda_prepared::check_problem(p, "kda_v5_narrow_value_blocks");
   const int columns = kda_prepared::value_columns(p, "kda_v5_narrow_value_blocks");  // may throw: before any launch
@@ -41,6 +37,6 @@ extern const Version kda_v5 = {
     "kda", 5, "narrow_value_blocks",
     "v4 with its pass over chunks on 32 value columns a block instead of 64 where those blocks fit the card at "
     "once: twice the blocks in flight where few (sequence, head) pairs would leave SMs idle; v4 elsewhere.",
-    false, true, kTensorCoreShape, 90, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
+    false, true, kTensorCoreShape, 90, kda_prepared::prepared_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin

@@ -20,10 +20,6 @@
 namespace minilin {
 namespace {
 
-size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
-  return kda_prepared::prepared_bytes(B, T, H, K, V, packed);
-}
-
 void forward(const Problem& p) {
   kda_prepared::check_problem(p, "kda_v6_half_sub_chunks");
   const int columns = kda_prepared::value_columns(p, "kda_v6_half_sub_chunks");  // may throw: before any launch
@@ -37,6 +33,6 @@ extern const Version kda_v6 = {
     "kda", 6, "half_sub_chunks",
     "v5 with each diagonal block's (8..15, 0..7) quarter a product of rows rescaled to the sub-chunk's token 7, on "
     "tensor cores: 288 entries of per-term exponentials a chunk instead of 544.",
-    false, true, kTensorCoreShape, 90, workspace_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
+    false, true, kTensorCoreShape, 90, kda_prepared::prepared_bytes, forward, 0, nullptr, nullptr, kReadsPacked};
 
 }  // namespace minilin
