@@ -35,16 +35,23 @@ def make_inputs(rng, B, T, H, K, V, gate, *, initial_state=True, beta_max=1.0, g
     return [None if x is None else x.astype(dtype) for x in (q, k, v, g, beta, S0)]
 
 
-def loss(inputs, do, dS):
-    """L = <do, o> + <dS, S_T> through the definition."""
+def loss(inputs, do, dS, with_magnitude=False):
+    """L = <do, o> + <dS, S_T> through the definition; with_magnitude: also sum |do o| + |dS S_T|, the scale of
+    L's float64 rounding."""
     o, S = _delta_rule.recurrent(*inputs)
-    return float((o * do).sum() + (0.0 if dS is None else (S * dS).sum()))
+    terms = [o * do] + ([] if dS is None else [S * dS])
+    value = float(sum(t.sum() for t in terms))
+    return (value, float(sum(np.abs(t).sum() for t in terms))) if with_magnitude else value
 
 
 def directional_fd(inputs, do, dS, direction, eps=1e-6):
+    """The central difference along `direction`, and a bound on its rounding noise: each loss is rounded by about
+    u sum |terms| (u = 2^-52), and the difference divides that by 2 eps, so at eps = 1e-6 a loss of magnitude 20
+    carries ~5e-9 of noise whatever the gradient's size (an S0 direction decayed over the sequence is ~1e-4)."""
     plus = [None if x is None else x + eps * d for x, d in zip(inputs, direction)]
     minus = [None if x is None else x - eps * d for x, d in zip(inputs, direction)]
-    return (loss(plus, do, dS) - loss(minus, do, dS)) / (2 * eps)
+    (l_plus, m_plus), (l_minus, m_minus) = (loss(plus, do, dS, True), loss(minus, do, dS, True))
+    return (l_plus - l_minus) / (2 * eps), np.finfo(np.float64).eps * (m_plus + m_minus) / (2 * eps)
 
 
 def backward(form, inputs, do, dS, chunk_size):
@@ -66,11 +73,15 @@ def assert_matches_finite_differences(rng, inputs, do, dS, grads):
     for label, direction in cases:
         filled = [None if x is None else (np.zeros_like(x) if d is None else d)
                   for x, d in zip(inputs, direction)]
-        expected = directional_fd(inputs, do, dS, filled)
+        # L is affine in q, in v and in S0 alone (the recurrence is linear in (v, S0), o linear in q), so along
+        # those the difference has no truncation error and a long step shrinks its rounding noise
+        affine = label in ("q", "v", "S0")
+        expected, noise = directional_fd(inputs, do, dS, filled, eps=1e-3 if affine else 1e-6)
         terms = [float((gr * d).sum()) for gr, d in zip(grads, filled) if gr is not None]
         got = sum(terms)
         scale = max(sum(abs(t) for t in terms), 1e-3)
-        assert abs(got - expected) <= 1e-7 * scale, f"{label}: analytic {got:.12g}, finite differences {expected:.12g}"
+        assert abs(got - expected) <= 1e-7 * scale + noise, \
+            f"{label}: analytic {got:.12g}, finite differences {expected:.12g} (rounding noise {noise:.3g})"
 
 
 # (B, T, H, K, V, chunk_size): T = 1; T % chunk != 0 with K != V; several chunks and sub-blocks.
