@@ -223,6 +223,19 @@ __device__ __forceinline__ void warp_mma_pipelined(float (&acc)[MT][NT][4], cons
     }
 }
 
+// The software pipeline of the k loops below: kSteps steps of 16, step s + 1's fragments loaded into the other of
+// two register sets (load(Step&, k0)) before step s's mma issue (multiply(const Step&)).
+template <int kSteps, class Step, class Load, class Multiply>
+__device__ __forceinline__ void double_buffered_k_steps(const Load& load, const Multiply& multiply) {
+  Step f[2];
+  load(f[0], 0);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (s + 1 < kSteps) load(f[(s + 1) & 1], 16 * (s + 1));
+    multiply(f[s & 1]);
+  }
+}
+
 // The k loop a wide kernel built with `kLoads` uses for a product outside the fused first phase.
 template <Loads kLoads, int MT, int NT, Stored kA, Stored kB, int kSteps>
 __device__ __forceinline__ void warp_mma_k_loop(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda,
@@ -250,12 +263,7 @@ __device__ __forceinline__ void warp_phase1_pipelined_loop(float (&qk)[1][2][4],
     if constexpr (kWithQK) load_b_pair(f.b_k, K, ldk, k0, n0);
     if constexpr (kWithKS) load_a(f.a_k, K, ldk, m0, k0);
   };
-  Step f[2];
-  load(f[0], 0);
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    if (s + 1 < kSteps) load(f[(s + 1) & 1], 16 * (s + 1));
-    const Step& x = f[s & 1];
+  const auto multiply = [&](const Step& x) {
     if constexpr (kWithQK) {
       mma_bf16_schedulable(qk[0][0], x.a_q, x.b_k[0], x.b_k[1]);
       mma_bf16_schedulable(qk[0][1], x.a_q, x.b_k[2], x.b_k[3]);
@@ -266,7 +274,8 @@ __device__ __forceinline__ void warp_phase1_pipelined_loop(float (&qk)[1][2][4],
       mma_bf16_schedulable(ks[0][0], x.a_k, x.b_s[0], x.b_s[1]);
       mma_bf16_schedulable(ks[0][1], x.a_k, x.b_s[2], x.b_s[3]);
     }
-  }
+  };
+  double_buffered_k_steps<kSteps, Step>(load, multiply);
 }
 
 template <int kSteps, bool kWithKS>
