@@ -23,6 +23,10 @@
 //                  card at once (one long sequence), v4 elsewhere.
 //   kda v6         half_sub_chunks: v5 with each diagonal block's (8..15, 0..7) quarter a product of rows rescaled
 //                  to the sub-chunk's token 7, on tensor cores.
+//   kda v7         output_with_memory: v6's pass over chunks with Qr S in Kg S's k loop instead of after Delta, the
+//                  last two products side by side: a shorter chain of dependent products per chunk.
+//   kda v8         two_state_copies: v7 with two bf16 copies of S, chunk n reading one and writing the other:
+//                  three barriers a chunk instead of four.
 //   decode v1      register_tiles: one block per (sequence, head, 32 value columns), its state slice in registers,
 //                  read and written once with 16-byte accesses.
 //   linear_bwd v1  recurrent: a forward token loop for dq and a backward one for the state's adjoint, dk and dv;
@@ -41,7 +45,7 @@ extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, line
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
-extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6;
+extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6, kda_v7, kda_v8;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2;
 
@@ -57,7 +61,7 @@ const std::vector<Version>& versions() {
                                                 delta_v10,
 #endif
                                                 gla_v1,    gla_v2,    gla_v3,    gla_v4,    gla_v5,
-                                                kda_v1,    kda_v2,    kda_v3,    kda_v4,    kda_v5,    kda_v6,
+                                                kda_v1,    kda_v2,    kda_v3,    kda_v4,    kda_v5,    kda_v6,    kda_v7,    kda_v8,
                                                 decode_v1,
                                                 linear_bwd_v1,
                                                 linear_bwd_v2,

@@ -153,8 +153,8 @@ def test_the_default_version_is_the_last_one_this_gpu_runs(monkeypatch):
 
 def test_the_default_passes_over_a_rung_measured_slower(monkeypatch):
     """kda's ladder: v2 (the WY form on CUDA cores) measured slower than v1, so version=None never picks it; the last
-    tensor-core rung is the default where it runs and takes the shape, except at K = 64, where v4 (and v5, v6, which
-    run v4's sliced prepare) measured slower than v3; v1 where no tensor-core rung runs."""
+    tensor-core rung is the default where it runs and takes the shape, at K = 64 too (there v4, and v5 with its
+    prepare, are passed over: a ladder that ends at v5 falls back to v3); v1 where no tensor-core rung runs."""
     ladder = ({"op": "kda", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
                "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
               {"op": "kda", "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
@@ -167,7 +167,11 @@ def test_the_default_passes_over_a_rung_measured_slower(monkeypatch):
     assert front.SLOWER_RUNGS[("kda", True)][2] is None and front.SLOWER_RUNGS[("kda", False)][2] is None
     assert front._version_info("kda", None, True, 90)["version"] == 6  # K not known: the K = 128 measurement
     assert front._version_info("kda", None, True, 90, 128, 128)["version"] == 6
-    assert front._version_info("kda", None, True, 90, 64, 64)["version"] == 3  # v4-v6 passed over at K = 64 only
+    assert front._version_info("kda", None, True, 90, 64, 64)["version"] == 6  # v6 measured faster than v3 there
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder[:-1])
+    assert front._version_info("kda", None, True, 90, 64, 64)["version"] == 3  # v4, v5 passed over at K = 64 only
+    assert front._version_info("kda", None, True, 90, 128, 128)["version"] == 5
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     assert front._version_info("kda", None, True, 90, 256, 128)["version"] == 1  # v3, v4 take K 64 or 128 only
     assert front._version_info("kda", None, True, 80)["version"] == 1  # v3, v4 do not run: v1, not the slower v2
     assert front._version_info("kda", None, True, 80, 64, 64)["version"] == 1

@@ -318,6 +318,29 @@ def test_kda_versions_agree():
     bf16_versions_agree_with_v1("kda", to_device(args, "bfloat16")[0])
 
 
+# (layout, B, T, H, V) for kda's passes over chunks: three blocks of 64 value columns, packed sequences, and 4 x 16
+# heads, where the 32-column blocks would not all be resident and the 64-column pass runs.
+KDA_PASS_CASES = [("plain", 2, 300, 2, 192), ("packed", 1, 300, 2, 128), ("plain", 4, 130, 16, 128)]
+
+
+def kda_errors_against_recurrent(versions, shape, packed, seed):
+    """{version: (output error, final state error)} of kda `versions` against the float64 recurrent form on one
+    bfloat16 input of `shape` (strong gates beside weak ones) with an initial state; packed: the B = 1 tokens as 3
+    sequences of 70, 1 and T - 71 tokens."""
+    B, T, H, K, V = shape
+    on_gpu, host = to_device(inputs("kda", shape, seed=seed, strong=True), "bfloat16")
+    N, extra = (3, dict(cu_seqlens=np.array([0, 70, 71, T]))) if packed else (B, {})
+    state0 = (0.5 * np.random.default_rng(seed + 1).standard_normal((N, H, K, V))).astype(np.float32)
+    ref_o, ref_s = kda.recurrent(*host, initial_state=state0.astype(np.float64), **extra)
+    gpu_extra = {key: cupy.asarray(value, dtype=cupy.int32) for key, value in extra.items()}
+    errors = {}
+    for version in versions:
+        o, s = mcuda.kda(*on_gpu, initial_state=cupy.asarray(state0), version=version, **gpu_extra)
+        errors[version] = (rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o),
+                           rel_err(cupy.asnumpy(s).astype(np.float64), ref_s))
+    return errors
+
+
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("K", [64, 128])
@@ -331,20 +354,33 @@ def test_kda_v6_is_as_accurate_as_v5(K, layout):
     if not any(version == 6 for version, _ in cuda_version_cases("kda")):
         pytest.skip("kda v6 does not run on this GPU")
     B, V = (1, 128) if layout == "packed" else (2, 128)
-    args = inputs("kda", (B, 300, 2, K, V), seed=25, strong=True)
-    on_gpu, host = to_device(args, "bfloat16")
-    offsets = np.array([0, 70, 71, 300])
-    N, extra = (3, dict(cu_seqlens=offsets)) if layout == "packed" else (B, {})
-    state0 = (0.5 * np.random.default_rng(26).standard_normal((N, 2, K, V))).astype(np.float32)
-    ref_o, ref_s = kda.recurrent(*host, initial_state=state0.astype(np.float64), **extra)
-    gpu_extra = {key: cupy.asarray(value, dtype=cupy.int32) for key, value in extra.items()}
-    errors = {}
-    for version in (5, 6):
-        o, s = mcuda.kda(*on_gpu, initial_state=cupy.asarray(state0), version=version, **gpu_extra)
-        errors[version] = (rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o),
-                           rel_err(cupy.asnumpy(s).astype(np.float64), ref_s))
+    errors = kda_errors_against_recurrent((5, 6), (B, 300, 2, K, V), layout == "packed", seed=25)
     assert all(e < TOLERANCE["bfloat16"] for e in errors[6]), errors
     assert errors[6][0] <= 1.2 * errors[5][0] and errors[6][1] <= 1.2 * errors[5][1], errors
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("layout, B, T, H, V", KDA_PASS_CASES)
+def test_kda_v7_and_v8_equal_v6(K, layout, B, T, H, V):
+    """v7 runs v6's prepare and v6's pass over chunks with its products reordered (Qr S in Kg S's k loop, P Delta
+    beside Ke^T Delta), each accumulator summing the same k-steps in the same order, and v8 v7's with two copies of
+    S and one barrier fewer: both equal v6 bit for bit (a product read from the wrong stage or state copy, a dropped
+    k-step, a P Delta cut short or a race on the copy would not be), with an initial state, packed sequences, and at
+    4 x 16 heads, where 32-column blocks would not all be resident and the 64-column pass runs."""
+    if not any(version == 8 for version, _ in cuda_version_cases("kda")):
+        pytest.skip("kda v7 and v8 do not run on this GPU")
+    args = inputs("kda", (B, T, H, K, V), seed=27, strong=True)
+    on_gpu, _ = to_device(args, "bfloat16")
+    offsets = [0, 70, 71, T]
+    N, extra = (3, dict(cu_seqlens=cupy.asarray(offsets, dtype=cupy.int32))) if layout == "packed" else (B, {})
+    state0 = cupy.asarray(0.5 * np.random.default_rng(28).standard_normal((N, H, K, V)), dtype=cupy.float32)
+    o6, s6 = mcuda.kda(*on_gpu, initial_state=state0, version=6, **extra)
+    assert bool(cupy.all(cupy.isfinite(as_float32(o6))))
+    for version in (7, 8):
+        o, s = mcuda.kda(*on_gpu, initial_state=state0, version=version, **extra)
+        assert bool(cupy.all(as_float32(o) == as_float32(o6))) and bool(cupy.all(s == s6)), version
 
 
 @gpu
@@ -416,13 +452,12 @@ def test_hgrn2_runs_on_every_gla_version(version, dtype):
 
 @gpu
 def test_default_versions():
-    """The last tensor-core rungs in bfloat16 (gla v5, kda v6, kda v3 at K = 64, where v4 measured slower; the token
-    loop at K = 256) and the recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS).
-    kda v5 and v6 are the default only once measured faster than v4 (csrc/NOTES.md)."""
+    """The last tensor-core rungs in bfloat16 (gla v5, kda v8 at K = 64 and 128; the token loop at K = 256) and the
+    recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS, csrc/NOTES.md)."""
     assert front.default_version("gla", True) == 5 and front.default_version("gla", False) == 1
-    assert front.default_version("kda", True) == 6 and front.default_version("kda", False) == 1
-    assert front.default_version("kda", True, 128, 128) == 6 and front.default_version("kda", True, 256, 128) == 1
-    assert front.default_version("kda", True, 64, 64) == 3  # v4 measured slower there (front.SLOWER_RUNGS)
+    assert front.default_version("kda", True) == 8 and front.default_version("kda", False) == 1
+    assert front.default_version("kda", True, 128, 128) == 8 and front.default_version("kda", True, 256, 128) == 1
+    assert front.default_version("kda", True, 64, 64) == 8  # v8 measured faster than v3 there (front.SLOWER_RUNGS)
 
 
 @gpu
@@ -499,15 +534,18 @@ def test_the_extension_lists_the_channel_ops():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
     assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("gla", 5), ("kda", 1), ("kda", 2),
-                              ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6)]
+                              ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6), ("kda", 7),
+                              ("kda", 8)]
     assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "prepared_chunks",
                                                                "split_sequence", "recurrent", "chunked",
                                                                "prepared_chunks", "sliced_prepare",
-                                                               "narrow_value_blocks", "half_sub_chunks"]
+                                                               "narrow_value_blocks", "half_sub_chunks",
+                                                               "output_with_memory", "two_state_copies"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
-    # v3's chunk kernel's 193 KB of shared memory, which v4 to v6 run too
-    assert all(ladder[("kda", n)]["min_compute_capability"] == 90 for n in (3, 4, 5, 6))
-    tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5), ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6)]
+    # v3's chunk kernel's 193 KB of shared memory, which v4 to v8 run too (v8's 211 KB)
+    assert all(ladder[("kda", n)]["min_compute_capability"] == 90 for n in (3, 4, 5, 6, 7, 8))
+    tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5), ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6), ("kda", 7),
+                    ("kda", 8)]
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) not in tensor_cores[1:])
     # gla v4's prepared tiles, per chunk row and head: Qr and Ke [64, K] and P [64, 64] in bf16, the decay [K] in
@@ -522,6 +560,8 @@ def test_the_extension_lists_the_channel_ops():
     assert cuda.workspace_bytes("kda", 4, 2, 100, 3, 64, 64) == cuda.workspace_bytes("kda", 3, 2, 100, 3, 64, 64)
     assert cuda.workspace_bytes("kda", 5, 2, 100, 3, 64, 64) == cuda.workspace_bytes("kda", 3, 2, 100, 3, 64, 64)
     assert cuda.workspace_bytes("kda", 6, 2, 100, 3, 64, 64) == cuda.workspace_bytes("kda", 3, 2, 100, 3, 64, 64)
+    assert cuda.workspace_bytes("kda", 7, 2, 100, 3, 64, 64) == cuda.workspace_bytes("kda", 3, 2, 100, 3, 64, 64)
+    assert cuda.workspace_bytes("kda", 8, 2, 100, 3, 64, 64) == cuda.workspace_bytes("kda", 3, 2, 100, 3, 64, 64)
     # the registry keeps op order: the channel ops before decode, which has one version
     ops = [v["op"] for v in cuda.versions()]
     assert ops.index("kda") < ops.index("decode") and [v["version"] for v in cuda.versions() if v["op"] == "decode"] == [1]
@@ -577,7 +617,12 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("kda", 6, dict(dtype=0), r"kda_v6_half_sub_chunks: bfloat16 inputs only"),
     ("kda", 6, dict(dtype=1, K=96), r"kda_v6_half_sub_chunks: K must be 64 or 128, got K=96"),
     ("kda", 6, dict(dtype=1), r"kda_v6_half_sub_chunks: needs a workspace of 494592 bytes, got 0"),
-    ("kda", 7, {}, r"kda has versions 1, 2, 3, 4, 5, 6, got 7"),
+    ("kda", 7, dict(dtype=0), r"kda_v7_output_with_memory: bfloat16 inputs only"),
+    ("kda", 7, dict(dtype=1, V=96), r"kda_v7_output_with_memory: V must be a multiple of 64, got V=96"),
+    ("kda", 7, dict(dtype=1), r"kda_v7_output_with_memory: needs a workspace of 494592 bytes, got 0"),
+    ("kda", 8, dict(dtype=0), r"kda_v8_two_state_copies: bfloat16 inputs only"),
+    ("kda", 8, dict(dtype=1), r"kda_v8_two_state_copies: needs a workspace of 494592 bytes, got 0"),
+    ("kda", 9, {}, r"kda has versions 1, 2, 3, 4, 5, 6, 7, 8, got 9"),
 ])
 def test_the_extension_checks_a_channel_call_before_any_cuda_call(op, version, changes, message):
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")

@@ -236,6 +236,34 @@ __device__ __forceinline__ void double_buffered_k_steps(const Load& load, const 
   }
 }
 
+// Two products that share their B operand, C1 += A1 B and C2 += A2 B (A1, A2 row-major with one stride), in one
+// k loop of kSteps steps: each B fragment leaves shared memory once, the two accumulators' mma alternate so that
+// neither waits on its own previous step, and step s + 1's fragments are loaded before step s's mma. Each
+// accumulator sums its k-steps in warp_mma's order, so both equal two warp_mma calls bit for bit.
+template <int NT, Stored kB, int kSteps>
+__device__ __forceinline__ void warp_mma_shared_b(float (&acc1)[1][NT][4], float (&acc2)[1][NT][4],
+                                                  const __nv_bfloat16* A1, const __nv_bfloat16* A2, int lda,
+                                                  const __nv_bfloat16* B, int ldb, int m0, int n0) {
+  struct Step {
+    StepFragments<1, NT> first;  // A1's fragment and B's
+    unsigned a2[4];
+  };
+  const auto load = [&](Step& f, int k0) {
+    load_step<1, NT, Stored::kRowMajor, kB>(f.first, A1, lda, B, ldb, m0, n0, k0);
+    load_a(f.a2, A2, lda, m0, k0);
+  };
+  const auto multiply = [&](const Step& x) {
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      mma_bf16_schedulable(acc1[0][j], x.first.a[0], x.first.b[j / 2][0], x.first.b[j / 2][1]);
+      mma_bf16_schedulable(acc2[0][j], x.a2, x.first.b[j / 2][0], x.first.b[j / 2][1]);
+      mma_bf16_schedulable(acc1[0][j + 1], x.first.a[0], x.first.b[j / 2][2], x.first.b[j / 2][3]);
+      mma_bf16_schedulable(acc2[0][j + 1], x.a2, x.first.b[j / 2][2], x.first.b[j / 2][3]);
+    }
+  };
+  double_buffered_k_steps<kSteps, Step>(load, multiply);
+}
+
 // The k loop a wide kernel built with `kLoads` uses for a product outside the fused first phase.
 template <Loads kLoads, int MT, int NT, Stored kA, Stored kB, int kSteps>
 __device__ __forceinline__ void warp_mma_k_loop(float (&acc)[MT][NT][4], const __nv_bfloat16* A, int lda,

@@ -24,7 +24,7 @@ __host__ __device__ inline Sections sections(long long rows, int H, int K) {
 }
 
 // The workspace's bytes for B sequences of T tokens, or B sequences packed into T (0 for an empty problem): the
-// workspace_bytes of kda v3 - v6 (Version, minilin_cuda.h).
+// workspace_bytes of kda v3 - v8 (Version, minilin_cuda.h).
 inline size_t prepared_bytes(int B, int T, int H, int K, int V, bool packed) {
   if (B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0) return 0;
   const Sections s = sections(chunk_rows(B, T, packed), H, K);
@@ -59,9 +59,10 @@ __device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h,
 // What every version that writes these tiles checks before launching (bf16, K = 64 or 128, V a multiple of 64, g
 // given, the workspace large enough and 16-byte aligned), naming `name` in the error; v3's pass over chunks
 // (kda/v3_prepared_chunks.cu) over every sequence of p, its tiles in p.workspace, one block per `columns` value
-// columns (64, or 32 for kda v5); and that pass's resident blocks per SM at 32 columns and this K (64 or 128).
+// columns (64, or 32 for kda v5), in the order of work of kda v3 (rung 3), v7 or v8; and that pass's resident
+// blocks per SM at 32 columns and this K (64 or 128), the same for every rung.
 void check_problem(const Problem& p, const char* name);
-void launch_chunks(const Problem& p, int columns = 64);
+void launch_chunks(const Problem& p, int columns = 64, int rung = 3);
 int narrow_chunks_blocks_per_sm(int K);
 // The pass's value block width for p (kda/v5_narrow_value_blocks.cu): 32 where every (sequence, head, 32 columns)
 // block is resident on the card at once, else 64; `name`, the calling version's, names a failed device query.

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_prepare(const Problem p) {
 }
 
 // ---- chunks: one block per (batch, head, kColumns value columns: 64, or kda v5's 32), chunk after chunk --------
-template <int K, int kColumns = kBlockV>
+template <int K, int kColumns = kBlockV, int kStateCopies = 1>
 struct ChunkLayout {
   static constexpr int kLdV = kColumns + 8;  // bf16 rows of v, S, X and Delta: 16 bytes of padding
   static constexpr int kLdK = K + 8;
@@ -185,8 +185,8 @@ struct ChunkLayout {
                                         + 2 * kChunk * kLdC * sizeof(bf16)  // P, T diag(beta)
                                         + kChunk * kLdV * sizeof(bf16)      // v
                                         + K * sizeof(float);                // d
-  static constexpr size_t kBytes = kStages * kStageBytes + K * kLdV * sizeof(bf16)  // + S (bf16 copy)
-                                   + 2 * kChunk * kLdV * sizeof(bf16);              // + X, Delta
+  static constexpr size_t kBytes = kStages * kStageBytes + kStateCopies * K * kLdV * sizeof(bf16)  // + S (bf16)
+                                   + 2 * kChunk * kLdV * sizeof(bf16);                             // + X, Delta
   unsigned char* base;
   __device__ bf16* Qr(int s) const { return reinterpret_cast<bf16*>(base + s * kStageBytes); }
   __device__ bf16* Kg(int s) const { return Qr(s) + kChunk * kLdK; }
@@ -195,16 +195,20 @@ struct ChunkLayout {
   __device__ bf16* Tb(int s) const { return P(s) + kChunk * kLdC; }
   __device__ bf16* v(int s) const { return Tb(s) + kChunk * kLdC; }
   __device__ float* decay(int s) const { return reinterpret_cast<float*>(v(s) + kChunk * kLdV); }
-  __device__ bf16* S() const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes); }
-  __device__ bf16* X() const { return S() + K * kLdV; }
+  __device__ bf16* S(int c = 0) const { return reinterpret_cast<bf16*>(base + kStages * kStageBytes) + c * K * kLdV; }
+  __device__ bf16* X() const { return S(kStateCopies); }
   __device__ bf16* delta() const { return X() + kChunk * kLdV; }
 };
-static_assert(ChunkLayout<128>::kBytes <= 227 * 1024 && ChunkLayout<128, 32>::kBytes <= ChunkLayout<128>::kBytes, "the chunks kernel's shared memory (compute capability 9.0)");
+static_assert(ChunkLayout<128, kBlockV, 2>::kBytes <= 227 * 1024 && ChunkLayout<128, 32, 2>::kBytes <= ChunkLayout<128>::kBytes,
+              "the chunks kernel's shared memory (compute capability 9.0)");
+// kda v5's choice of width reads v3's resident count (narrow_chunks_blocks_per_sm): one block per SM at either K, its
+// smallest layout (ChunkLayout<64, 32>) being 116 KB; v7's are v3's layouts and v8's larger, so the count is theirs.
+static_assert(ChunkLayout<64, 32>::kBytes > 227 * 1024 / 2, "narrow_chunks_blocks_per_sm speaks for every rung");
 
 // Chunk n's prepared tiles and value columns [v0, v0 + kColumns) into stage s (values past the sequence's end zero).
-template <int K, int kColumns>
-__device__ __forceinline__ void copy_chunk(const ChunkLayout<K, kColumns>& L, int s, const Problem& p, const SequenceRows& seq,
-                                           int h, int n, int v0) {
+template <int K, int kColumns, int kStateCopies>
+__device__ __forceinline__ void copy_chunk(const ChunkLayout<K, kColumns, kStateCopies>& L, int s, const Problem& p,
+                                           const SequenceRows& seq, int h, int n, int v0) {
   constexpr int kLdK = ChunkLayout<K, kColumns>::kLdK, kLdV = ChunkLayout<K, kColumns>::kLdV;
   const PreparedTiles in = prepared_tiles<K>(p, h, seq.chunk0 + n);
   const int t0 = n * kChunk;
@@ -218,14 +222,24 @@ __device__ __forceinline__ void copy_chunk(const ChunkLayout<K, kColumns>& L, in
   cp_async_commit();
 }
 
-template <int K, int kColumns>
+// kRung: the version whose order of work the pass takes, each keeping v3's order of sums per output element, so
+// outputs are v3's bit for bit:
+//   3   v3's;
+//   7   kda v7: Qr S in X's k loop beside Kg S, both reading each S fragment once, and the chunk's last two products
+//       (P Delta, Ke^T Delta) in unrolled loops free to interleave;
+//   8   kda v8: v7 with two bf16 copies of S, chunk n reading copy n % 2 and writing the next one, so the barrier
+//       before the copy's write goes: three barriers a chunk instead of four, the next chunk's tiles copied after
+//       the chunk's first barrier (the one that also says every warp is done with chunk n - 1).
+template <int K, int kColumns, int kRung>
 __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kLdK = ChunkLayout<K, kColumns>::kLdK, kLdV = ChunkLayout<K, kColumns>::kLdV;
+  constexpr bool kOutputWithMemory = kRung >= 7, kTwoStateCopies = kRung >= 8;
+  using Layout = ChunkLayout<K, kColumns, kTwoStateCopies ? 2 : 1>;
+  constexpr int kLdK = Layout::kLdK, kLdV = Layout::kLdV;
   constexpr int kStateTiles = narrow::kStateTiles<K, kColumns>;  // the state split (narrow::warp_tiles)
   constexpr int NT = narrow::kTileNT<kColumns>;                  // 8-column tiles of a warp's tile of X, Delta, O
 
-  const ChunkLayout<K, kColumns> L{smem};
+  const Layout L{smem};
   const int H = p.H, V = p.V;
   const int v0 = blockIdx.x * kColumns, h = blockIdx.y, b = blockIdx.z;
   const SequenceRows seq = sequence_rows(p, b);
@@ -235,25 +249,37 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
 
   float S[1][kStateTiles][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
-  load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(), kLdV);
+  load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(0), kLdV);
 
   bf16* o = static_cast<bf16*>(p.o);
-  if (chunks > 0) copy_chunk<K, kColumns>(L, 0, p, seq, h, 0, v0);
+  if (chunks > 0) copy_chunk(L, 0, p, seq, h, 0, v0);
   for (int n = 0; n < chunks; ++n) {
     const int s = n & 1;
-    // The other stage was last read in chunk n - 1, before its closing barrier.
-    if (n + 1 < chunks) {
-      copy_chunk<K, kColumns>(L, s ^ 1, p, seq, h, n + 1, v0);
-      cp_async_wait<1>();
-    } else {
+    const bf16* S_copy = L.S(kTwoStateCopies ? s : 0);  // S entering chunk n, in bf16
+    if constexpr (kTwoStateCopies) {
       cp_async_wait<0>();
+      __syncthreads();  // stage s and S's copy s visible; every warp is past chunk n - 1, so stage s ^ 1 is free
+      if (n + 1 < chunks) copy_chunk(L, s ^ 1, p, seq, h, n + 1, v0);
+    } else {
+      // The other stage was last read in chunk n - 1, before its closing barrier.
+      if (n + 1 < chunks) {
+        copy_chunk(L, s ^ 1, p, seq, h, n + 1, v0);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // stage s, and the bf16 copy of S written after chunk n - 1, visible to every warp
     }
-    __syncthreads();  // stage s, and the bf16 copy of S written after chunk n - 1, visible to every warp
 
+    float out[1][NT][4];  // O's tile, scale (Qr S + P Delta) once complete
+    zero(out);
     {  // X = V - Kg S (what the memory mispredicts), in bf16
       float acc[1][NT][4];
       zero(acc);
-      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Kg(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
+      if constexpr (kOutputWithMemory)
+        warp_mma_shared_b<NT, Stored::kRowMajor, K / 16>(acc, out, L.Kg(s), L.Qr(s), kLdK, S_copy, kLdV, m0, n0);
+      else
+        warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Kg(s), kLdK, S_copy, kLdV, m0, n0, 0, K);
       const bf16* v_s = L.v(s);
 #pragma unroll
       for (int j = 0; j < NT; ++j)
@@ -272,15 +298,23 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
       store_tile_bf16(acc, L.delta(), kLdV, m0, n0);
     }
     __syncthreads();
-    {  // O = scale (Qr S + P Delta); P is 0 above the diagonal, so P Delta stops at this warp's diagonal block
-      float acc[1][NT][4];
-      zero(acc);
-      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.Qr(s), kLdK, L.S(), kLdV, m0, n0, 0, K);
-      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(acc, L.P(s), kLdC, L.delta(), kLdV, m0, n0, 0, m0 + 16);
-      store_output_tile(acc, o, seq, H, V, h, n * kChunk, v0, m0, n0, p.scale);
-    }
-    {  // S <- diag(d) S + Ke^T Delta in registers
-      const float* decay = L.decay(s);
+    // O = scale (Qr S + P Delta); P is 0 above the diagonal, so P Delta stops at this warp's diagonal block.
+    // S <- diag(d) S + Ke^T Delta in registers.
+    const float* decay = L.decay(s);
+    if constexpr (kOutputWithMemory) {
+#pragma unroll
+      for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[0][j][e] *= decay[s_m0 + acc_row(0, e)];
+      warp_mma_unrolled<1, NT, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(out, L.P(s), kLdC, L.delta(), kLdV,
+                                                                                  m0, n0, 0, m0 / 16 + 1);
+      warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+          S, L.Ke(s), kLdK, L.delta(), kLdV, s_m0, s_n0, 0);
+      store_output_tile(out, o, seq, H, V, h, n * kChunk, v0, m0, n0, p.scale);
+    } else {
+      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(out, L.Qr(s), kLdK, S_copy, kLdV, m0, n0, 0, K);
+      warp_mma<1, NT, Stored::kRowMajor, Stored::kRowMajor>(out, L.P(s), kLdC, L.delta(), kLdV, m0, n0, 0, m0 + 16);
+      store_output_tile(out, o, seq, H, V, h, n * kChunk, v0, m0, n0, p.scale);
 #pragma unroll
       for (int j = 0; j < kStateTiles; ++j)
 #pragma unroll
@@ -288,8 +322,12 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
       warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, L.Ke(s), kLdK, L.delta(), kLdV, s_m0, s_n0,
                                                                        0, kChunk);
     }
-    __syncthreads();  // every read of the bf16 copy of S, of X, Delta and of stage s is done
-    store_state_copy(S, L.S(), kLdV, s_m0, s_n0);
+    if constexpr (kTwoStateCopies) {
+      store_state_copy(S, L.S(s ^ 1), kLdV, s_m0, s_n0);  // copy s ^ 1 was last read in chunk n - 1
+    } else {
+      __syncthreads();  // every read of the bf16 copy of S, of X, Delta and of stage s is done
+      store_state_copy(S, L.S(0), kLdV, s_m0, s_n0);
+    }
   }
 
   store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
@@ -302,10 +340,17 @@ void forward(const Problem& p) {
   launch_chunks(p);
 }
 
-template <int K, int kColumns>
+template <int K, int kColumns, int kRung>
 void launch_chunks_k(const Problem& p) {
-  launch_checked(p, "kda_v3_chunks", kda_v3_chunks<K, kColumns>, dim3(p.V / kColumns, p.H, p.B), kThreads,
-                 ChunkLayout<K, kColumns>::kBytes);
+  constexpr const char* kName = kRung == 8 ? "kda_v8_chunks" : kRung == 7 ? "kda_v7_chunks" : "kda_v3_chunks";
+  launch_checked(p, kName, kda_v3_chunks<K, kColumns, kRung>, dim3(p.V / kColumns, p.H, p.B), kThreads,
+                 ChunkLayout<K, kColumns, kRung >= 8 ? 2 : 1>::kBytes);
+}
+
+template <int kRung>
+void launch_chunks_of(const Problem& p, int columns) {
+  if (columns == 32) p.K == 64 ? launch_chunks_k<64, 32, kRung>(p) : launch_chunks_k<128, 32, kRung>(p);
+  else p.K == 64 ? launch_chunks_k<64, kBlockV, kRung>(p) : launch_chunks_k<128, kBlockV, kRung>(p);
 }
 
 }  // namespace
@@ -325,16 +370,20 @@ void kda_prepared::check_problem(const Problem& p, const char* name) {
   });
 }
 
-void kda_prepared::launch_chunks(const Problem& p, int columns) {
+void kda_prepared::launch_chunks(const Problem& p, int columns, int rung) {
   require(columns == 32 || columns == kBlockV, [&] {
     return "kda_v3_chunks: a value block of 32 or 64 columns, got " + std::to_string(columns);
   });
-  if (columns == 32) p.K == 64 ? launch_chunks_k<64, 32>(p) : launch_chunks_k<128, 32>(p);
-  else p.K == 64 ? launch_chunks_k<64, kBlockV>(p) : launch_chunks_k<128, kBlockV>(p);
+  require(rung == 3 || rung == 7 || rung == 8, [&] {
+    return "kda_v3_chunks: the order of work of kda v3, v7 or v8 (rung 3, 7 or 8), got " + std::to_string(rung);
+  });
+  if (rung == 8) launch_chunks_of<8>(p, columns);
+  else if (rung == 7) launch_chunks_of<7>(p, columns);
+  else launch_chunks_of<3>(p, columns);
 }
 
 int kda_prepared::narrow_chunks_blocks_per_sm(int K) {
-  const auto kernel = K == 64 ? kda_v3_chunks<64, 32> : kda_v3_chunks<128, 32>;
+  const auto kernel = K == 64 ? kda_v3_chunks<64, 32, 3> : kda_v3_chunks<128, 32, 3>;
   const size_t smem = K == 64 ? ChunkLayout<64, 32>::kBytes : ChunkLayout<128, 32>::kBytes;
   const char* name = "kda_v3_chunks";
   return resident_blocks(kernel, kThreads, smem, name);

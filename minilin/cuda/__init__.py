@@ -21,12 +21,13 @@ Hopper: linear 8, delta 10, or 9 in a build without sm_90a code; below 9.0, in a
 ops "gla" (1 = recurrent, the float32 default; 2 = chunked on CUDA cores; 3 = chunked on bf16 tensor cores; 4 = 3's
 chunk-local work in a kernel parallel over chunks; 5 = 4 on segments of each sequence at once where few (batch,
 head) pairs would leave the GPU idle, the bfloat16 default) and "kda" (1 = recurrent, the float32 default and the
-bfloat16 one where 3 to 6 do not run; 2 = chunked WY form on CUDA cores; 3 = the WY form with gla 4's split, on bf16
+bfloat16 one where 3 to 8 do not run; 2 = chunked WY form on CUDA cores; 3 = the WY form with gla 4's split, on bf16
 tensor cores; 4 = 3 with its prepare through 64 key channels at a time, two blocks per SM; 5 = 4 with its pass over
 chunks on 32 value columns a block where few (sequence, head) pairs would leave SMs idle; 6 = 5 with each diagonal
-block's (8..15, 0..7) quarter a product of rows rescaled to the sub-chunk's token 7, the bfloat16 default on
-compute capability 9.0, but for v3 at K = 64): the CUDA-core v2s, slower than v1, are never the default, nor v4 to
-v6 at K = 64 (front.SLOWER_RUNGS). `versions()` lists them with what each one
+block's (8..15, 0..7) quarter a product of rows rescaled to the sub-chunk's token 7; 7 = 6 with the pass over
+chunks taking Qr S beside Kg S, a shorter chain of dependent products a chunk; 8 = 7 with two copies of S in shared
+memory, three barriers a chunk instead of four, the bfloat16 default on compute capability 9.0): the CUDA-core
+v2s, slower than v1, are never the default, nor v4 and v5 at K = 64 (front.SLOWER_RUNGS). `versions()` lists them with what each one
 changed; csrc/NOTES.md has their measured times. The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op
 "decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
 indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)

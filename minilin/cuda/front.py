@@ -11,7 +11,7 @@ Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] 
 [B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
 layout; HV a multiple of H groups the value heads (`minilin.heads`). cu_seqlens [N + 1] with B = 1 packs N
 sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]). Versions marked `packed` in `versions`
-(the token loops, linear v7 / v8, delta v10, gla v3 - v5, kda v3 - v6: the bfloat16 defaults of linear and delta
+(the token loops, linear v7 / v8, delta v10, gla v3 - v5, kda v3 - v8: the bfloat16 defaults of linear and delta
 at K = 64 or 128 on an sm_90a build and a compute capability 9.0 GPU, gla's and kda's) read both layouts in the kernel,
 one launch for the whole batch (up to MAX_PACKED_SEQUENCES sequences: the grid's z extent); the others see q
 and k repeated to HV heads (`heads.expand`, one copy of each) and one launch per sequence, so a packed call to
@@ -119,11 +119,14 @@ def _capability_range(info: dict) -> str:
 # kda v2, the WY form on CUDA cores, took 42.6 ms against v1's 6.3 at B=4, T=8192, H=16, K=V=128; gla v2 (CUDA
 # cores) 29.6 ms against v1's 5.5 (float32 too: v1 is the float32 default); kda v4 at K = V = 64, where its 64-
 # channel slices are one, 0.959 ms against v3's 0.873 (1.10x, 0.133 against 0.120 at B=8, T=1024, H=8), while at
-# K = 128 it is the faster (1.445 against 1.645); kda v5 and v6, not yet timed at K = 64, run v4's sliced prepare,
-# so they are passed over there with it until they are (at K = 128 v6 took 1.324 ms, v5 1.449: 2026-12-02).
-# Where a faster rung does not run (kda v3 to v6 below compute capability 9.0, or at K = 256) the default falls to
+# K = 128 it is the faster (1.445 against 1.645); kda v5, not yet timed beside v3 at K = 64, runs v4's sliced prepare,
+# so it is passed over there with it until it is (at K = 128 v5 took 1.449 ms: 2026-12-02).
+# kda v6 to v8 run the same prepare but measured faster than v3 at K = V = 64 too (v8 0.752 against v3's 0.886 ms
+# at B=4, T=8192, H=16; 1.344 against 1.949 at B=1, T=32768; 0.112 against 0.123 at B=8, T=1024, H=8: H100,
+# 2026-12-06), so v8, the last, is the default at both key widths.
+# Where a faster rung does not run (kda v3 to v8 below compute capability 9.0, or at K = 256) the default falls to
 # the next rung down that is not passed over.
-SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,), 5: (64,), 6: (64,)}, ("kda", False): {2: None},
+SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,), 5: (64,)}, ("kda", False): {2: None},
                 ("gla", False): {2: None}}
 
 
