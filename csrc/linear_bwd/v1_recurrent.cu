@@ -15,115 +15,19 @@
 // part of it from the forward loop's last state). So no state is stored for the backward loop; the forward loop
 // recomputes the states as it goes.
 //
-// dq_t and dk_t sum over value columns: each block writes the part of its 32 columns (its 4 warps added through
-// shared memory) to the workspace, and sum_value_blocks adds the blocks' parts (common/backward.cuh). dv_t is
-// complete in each block: its reduction runs over the key rows, in the warp (common/device.cuh transpose_reduce).
-#include "../common/backward.cuh"
+// The two loops are recurrent_loops.cuh's (gla_bwd v1 runs them with a decay per key row). dq_t and dk_t sum over
+// value columns: each block writes the part of its 32 columns (its 4 warps added through shared memory) to the
+// workspace, and sum_value_blocks adds the blocks' parts (common/backward.cuh). dv_t is complete in each block: its
+// reduction runs over the key rows, in the warp (common/device.cuh transpose_reduce).
+#include "recurrent_loops.cuh"
 
 namespace minilin {
 namespace {
-
-constexpr int kThreads = kBwdWarps * 32;
-constexpr int kColumns = kBwdColumnsPerWarp;
 
 // Workspace: dq's and dk's parts, [value blocks][B, T, H, K] each, then <dht, S_T>'s parts [value blocks][B, H].
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool) {
   const size_t blocks = bwd_value_blocks(V);
   return (2 * blocks * B * T * H * K + blocks * B * H) * sizeof(float);
-}
-
-// Forward loop: the states again, dq_t = S_t do_t (this block's columns), and this block's part of <dht, S_T>.
-template <typename Elem, int ROWS>
-__global__ void __launch_bounds__(kThreads) linear_bwd_v1_dq(const BackwardProblem p, float* dq_parts,
-                                                             float* final_parts) {
-  __shared__ float rows[kBwdWarps][kBwdMaxK];
-  const int vb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col0 = vb * kBwdBlockColumns + warp * kColumns;
-  const long long head = (static_cast<long long>(b) * p.H + h) * p.K * p.V;
-  float* dq_part = dq_parts + static_cast<long long>(vb) * p.B * p.T * p.H * p.K;
-
-  float S[ROWS][kColumns];
-  load_slice(S, p.h0 ? p.h0 + head : nullptr, p.K, p.V, lane, col0);
-  for (int t = 0; t < p.T; ++t) {
-    const long long bth = token_index(p, b, t, h);
-    const float a = p.g ? expf(p.g[bth]) : 1.0f;
-    float kr[ROWS], vc[kColumns], dc[kColumns];
-    load_rows<Elem, ROWS>(kr, p.k, bth, p.K, lane, 1.0f);
-    load_columns<Elem>(vc, p.v, bth, p.V, col0);
-    load_columns<Elem>(dc, p.do_, bth, p.V, col0);
-    float dq[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      dq[r] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c) {
-        S[r][c] = fmaf(a, S[r][c], kr[r] * vc[c]);  // S_t = exp(g_t) S_{t-1} + k_t v_t^T
-        dq[r] = fmaf(S[r][c], dc[c], dq[r]);        // (S_t do_t)_r over this warp's columns
-      }
-    }
-    block_sum_rows(dq, rows, dq_part + bth * p.K, p.K);
-  }
-  if (p.g && p.dht) {  // <dht, S_T> over this block's columns, for dg's last term
-    float D[ROWS][kColumns];
-    load_slice(D, p.dht + head, p.K, p.V, lane, col0);
-    float part = 0.0f;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c) part = fmaf(D[r][c], S[r][c], part);
-    part = warp_sum(part);
-    if (lane == 0) rows[warp][0] = part;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float sum = 0.0f;
-      for (int w = 0; w < kBwdWarps; ++w) sum += rows[w][0];
-      final_parts[(static_cast<long long>(vb) * p.B + b) * p.H + h] = sum;
-    }
-  }
-}
-
-// Backward loop: D from dht, dk_t = D_t v_t (this block's columns), dv_t = D_t^T k_t, dh0.
-template <typename Elem, int ROWS>
-__global__ void __launch_bounds__(kThreads) linear_bwd_v1_dkv(const BackwardProblem p, float* dk_parts) {
-  __shared__ float rows[kBwdWarps][kBwdMaxK];
-  const int vb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col0 = vb * kBwdBlockColumns + warp * kColumns;
-  const long long head = (static_cast<long long>(b) * p.H + h) * p.K * p.V;
-  float* dk_part = dk_parts + static_cast<long long>(vb) * p.B * p.T * p.H * p.K;
-
-  float D[ROWS][kColumns];
-  load_slice(D, p.dht ? p.dht + head : nullptr, p.K, p.V, lane, col0);
-  for (int t = p.T - 1; t >= 0; --t) {
-    const long long bth = token_index(p, b, t, h);
-    const float a = p.g ? expf(p.g[bth]) : 1.0f;
-    float qr[ROWS], kr[ROWS], vc[kColumns], dc[kColumns];
-    load_rows<Elem, ROWS>(qr, p.q, bth, p.K, lane, p.scale);
-    load_rows<Elem, ROWS>(kr, p.k, bth, p.K, lane, 1.0f);
-    load_columns<Elem>(vc, p.v, bth, p.V, col0);
-    load_columns<Elem>(dc, p.do_, bth, p.V, col0);
-    float dk[ROWS], dv[kColumns];
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) dv[c] = 0.0f;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      dk[r] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c) {
-        D[r][c] = fmaf(qr[r], dc[c], D[r][c]);  // D_t = (what came from t + 1) + q_t do_t^T
-        dk[r] = fmaf(D[r][c], vc[c], dk[r]);    // (D_t v_t)_r over this warp's columns
-        dv[c] = fmaf(D[r][c], kr[r], dv[c]);    // (D_t^T k_t)_c over this lane's rows
-      }
-    }
-    const float dv_sum = transpose_reduce<kColumns>(dv);  // column (lane >> 2) & 7, in lanes 4c .. 4c + 3
-    const int c_mine = transpose_reduce_index<kColumns>(lane);
-    if ((lane & 3) == 0 && col0 + c_mine < p.V) static_cast<Elem*>(p.dv)[bth * p.V + col0 + c_mine] = from_float<Elem>(dv_sum);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c) D[r][c] *= a;  // what reaches S_{t-1}: exp(g_t) D_t
-    block_sum_rows(dk, rows, dk_part + bth * p.K, p.K);
-  }
-  if (p.dh0) store_slice(D, p.dh0 + head, p.K, p.V, lane, col0);
 }
 
 // dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dht, S_T>: one warp per (batch, head), 32 tokens at a time from
@@ -161,13 +65,6 @@ __global__ void linear_bwd_v1_gate(const BackwardProblem p, const float* final_p
   }
 }
 
-template <typename Elem, int ROWS>
-void launch(const BackwardProblem& p, float* dq_parts, float* dk_parts, float* final_parts) {
-  const dim3 grid(bwd_value_blocks(p.V), p.H, p.B);
-  launch_checked(p, "linear_bwd_v1_dq", linear_bwd_v1_dq<Elem, ROWS>, grid, kThreads, 0, dq_parts, final_parts);
-  launch_checked(p, "linear_bwd_v1_dkv", linear_bwd_v1_dkv<Elem, ROWS>, grid, kThreads, 0, dk_parts);
-}
-
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "linear_bwd_v1_recurrent";
   check_backward_problem(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
@@ -177,10 +74,8 @@ void backward(const BackwardProblem& p) {
   float* final_parts = dk_parts + bwd_value_blocks(p.V) * count;
   const auto run = [&](auto elem) {
     using Elem = decltype(elem);
-    if (p.K <= 32) launch<Elem, 1>(p, dq_parts, dk_parts, final_parts);
-    else if (p.K <= 64) launch<Elem, 2>(p, dq_parts, dk_parts, final_parts);
-    else if (p.K <= 128) launch<Elem, 4>(p, dq_parts, dk_parts, final_parts);
-    else launch<Elem, 8>(p, dq_parts, dk_parts, final_parts);
+    recurrent_backward::launch_loops<Elem, false>(p, "linear_bwd_v1_dq", "linear_bwd_v1_dkv", dq_parts, dk_parts,
+                                                  final_parts);
     launch_sum_value_blocks<Elem>(p, "linear_bwd_v1_sum_dq", dq_parts, p.dq, count, p.scale);  // dL/dq = scale dL/d(scale q)
     launch_sum_value_blocks<Elem>(p, "linear_bwd_v1_sum_dk", dk_parts, p.dk, count, 1.0f);
     if (p.g)
