@@ -91,12 +91,13 @@ struct DecodeProblem {
   void* stream = nullptr;        // a cudaStream_t; null is the legacy default stream
 };
 
-// One backward call of a whole sequence (csrc/linear_bwd/, csrc/delta_bwd/): the gradients of
+// One backward call of a whole sequence (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/): the gradients of
 // L = <do, o> + <dht, final state> with respect to the forward's inputs (CONVENTIONS.md, Gradients).
-//   q, k [B, T, H, K], v and do [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null; beta read by
-//   the delta family only); h0 [B, H, K, V] float32 or null (zeros); dht [B, H, K, V] float32 or null (zeros).
+//   q, k [B, T, H, K], v and do [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null, except for
+//   gla_bwd, whose g is [B, T, H, K]; beta read by the delta family only); h0 [B, H, K, V] float32 or null (zeros);
+//   dht [B, H, K, V] float32 or null (zeros).
 //   Outputs: dq, dk [B, T, H, K] and dv [B, T, H, V] in `dtype` (dq with respect to q itself: the kernels
-//   differentiate scale q and multiply by scale); float32 dg [B, T, H] when g is given, the delta family's dbeta
+//   differentiate scale q and multiply by scale); float32 dg shaped as g when g is given, the delta family's dbeta
 //   [B, T, H], and dh0 [B, H, K, V] when not null. Every sum is taken in float32 first.
 struct BackwardProblem {
   const void* q = nullptr;
@@ -145,7 +146,8 @@ constexpr bool takes_shape(const ShapeRule& rule, int K, int V) {
 struct Version {
   const char* op;                 // "linear" (scalar-gated linear family), "delta" (delta rule family),
                                   // "gla", "kda" (their per-channel-gated members: GLA, Kimi Delta Attention),
-                                  // "decode" (one token per sequence, both families), "linear_bwd", "delta_bwd"
+                                  // "decode" (one token per sequence, both families), "linear_bwd",
+                                  // "delta_bwd", "gla_bwd"
   int number;                     // 1, 2, 3, ... : the ladder, each step kept callable
   const char* name;               // e.g. "recurrent", "chunked", "chunked_mma"
   const char* summary;            // the file header's one sentence: what changed and why
@@ -158,7 +160,7 @@ struct Version {
   void (*forward)(const Problem&);                               // throws ArgumentError / KernelError; null for "decode"
   int max_compute_capability = 0;  // 0: any from the minimum up; 90: sm_90a code (wgmma), which runs on 9.0 only
   void (*decode)(const DecodeProblem&) = nullptr;                // the "decode" op's entry; null for the others
-  void (*backward)(const BackwardProblem&) = nullptr;            // "linear_bwd" / "delta_bwd"; null for the others
+  void (*backward)(const BackwardProblem&) = nullptr;            // the "*_bwd" ops' entry; null for the others
   bool packed = false;  // forward: reads grouped heads and packed sequences (Problem) in the kernel
 };
 constexpr bool kReadsPacked = true;  // a Version's `packed`, by name

@@ -1,29 +1,33 @@
 """The backward passes on the GPU: the gradients of L = <do, o> + <dstate, final state> (CONVENTIONS.md, Gradients).
 
     gated_linear_backward(q, k, v, g=None, *, do, dstate=None, ...)  -> (dq, dk, dv, dg, dinitial_state)
+    channel_gated_linear_backward(q, k, v, g, *, do, dstate=None, ...)  -> the same, g and dg [B, T, HV, K]
     delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, ...)   -> (dq, dk, dv, dg, dbeta, dinitial_state)
     simple_gla_backward, linear_attention_backward, retnet_backward, lightning_backward, mamba2_backward,
-    gated_deltanet_backward, deltanet_backward: the mixers' named tuples (SIGNATURE.gradients), one field d<name> per
-    array the forward takes (RetNet's, Lightning's and Mamba-2's through the chain rule of their mapping onto the
-    scalar-gated recurrence, as their NumPy backward takes it).
+    gated_deltanet_backward, deltanet_backward, gla_backward, hgrn2_backward: the mixers' named tuples
+    (SIGNATURE.gradients), one field d<name> per array the forward takes (RetNet's, Lightning's, Mamba-2's and
+    HGRN2's through the chain rule of their mapping onto the gated linear recurrence, as their NumPy backward
+    takes it).
 
 The forward's arguments come first, as the forward takes them, then do and dstate by keyword (dstate None: zeros).
-Shapes: q, k [B, T, H, K]; v and do [B, T, HV, V] (do in v's dtype: float32 or bfloat16); g, beta [B, T, HV] float32;
+Shapes: q, k [B, T, H, K]; v and do [B, T, HV, V] (do in v's dtype: float32 or bfloat16); g, beta [B, T, HV] float32
+(GLA's and HGRN2's g [B, T, HV, K]);
 initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). Every gradient comes back (CuPy) in
 its input's dtype, as the kernels write it (sums taken in float32 first): dq, dk [B, T, H, K] in q's, dv [B, T, HV, V]
-in v's (bfloat16 in the input's form, native or uint16 bits); dg, dbeta [B, T, HV] and dinitial_state (as
+in v's (bfloat16 in the input's form, native or uint16 bits); dg (as g), dbeta [B, T, HV] and dinitial_state (as
 initial_state) float32; None for an array that was not given (g, initial_state). Grouped value heads and packed
 sequences as the forward's versions without `packed` take them (front.py): q and k repeated to HV heads, and a q/k
 head's gradient the sum over its value heads (`heads.reduce`, in float32); one backward launch per sequence, each
 sequence's gradients its own, joined by `varlen.backward` as the NumPy backward joins them.
 
-Kernels (csrc/linear_bwd/, csrc/delta_bwd/, `versions('linear_bwd')`, `versions('delta_bwd')`): v1 is the definition
-run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256; linear_bwd
-v2 and delta_bwd v2 (through the WY form) are chunked on bf16 tensor cores and take K = 64 or 128 and V a multiple
-of 64. version=None runs the last rung for the dtype that takes the shape (`front.takes_shape`), as the forward
+Kernels (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/; `versions('linear_bwd')` and so on): v1 is the
+definition run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256
+(gla_bwd has only v1); linear_bwd v2 and delta_bwd v2 (through the WY form) are chunked on bf16 tensor cores and take
+K = 64 or 128 and V a multiple of 64. version=None runs the last rung for the dtype that takes the shape (`front.takes_shape`), as the forward
 does. Every version writes every gradient;
 for the gated linear family the gate's is a reverse cumulative sum of q_s . dq_s - k_s . dk_s (plus the final
-state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk.
+state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk (GLA's, per channel:
+csrc/gla_bwd/v1_recurrent.cu).
 """
 from __future__ import annotations
 
@@ -33,8 +37,8 @@ from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_s
 from . import bf16
 from .front import (_check_common, address, check_finite, check_input, check_key_strength, cupy_module, extension,
                     l2_normalized, runnable_version)
-from .mixers import (lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping, per_head_shapes,
-                     retnet_log_gate)
+from .mixers import (hgrn2_key, lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping,
+                     per_head_shapes, retnet_log_gate)
 
 
 def grouped(q, k, shapes: Shapes):
@@ -57,7 +61,7 @@ def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values:
 
 
 def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, scale):
-    """Run backward version `info` of `op` ('linear_bwd' or 'delta_bwd') over checked arrays, q and k with v's
+    """Run backward version `info` of `op` ('linear_bwd', 'delta_bwd' or 'gla_bwd') over checked arrays, q and k with v's
     heads; returns (dq, dk, dv) in q's and v's dtype and float32 (dg, dbeta, dh0), None for what was not asked for
     (dg without g, dbeta outside the delta family, dh0 without initial_state)."""
     cupy = cupy_module()
@@ -68,7 +72,7 @@ def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, sc
     delta = op == "delta_bwd"
     dq, dk = cupy.empty((B, T, H, K), q.dtype), cupy.empty((B, T, H, K), q.dtype)
     dv = cupy.empty((B, T, H, V), v.dtype)
-    dg = cupy.empty((B, T, H), cupy.float32) if g is not None else None
+    dg = cupy.empty(g.shape, cupy.float32) if g is not None else None  # [B, T, H], or [B, T, H, K] for gla_bwd
     dbeta = cupy.empty((B, T, H), cupy.float32) if delta else None
     dh0 = cupy.empty((B, H, K, V), cupy.float32) if initial_state is not None else None
     workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
@@ -92,24 +96,61 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
     as the module says, dg None without g and dinitial_state None without initial_state.
 
     check_values: g <= 0, do and dstate finite (device-to-host syncs); False skips them."""
+    return _linear_backward("linear_bwd", "B T HV", q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version,
+                            check_values)
+
+
+def channel_gated_linear_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
+                                  version=None, check_values=True):
+    """Gradients of linear attention with a decay per key channel (front.channel_gated_linear, GLA): (dq, dk, dv, dg,
+    dinitial_state), g and dg [B, T, HV, K] float32, the rest as the module says (`versions('gla_bwd')`).
+
+    check_values: g <= 0, do and dstate finite (device-to-host syncs); False skips them."""
+    return _linear_backward("gla_bwd", "B T HV K", q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version,
+                            check_values)
+
+
+def _linear_backward(op, gate_dims, q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version, check_values):
+    """The gated linear family's backward (op 'linear_bwd', g [B, T, HV] or None; 'gla_bwd', g [B, T, HV, K])."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
-    if g is not None:
-        check_input("g", g, "B T HV", shapes, float32_only=True)
+    if g is not None or op == "gla_bwd":
+        check_input("g", g, gate_dims, shapes, float32_only=True)
     _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
     if check_values and g is not None:
         check_finite("g", g)
         check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
-    info = runnable_version("linear_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
+    info = runnable_version(op, version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
     q_rep, k_rep = grouped(q, k, shapes)
 
     def one(q, k, v, g, initial_state, do, dstate):
-        dq, dk, dv, dg, _, dh0 = _launch("linear_bwd", info, q, k, v, g, None, initial_state, do, dstate, scale)
+        dq, dk, dv, dg, _, dh0 = _launch(op, info, q, k, v, g, None, initial_state, do, dstate, scale)
         return dq, dk, dv, dg, dh0
 
     dq, dk, dv, dg, dh0 = varlen.backward(one, (q_rep, k_rep, v, g), initial_state, do, dstate, offsets)
     group = shapes["HV"] // shapes["H"]
     return _reduced(dq, group), _reduced(dk, group), dv, dg, dh0
+
+
+def gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, version=None,
+                 check_values=True):
+    """GLA's gradients: GlaGradients(dq, dk, dv, dg, dinitial_state). g and dg [B, T, HV, K] float32."""
+    dq, dk, dv, dg, dh0 = channel_gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
+                                                        initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                                        version=version, check_values=check_values)
+    return _gradients("gla")(dq=dq, dk=dk, dv=dv, dg=dg, dinitial_state=dh0)
+
+
+def hgrn2_backward(q, v, g, *, do, dstate=None, scale=None, initial_state=None, version=None, check_values=True):
+    """HGRN2's gradients: Hgrn2Gradients(dq, dv, dg, dinitial_state). The forward runs GLA with the key tied to the
+    forget gate, k = 1 - exp(g) (mixers.hgrn2_key), so g reaches the loss twice, as the decay (GLA's dg) and as the
+    key: dg = dg_gla - exp(g) dk, in float32 (as minilin.mixers.hgrn2's backward)."""
+    k = hgrn2_key(q, g, "B T H")
+    dq, dk, dv, dg, dh0 = channel_gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
+                                                        initial_state=initial_state, version=version,
+                                                        check_values=check_values)
+    dg -= bf16.as_float32(dk) * cupy_module().exp(g)
+    return _gradients("hgrn2")(dq=dq, dv=dv, dg=dg, dinitial_state=dh0)
 
 
 def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
