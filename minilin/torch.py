@@ -3,19 +3,20 @@
     from minilin.torch import chunk_gated_delta_rule     # instead of: from fla.ops import chunk_gated_delta_rule
     o, final_state = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
 
-Importable only where PyTorch is installed; minilin never depends on it. Three functions, FLA 0.6.0's names
+Importable only where PyTorch is installed; minilin never depends on it. Four functions, FLA 0.6.0's names
 and arguments (the ones FLA has and minilin does not raise a ValueError naming the argument):
 
     chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
                      cu_seqlens=None)
+    chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
     chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                      use_qk_l2norm_in_kernel=False, cu_seqlens=None)
     chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, allow_neg_eigval=False, cu_seqlens=None)
 
 Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, HV, V] (HV = H, or a multiple of it: grouped
-value heads), g and beta [B, T, HV] (g the log decay, <= 0), g_gamma [HV] (one log decay per head, RetNet's),
-initial_state [B, HV, K, V]. Returns (o [B, T, HV, V] in q's dtype, final state [B, HV, K, V] float32, or None
+value heads), g and beta [B, T, HV] (g the log decay, <= 0; chunk_gla's g [B, T, HV, K], one per key channel),
+g_gamma [HV] (one log decay per head, RetNet's), initial_state [B, HV, K, V]. Returns (o [B, T, HV, V] in q's dtype, final state [B, HV, K, V] float32, or None
 without output_final_state). cu_seqlens [N + 1] (int32 or int64, any device) with B = 1 packs N sequences along T,
 the states then [N, HV, K, V]; FLA's cu_seqlens_cpu (a host copy of it) and chunk_indices (a table made from it)
 are accepted beside cu_seqlens and not needed: minilin reads the offsets on the host once either way, and refuses
@@ -42,12 +43,13 @@ import torch
 from . import catalog
 from .activations import L2_EPS
 
-__all__ = ["chunk_simple_gla", "chunk_delta_rule", "chunk_gated_delta_rule"]
+__all__ = ["chunk_simple_gla", "chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule"]
 
 CPU_CHUNK_SIZE = 64
 
 # mixer -> the arrays its forward takes after q, k, v (minilin's order: g before beta)
-GATES = {"linear_attention": (), "simple_gla": ("g",), "deltanet": ("beta",), "gated_deltanet": ("g", "beta")}
+GATES = {"linear_attention": (), "simple_gla": ("g",), "gla": ("g",), "deltanet": ("beta",),
+         "gated_deltanet": ("g", "beta")}
 DELTA = ("deltanet", "gated_deltanet")
 
 
@@ -249,6 +251,17 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
                     output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     return _run("simple_gla", q, k, v, g, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+
+
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
+              cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+    """GLA, S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (minilin.mixers.gla); g [B, T, HV, K],
+    log decays <= 0, one per key channel. On the GPU the backward is gla_bwd v1, a token loop (csrc/NOTES.md)."""
+    _refuse("state_v_first", state_v_first, False)
+    for name in kwargs:
+        _refuse(name, kwargs[name])
+    return _run("gla", q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,

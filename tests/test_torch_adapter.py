@@ -25,8 +25,8 @@ def naive(q, k, v, g=None, beta=None, *, scale=None, initial_state=None, normali
     S = torch.zeros(B, H, K, V, dtype=q.dtype) if initial_state is None else initial_state.to(q.dtype)
     out = []
     for t in range(T):
-        if g is not None:
-            S = S * torch.exp(g[:, t])[..., None, None]
+        if g is not None:  # [B, T, H] one decay per head, or [B, T, H, K] one per key channel (GLA)
+            S = S * (torch.exp(g[:, t])[..., None] if g.ndim == 4 else torch.exp(g[:, t])[..., None, None])
         u = v[:, t]
         if beta is not None:
             u = beta[:, t][..., None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
@@ -43,7 +43,8 @@ def inputs(B=2, T=37, H=3, K=8, V=5, *, seed=0, delta=False, dtype=torch.float64
         k /= np.linalg.norm(k, axis=-1, keepdims=True)
     return dict(q=as_t(rng.standard_normal((B, T, H, K))), k=as_t(k), v=as_t(rng.standard_normal((B, T, H, V))),
                 g=as_t(rng.uniform(-1.5, -0.01, (B, T, H))), beta=as_t(rng.uniform(0.05, 1.0, (B, T, H))),
-                initial_state=as_t(rng.standard_normal((B, H, K, V))) if state else None)
+                initial_state=as_t(rng.standard_normal((B, H, K, V))) if state else None,
+                g_channels=as_t(rng.uniform(-1.5, -0.01, (B, T, H, K))))
 
 
 def loss_of(o, S, seed=1):
@@ -57,6 +58,9 @@ def loss_of(o, S, seed=1):
 CASES = {
     "simple_gla": (lambda a, **kw: mt.chunk_simple_gla(a["q"], a["k"], a["v"], a["g"], **kw),
                    lambda a, **kw: naive(a["q"], a["k"], a["v"], a["g"], **kw), ("q", "k", "v", "g"), False),
+    "gla": (lambda a, **kw: mt.chunk_gla(a["q"], a["k"], a["v"], a["g_channels"], **kw),
+            lambda a, **kw: naive(a["q"], a["k"], a["v"], a["g_channels"], **kw), ("q", "k", "v", "g_channels"),
+            False),
     "linear_attention": (lambda a, **kw: mt.chunk_simple_gla(a["q"], a["k"], a["v"], **kw),
                          lambda a, **kw: naive(a["q"], a["k"], a["v"], **kw), ("q", "k", "v"), False),
     "deltanet": (lambda a, **kw: mt.chunk_delta_rule(a["q"], a["k"], a["v"], a["beta"], **kw),
@@ -190,6 +194,10 @@ def test_bad_input_is_named():
         mt.chunk_delta_rule(a["q"], a["k"], a["v"], 2 + a["beta"])
     with pytest.raises(ValueError, match="g"):
         mt.chunk_simple_gla(a["q"], a["k"], a["v"], -a["g"])
+    with pytest.raises(ValueError, match="^g: "):  # a per-head gate where GLA takes one per key channel
+        mt.chunk_gla(a["q"], a["k"], a["v"], a["g"])
+    with pytest.raises(ValueError, match="state_v_first"):
+        mt.chunk_gla(a["q"], a["k"], a["v"], a["g_channels"], state_v_first=True)
 
 
 def _cuda_ready():
@@ -209,6 +217,8 @@ def _tiny_model(seed, device, dtype, mixer):
               ("wv", (D, H * K), D ** -0.5), ("wg", (D, H), D ** -0.5), ("wo", (H * K, D), (H * K) ** -0.5)]
     if mixer == "gated_deltanet":
         shapes.append(("wb", (D, H), D ** -0.5))
+    if mixer == "gla":  # one gate per key channel
+        shapes[4] = ("wg", (D, H * K), D ** -0.5)
     params = {n: torch.randn(*shape, generator=gen, dtype=torch.float64) * s for n, shape, s in shapes}
     params = {n: p.to(device=device, dtype=dtype).requires_grad_(True) for n, p in params.items()}
     tokens = torch.randint(0, 50, (2, 100), generator=gen).to(device)
@@ -222,6 +232,8 @@ def _tiny_model(seed, device, dtype, mixer):
         if mixer == "gated_deltanet":
             beta = torch.sigmoid(x @ params["wb"])
             o, _ = mt.chunk_gated_delta_rule(q, k, v, g.float(), beta.float(), use_qk_l2norm_in_kernel=True)
+        elif mixer == "gla":
+            o, _ = mt.chunk_gla(q, k, v, g.view(B, T, H, K).float())
         else:
             o, _ = mt.chunk_simple_gla(q, k, v, g.float())
         y = o.reshape(B, T, H * K).to(dtype) @ params["wo"]
@@ -230,7 +242,7 @@ def _tiny_model(seed, device, dtype, mixer):
     return params, loss
 
 
-@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
+@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "gated_deltanet"])
 def test_gpu_tiny_model_loss_and_gradients_equal_the_float64_reference(mixer):
     reason = _cuda_ready()
     if reason:

@@ -1,7 +1,7 @@
 """`minilin bench --backward` on a GPU: the forward and forward + backward of the CUDA kernels, and FLA's.
 
-Mixers: linear_attention, simple_gla, deltanet, gated_deltanet (the ones with a backward kernel,
-`minilin.cuda.<mixer>_backward`); default simple_gla, deltanet and gated_deltanet. Problem as the forward bench
+Mixers: linear_attention, simple_gla, gla, deltanet, gated_deltanet (the ones with a backward kernel,
+`minilin.cuda.<mixer>_backward`; gla's is a token loop so far); default simple_gla, deltanet and gated_deltanet. Problem as the forward bench
 (bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in 2048 and 8192 by default;
 with --grid the "every shape" grid instead (bench/against_fla.py's GRID: FLA's benchmark shapes and one long
 sequence, --grid all adds other head dims), an initial state given.
@@ -28,7 +28,7 @@ from .. import catalog
 from . import write_json
 from .gpu_timing import alternating_medians
 
-MIXERS = ("linear_attention", "simple_gla", "deltanet", "gated_deltanet")
+MIXERS = ("linear_attention", "simple_gla", "gla", "deltanet", "gated_deltanet")
 DEFAULT_MIXERS = ("simple_gla", "deltanet", "gated_deltanet")
 LENGTHS = (2048, 8192)
 CHECK_PROBLEM = dict(B=2, T=100, H=2)  # with the K, V of the shapes timed
@@ -52,7 +52,7 @@ def _inputs(mixer: str, B: int, T: int, H: int, K: int, V: int, seed: int, state
         k *= UNIT_KEY_SCALE / cupy.linalg.norm(k, axis=-1, keepdims=True)
     out = {"q": on_grid(rng.standard_normal((B, T, H, K), dtype=cupy.float32)), "k": on_grid(k),
            "v": on_grid(rng.standard_normal((B, T, H, V), dtype=cupy.float32)),
-           "g": rng.uniform(-1.0, -0.01, (B, T, H), dtype=cupy.float32),
+           "g": rng.uniform(-1.0, -0.01, (B, T, H, K) if mixer == "gla" else (B, T, H), dtype=cupy.float32),
            "beta": rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32),
            "do": on_grid(rng.standard_normal((B, T, H, V), dtype=cupy.float32)),
            "dstate": rng.standard_normal((B, H, K, V), dtype=cupy.float32)}
@@ -99,6 +99,7 @@ def _fla(mixer: str, x: dict):
         import torch
         from fla.ops.delta_rule import chunk_delta_rule
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.gla import chunk_gla
         from fla.ops.simple_gla import chunk_simple_gla
     except Exception as error:  # noqa: BLE001 - FLA is optional
         return f"FLA not importable ({type(error).__name__})"
@@ -113,6 +114,7 @@ def _fla(mixer: str, x: dict):
     common = dict(scale=x["q"].shape[-1] ** -0.5, output_final_state=True)
     state = lambda a: {"initial_state": a["initial_state"]} if "initial_state" in a else {}  # noqa: E731
     call = {"simple_gla": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], g=a["g"], **state(a), **common),
+            "gla": lambda a: chunk_gla(a["q"], a["k"], a["v"], g=a["g"], **state(a), **common),
             "linear_attention": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], **state(a), **common),
             "deltanet": lambda a: chunk_delta_rule(a["q"], a["k"], a["v"], beta=a["beta"], **state(a), **common),
             "gated_deltanet": lambda a: chunk_gated_delta_rule(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"],
