@@ -14,13 +14,13 @@ and arguments (the ones FLA has and minilin does not raise a ValueError naming t
     chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, allow_neg_eigval=False, cu_seqlens=None)
 
-Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, HV, V] (HV = H, or a multiple of it: grouped
-value heads), g and beta [B, T, HV] (g the log decay, <= 0; chunk_gla's g [B, T, HV, K], one per key channel),
-g_gamma [HV] (one log decay per head, RetNet's), initial_state [B, HV, K, V]. Returns (o [B, T, HV, V] in q's dtype, final state [B, HV, K, V] float32, or None
-without output_final_state). cu_seqlens [N + 1] (int32 or int64, any device) with B = 1 packs N sequences along T,
-the states then [N, HV, K, V]; FLA's cu_seqlens_cpu (a host copy of it) and chunk_indices (a table made from it)
-are accepted beside cu_seqlens and not needed: minilin reads the offsets on the host once either way, and refuses
-either one without cu_seqlens or a cu_seqlens_cpu that differs from it.
+Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, HV, V] (HV = H, or a multiple of it: grouped value
+heads), g and beta [B, T, HV] (g the log decay, <= 0; chunk_gla's g [B, T, HV, K], one per key channel), g_gamma [HV]
+(one log decay per head, RetNet's), initial_state [B, HV, K, V]. Returns (o [B, T, HV, V] in q's dtype, final state
+[B, HV, K, V] float32, or None without output_final_state). cu_seqlens [N + 1] (int32 or int64, any device) with B = 1
+packs N sequences along T, the states then [N, HV, K, V]; FLA's cu_seqlens_cpu (a host copy of it) and chunk_indices
+(a table made from it) are accepted beside cu_seqlens and not needed: minilin reads the offsets on the host once
+either way, and refuses either one without cu_seqlens or a cu_seqlens_cpu that differs from it.
 
 Where the work runs, by the tensors' device:
 - CUDA tensors: minilin.cuda's kernels, the forward's default version and the backward `<mixer>_backward`,

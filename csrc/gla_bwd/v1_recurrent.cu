@@ -30,15 +30,17 @@ constexpr int kGateChannels = 32;  // channels of one gate block: a warp's width
 constexpr int kGateTokens = 32;    // tokens of one tile, one per thread row
 
 // dg, channel by channel: a block per (32 channels, head, batch) walks the sequence from the end, 32 tokens a tile,
-// thread (x, y) = (tid % 32, tid / 32) forming token t0 + y's term scale q dq' - k dk' (dq', dk' the parts' sums) for channel f = 32 blockIdx.x + x; the tile's
-// reverse sums over y from shared memory, plus what the later tiles and <dht, S_T> carried.
+// thread (x, y) = (tid % 32, tid / 32) forming token t0 + y's term scale q dq' - k dk' (dq', dk' the parts' sums) for
+// channel f = 32 blockIdx.x + x; the tile's reverse sums over y from shared memory, plus what the later tiles and
+// <dht, S_T> carried.
 template <typename Elem>
 __global__ void __launch_bounds__(kGateChannels * kGateTokens)
     gla_bwd_v1_gate(const BackwardProblem p, const float* final_parts, const float* dq_parts, const float* dk_parts) {
   __shared__ float terms[kGateTokens][kGateChannels + 1];
   const long long count = static_cast<long long>(p.B) * p.T * p.H * p.K;
   const int slices = bwd_value_blocks(p.V);
-  const int x = threadIdx.x % kGateChannels, y = threadIdx.x / kGateChannels, f = blockIdx.x * kGateChannels + x, h = blockIdx.y, b = blockIdx.z;
+  const int x = threadIdx.x % kGateChannels, y = threadIdx.x / kGateChannels;
+  const int f = blockIdx.x * kGateChannels + x, h = blockIdx.y, b = blockIdx.z;
   const bool live = f < p.K;
   float carry = 0.0f;  // the sum over the tokens after this tile, plus <dht[f, :], S_T[f, :]>
   if (p.dht && live)

@@ -1,10 +1,10 @@
 """`minilin bench --backward` on a GPU: the forward and forward + backward of the CUDA kernels, and FLA's.
 
 Mixers: linear_attention, simple_gla, gla, deltanet, gated_deltanet (the ones with a backward kernel,
-`minilin.cuda.<mixer>_backward`; gla's is a token loop so far); default simple_gla, deltanet and gated_deltanet. Problem as the forward bench
-(bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in 2048 and 8192 by default;
-with --grid the "every shape" grid instead (bench/against_fla.py's GRID: FLA's benchmark shapes and one long
-sequence, --grid all adds other head dims), an initial state given.
+`minilin.cuda.<mixer>_backward`; gla's is a token loop so far); default simple_gla, deltanet and gated_deltanet.
+Problem as the forward bench (bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in
+2048 and 8192 by default; with --grid the "every shape" grid instead (bench/against_fla.py's GRID: FLA's benchmark
+shapes and one long sequence, --grid all adds other head dims), an initial state given.
 
 Each mixer is checked before it is timed, at a small problem with each K, V it is timed at (B=2, T=100, H=2, so
 that the version chosen is the one timed; initial state given): every gradient of L = <do, o> + <dstate, S_T> from
