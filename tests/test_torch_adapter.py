@@ -138,7 +138,7 @@ def test_cpu_float32_inputs_give_float32_gradients():
     assert o.dtype == torch.float32 and all(d.dtype == torch.float32 for d in grads)
 
 
-@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
+@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "gated_deltanet"])
 def test_cpu_grouped_heads_and_packed_sequences_equal_each_sequence_alone(mixer):
     """HV = 2 H value heads and two packed sequences: outputs, final states and every gradient equal the naive
     recurrence run on each sequence alone with q and k repeated per value head (torch's autograd through it)."""
@@ -148,9 +148,13 @@ def test_cpu_grouped_heads_and_packed_sequences_equal_each_sequence_alone(mixer)
     h0 = torch.tensor(np.random.default_rng(5).standard_normal((2, 4, 8, 5)), requires_grad=True)
     cu = torch.tensor([0, 9, 23])
     beta = a["beta"] if delta else None
+    if mixer == "gla":  # a decay per key channel, through the same comparison
+        a["g"] = a["g_channels"]
     if delta:
         o, S = mt.chunk_gated_delta_rule(q, k, a["v"], a["g"], beta, initial_state=h0, output_final_state=True,
                                          cu_seqlens=cu)
+    elif mixer == "gla":
+        o, S = mt.chunk_gla(q, k, a["v"], a["g"], initial_state=h0, output_final_state=True, cu_seqlens=cu)
     else:
         o, S = mt.chunk_simple_gla(q, k, a["v"], a["g"], initial_state=h0, output_final_state=True, cu_seqlens=cu)
     parts = [naive(q.repeat_interleave(2, 2)[:, s:e], k.repeat_interleave(2, 2)[:, s:e], a["v"][:, s:e],

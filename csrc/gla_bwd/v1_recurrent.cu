@@ -3,13 +3,15 @@
 // key row (linear_bwd/recurrent_loops.cuh), because the adjoint's recursion D_{t-1} = diag(exp(g_t)) D_t +
 // q_{t-1} do_{t-1}^T is the forward recursion run the other way, whatever the decay.
 //
-// The gate's gradient, channel by channel. With G_t = g_0 + ... + g_t (per channel f), row f of S_t is
-//     S_t[f, :] = sum_{s <= t} exp(G_t[f] - G_s[f]) k_s[f] v_s + exp(G_t[f]) S_0[f, :]
+// The gate's gradient, channel by channel. With G_t = g_0 + ... + g_t (per channel f) and h0 the initial state,
+// row f of S_t (the state after token t) is
+//     S_t[f, :] = sum_{s <= t} exp(G_t[f] - G_s[f]) k_s[f] v_s + exp(G_t[f]) h0[f, :]
 // so G_t[f] enters o_t only through row f of S_t (with a plus sign) and every later o_t' through row f of the
 // writes of token t (with a minus sign). Treating each G_t[f] as its own variable:
-//     dL/dG_t[f] = q_t[f] dq_t[f] - k_t[f] dk_t[f]   (+ <dht[f, :], S_T[f, :]> at t = T - 1)
+//     dL/dG_t[f] = q_t[f] dq_t[f] - k_t[f] dk_t[f]   (+ <dht[f, :], S_{T-1}[f, :]> at t = T - 1, the final state's)
 // with dq_t = S_t do_t and dk_t = D_t v_t as the loops compute them (for the scaled q), and since G_t sums g_0..g_t,
-//     dg_t[f] = sum_{s >= t} (q_s[f] dq_s[f] - k_s[f] dk_s[f]) + <dht[f, :], S_T[f, :]>
+//     dg_t[f] = sum_{s >= t} (q_s[f] dq_s[f] - k_s[f] dk_s[f]) + <dht[f, :], S_{T-1}[f, :]>
+// (the last term written <dht, S_T> below, S_T the final state, as linear_bwd v1 writes it)
 // linear_bwd v1's reverse cumulative sum, kept per channel instead of summed over channels. No difference of
 // exponentials is formed, so gates down to -20 cost no precision here.
 //

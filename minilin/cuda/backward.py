@@ -144,7 +144,8 @@ def gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None,
 def hgrn2_backward(q, v, g, *, do, dstate=None, scale=None, initial_state=None, version=None, check_values=True):
     """HGRN2's gradients: Hgrn2Gradients(dq, dv, dg, dinitial_state). The forward runs GLA with the key tied to the
     forget gate, k = 1 - exp(g) (mixers.hgrn2_key), so g reaches the loss twice, as the decay (GLA's dg) and as the
-    key: dg = dg_gla - exp(g) dk, in float32 (as minilin.mixers.hgrn2's backward)."""
+    key: dg = dg_gla - exp(g) dk, on CuPy in float32 from dk as the kernel returns it (bf16 for bf16 inputs), as
+    minilin.mixers.hgrn2's backward does it."""
     k = hgrn2_key(q, g, "B T H")
     dq, dk, dv, dg, dh0 = channel_gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
                                                         initial_state=initial_state, version=version,
