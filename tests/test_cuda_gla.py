@@ -367,8 +367,9 @@ def test_kda_v7_and_v8_equal_v6(K, layout, B, T, H, V):
     """v7 runs v6's prepare and v6's pass over chunks with its products reordered (Qr S in Kg S's k loop, P Delta
     beside Ke^T Delta), each accumulator summing the same k-steps in the same order, and v8 v7's with two copies of
     S and one barrier fewer: both equal v6 bit for bit (a product read from the wrong stage or state copy, a dropped
-    k-step, a P Delta cut short or a race on the copy would not be), with an initial state, packed sequences, and at
-    4 x 16 heads, where 32-column blocks would not all be resident and the 64-column pass runs."""
+    k-step or a P Delta cut short would not be; a race on the copy shows only when it strikes in this run), with an
+    initial state, packed sequences, and at 4 x 16 heads, where 32-column blocks would not all be resident and the
+    64-column pass runs."""
     if not any(version == 8 for version, _ in cuda_version_cases("kda")):
         pytest.skip("kda v7 and v8 do not run on this GPU")
     args = inputs("kda", (B, T, H, K, V), seed=27, strong=True)
