@@ -6,11 +6,12 @@ more than that when its terms cancel. This script runs a kernel's algorithm in f
 switched on alone, then all at once, and prints each gradient's relative RMS error against minilin's float64
 chunked_backward, on bf16-rounded inputs as the GPU sees them: linear_bwd v2's (csrc/linear_bwd/v2_chunked_mma.cu,
 `emulate`, against simple GLA) and delta_bwd v2's (csrc/delta_bwd/v2_chunked_wy_mma.cu, `emulate_delta`, against
-Gated DeltaNet).
+Gated DeltaNet), and a chunked GLA backward not yet written as a kernel (`emulate_gla`, against GLA).
 
     python tools/emulate_bf16_backward.py                 # simple GLA, T = 1000, K = V = 64, B = H = 2
     python tools/emulate_bf16_backward.py --T 63 --K 64 --V 128
     python tools/emulate_bf16_backward.py --mixer gated_deltanet --T 63 --K 128 --V 128
+    python tools/emulate_bf16_backward.py --mixer gla
 
 The rounding points: S (the states entering the chunks, stored bf16), D (their adjoints), Y (the per-token
 weighted V and dO that the two passes multiply), P (the decayed scores P and dP). dg is formed two ways: by the
@@ -22,7 +23,11 @@ shapes with an initial state, the chunk-local one read 1.7e-3. A new kernel's ro
 first (tests/test_emulate_bf16_backward.py holds the tool to the NumPy backward and to these findings). For the
 delta rule (its points in `emulate_delta`'s docstring), every intermediate delta_bwd v2 stores or shares in bf16 at
 once, with dg formed chunk-locally, keeps every gradient at or below 3e-3 at T = 1000 (K = V = 64) and T = 63
-(K = V = 128): inside FLA's tolerances (0.008; dg, dbeta 0.02) on these inputs.
+(K = V = 128): inside FLA's tolerances (0.008; dg, dbeta 0.02) on these inputs. For GLA, a decay per key channel,
+the same holds channel by channel: with every point rounded, dg chunk-locally 1.7e-3 at T = 1000 (K = V = 64) and
+at T = 63 (K = V = 128), the sequence-wide sum 2.1e-2 and 1.5e-2, the other gradients 1.6-1.7e-3; so a chunked
+GLA backward should form dg chunk by chunk, as linear_bwd v2 does (gla_bwd v1 sums over the whole sequence, but
+from float32 states, not bf16 ones).
 """
 from __future__ import annotations
 
@@ -103,6 +108,61 @@ def emulate(q, k, v, g, S0, do, dS, scale, rounded=()):
     term = (q * dq).sum(-1) - (k * dk).sum(-1)
     if dS is not None:
         term[:, -1] += (dS * final).sum((-2, -1))
+    dg_sequence = np.cumsum(term[:, ::-1], 1)[:, ::-1]
+    return {"dq": dq, "dk": dk, "dv": dv, "dinitial_state": D, "dg": dg, "dg_sequence": dg_sequence}
+
+
+def emulate_gla(q, k, v, g, S0, do, dS, scale, rounded=()):
+    """A chunked GLA backward in linear_bwd v2's layout, with a decay per key channel (g [B, T, H, K]): the two
+    passes store the states entering each chunk and their adjoints (points S, D) from the per-channel weighted
+    operands K exp(G_L - G) and scale Q exp(G) (point Y), and each chunk's gradients come from its decayed scores P
+    and dA = scale dO V^T (point P), with the decay exp(G_i - G_j) kept per channel (M [i, j, K]) and applied in
+    float64, as a kernel would through sub-chunk references. dg per channel, both ways: "dg" chunk-locally
+    (the reverse sum of q . dq - k . dk inside the chunk, plus exp(G_L) <D_c, S_{c-1}> and sum_j k_j dk_j^inter per
+    channel at its end), "dg_sequence" as one reverse sum with <dstate, S_T> (gla_bwd v1's form)."""
+    R = {p: (bf16 if p in rounded else (lambda x: x)) for p in POINTS}
+    B, T, H, K = q.shape
+    V, N = v.shape[-1], -(-T // CHUNK)
+    qc, kc, vc, doc, gc = (_chunks(x) for x in (q, k, v, do, g))
+    G = np.cumsum(gc, 2)                                                   # chunk-local [B, N, C, H, K]
+    G_last = G[:, :, -1]                                                   # [B, N, H, K]
+    S = np.zeros((B, H, K, V)) if S0 is None else S0.copy()
+    states = []
+    for n in range(N):
+        states.append(R["S"](S))
+        Y = R["Y"](np.exp(G_last[:, n][:, None] - G[:, n]) * kc[:, n])
+        S = np.exp(G_last[:, n])[..., None] * S + np.einsum("bchk,bchv->bhkv", Y, vc[:, n])
+    final = S
+    D = np.zeros((B, H, K, V)) if dS is None else dS.copy()
+    adjoints = [None] * N
+    for n in reversed(range(N)):
+        adjoints[n] = R["D"](D)
+        Y = R["Y"](scale * np.exp(G[:, n]) * qc[:, n])
+        D = np.exp(G_last[:, n])[..., None] * D + np.einsum("bchk,bchv->bhkv", Y, doc[:, n])
+    dq, dk, dv = np.zeros(qc.shape), np.zeros(kc.shape), np.zeros(vc.shape)
+    dg = np.zeros(gc.shape)
+    causal = np.tril(np.ones((CHUNK, CHUNK)))[None, :, :, None]
+    for n in range(N):
+        Gn = G[:, n]
+        M = np.exp(Gn[:, :, None] - Gn[:, None, :]) * causal[..., None]   # [B, i, j, H, K]
+        P = R["P"](scale * np.einsum("bihk,bjhk,bijhk->bijh", qc[:, n], kc[:, n], M))
+        dA = R["P"](scale * np.einsum("bihv,bjhv->bijh", doc[:, n], vc[:, n]) * causal)
+        S_n, D_n = states[n], adjoints[n]
+        to_end = np.exp(G_last[:, n][:, None] - Gn)                       # [B, C, H, K]
+        dk_inter = to_end * np.einsum("bjhv,bhkv->bjhk", vc[:, n], D_n)
+        dq[:, n] = (scale * np.exp(Gn) * np.einsum("bihv,bhkv->bihk", doc[:, n], S_n)
+                    + np.einsum("bijh,bijhk,bjhk->bihk", dA, M, kc[:, n]))
+        dk[:, n] = dk_inter + np.einsum("bijh,bijhk,bihk->bjhk", dA, M, qc[:, n])
+        dv[:, n] = (np.einsum("bjhk,bhkv->bjhv", to_end * kc[:, n], D_n)
+                    + np.einsum("bijh,bihv->bjhv", P, doc[:, n]))
+        term = qc[:, n] * dq[:, n] - kc[:, n] * dk[:, n]                  # [B, C, H, K]
+        last = np.exp(G_last[:, n]) * (D_n * S_n).sum(-1) + (kc[:, n] * dk_inter).sum(1)
+        dg[:, n] = np.cumsum(term[:, ::-1], 1)[:, ::-1] + last[:, None]
+
+    dq, dk, dv, dg = (_tokens(x, T) for x in (dq, dk, dv, dg))
+    term = q * dq - k * dk
+    if dS is not None:
+        term[:, -1] += (dS * final).sum(-1)
     dg_sequence = np.cumsum(term[:, ::-1], 1)[:, ::-1]
     return {"dq": dq, "dk": dk, "dv": dv, "dinitial_state": D, "dg": dg, "dg_sequence": dg_sequence}
 
@@ -202,7 +262,8 @@ def emulate_delta(q, k, v, g, beta, S0, do, dS, scale, rounded=()):
 
 def inputs(B, T, H, K, V, seed):
     """Inputs as tests/test_cuda_backward.py makes them (keys of norm 0.9, gates in [-1, -0.05], an initial state,
-    do and dstate), q, k, v, do rounded to bf16 as the GPU reads them."""
+    do and dstate; g_channels [B, T, H, K], GLA's per-channel gates, in the same range), q, k, v, do rounded to bf16
+    as the GPU reads them."""
     rng = np.random.default_rng(seed)
     k = rng.standard_normal((B, T, H, K))
     k *= 0.9 / np.linalg.norm(k, axis=-1, keepdims=True)
@@ -210,16 +271,21 @@ def inputs(B, T, H, K, V, seed):
                 g=rng.uniform(-1.0, -0.05, (B, T, H)).astype(np.float32).astype(np.float64),
                 S0=(0.5 * rng.standard_normal((B, H, K, V))).astype(np.float32).astype(np.float64),
                 do=bf16(rng.standard_normal((B, T, H, V))), dS=rng.standard_normal((B, H, K, V)),
-                beta=rng.uniform(0.1, 0.9, (B, T, H)).astype(np.float32).astype(np.float64))
+                beta=rng.uniform(0.1, 0.9, (B, T, H)).astype(np.float32).astype(np.float64),
+                g_channels=rng.uniform(-1.0, -0.05, (B, T, H, K)).astype(np.float32).astype(np.float64))
 
 
 def errors(x, rounded, mixer="simple_gla"):
     """Each gradient's relative RMS error against the mixer's chunked_backward in float64 (simple_gla through
-    `emulate`, dg_sequence against dg; gated_deltanet through `emulate_delta`)."""
-    from minilin.mixers import gated_deltanet, simple_gla
+    `emulate`, gla through `emulate_gla`, dg_sequence against dg; gated_deltanet through `emulate_delta`)."""
+    from minilin.mixers import gated_deltanet, gla, simple_gla
 
     scale = x["q"].shape[-1] ** -0.5
-    if mixer == "gated_deltanet":
+    if mixer == "gla":
+        ref = gla.chunked_backward(x["q"], x["k"], x["v"], x["g_channels"], do=x["do"], dstate=x["dS"], scale=scale,
+                                   initial_state=x["S0"])._asdict()
+        got = emulate_gla(x["q"], x["k"], x["v"], x["g_channels"], x["S0"], x["do"], x["dS"], scale, rounded)
+    elif mixer == "gated_deltanet":
         ref = gated_deltanet.chunked_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], do=x["do"], dstate=x["dS"],
                                               scale=scale, initial_state=x["S0"])._asdict()
         got = emulate_delta(x["q"], x["k"], x["v"], x["g"], x["beta"], x["S0"], x["do"], x["dS"], scale, rounded)
@@ -235,7 +301,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name, default in (("B", 2), ("T", 1000), ("H", 2), ("K", 64), ("V", 64), ("seed", 0)):
         parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--mixer", choices=["simple_gla", "gated_deltanet"], default="simple_gla")
+    parser.add_argument("--mixer", choices=["simple_gla", "gla", "gated_deltanet"], default="simple_gla")
     args = parser.parse_args(argv)
     x = inputs(args.B, args.T, args.H, args.K, args.V, args.seed)
     points = DELTA_POINTS if args.mixer == "gated_deltanet" else POINTS
