@@ -15,18 +15,13 @@
 // linear_bwd v1's reverse cumulative sum, kept per channel instead of summed over channels. No difference of
 // exponentials is formed, so gates down to -20 cost no precision here.
 //
-// Workspace: dq's and dk's parts [value blocks][B, T, H, K] (float32) and the per-row parts of <dht, S_T>
-// [value blocks][B, H, K]; sum_value_blocks adds the parts into dq and dk, and the gate kernel adds them again (in
-// float32, as the stored dq and dk may be bf16) for its per-token terms.
+// Workspace (recurrent_loops.cuh): dq's and dk's parts [value blocks][B, T, H, K] (float32) and the per-row parts of
+// <dht, S_T> [value blocks][B, H, K]; sum_value_blocks adds the parts into dq and dk, and the gate kernel adds them
+// again (in float32, as the stored dq and dk may be bf16) for its per-token terms.
 #include "../linear_bwd/recurrent_loops.cuh"
 
 namespace minilin {
 namespace {
-
-size_t workspace_bytes(int B, int T, int H, int K, int V, bool) {
-  const size_t blocks = bwd_value_blocks(V);
-  return (2 * blocks * B * T * H * K + blocks * B * H * K) * sizeof(float);
-}
 
 constexpr int kGateChannels = 32;  // channels of one gate block: a warp's width, so each token's row is one access
 constexpr int kGateTokens = 32;    // tokens of one tile, one per thread row
@@ -76,23 +71,16 @@ __global__ void __launch_bounds__(kGateChannels * kGateTokens)
 
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "gla_bwd_v1_recurrent";
-  check_backward_problem(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
+  check_backward_problem(p, name, false, recurrent_backward::workspace_bytes<true>(p.B, p.T, p.H, p.K, p.V, false));
   require(p.g != nullptr, [] {
     return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
   });
-  const long long count = static_cast<long long>(p.B) * p.T * p.H * p.K;
-  float* dq_parts = static_cast<float*>(p.workspace);
-  float* dk_parts = dq_parts + bwd_value_blocks(p.V) * count;
-  float* final_parts = dk_parts + bwd_value_blocks(p.V) * count;
   const auto run = [&](auto elem) {
     using Elem = decltype(elem);
-    recurrent_backward::launch_loops<Elem, true>(p, "gla_bwd_v1_dq", "gla_bwd_v1_dkv", dq_parts, dk_parts,
-                                                 final_parts);
-    launch_sum_value_blocks<Elem>(p, "gla_bwd_v1_sum_dq", dq_parts, p.dq, count, p.scale);  // dL/dq = scale dL/d(scale q)
-    launch_sum_value_blocks<Elem>(p, "gla_bwd_v1_sum_dk", dk_parts, p.dk, count, 1.0f);
+    const auto parts = recurrent_backward::launch_loops_and_sums<Elem, true>(p, "gla_bwd_v1");
     launch_checked(p, "gla_bwd_v1_gate", gla_bwd_v1_gate<Elem>,
                    dim3((p.K + kGateChannels - 1) / kGateChannels, p.H, p.B), kGateChannels * kGateTokens, 0,
-                   final_parts, dq_parts, dk_parts);
+                   parts.final_state, parts.dq, parts.dk);
   };
   if (p.dtype == kFloat32) run(float{});
   else run(__nv_bfloat16{});
@@ -104,6 +92,7 @@ extern const Version gla_bwd_v1 = {
     "gla_bwd", 1, "recurrent",
     "linear_bwd v1's two token loops with one decay per key row (GLA's per-channel gate); dg per channel, a reverse "
     "cumulative sum of q . dq - k . dk kept channel by channel.",
-    true, true, kBackwardKeysUpTo256, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+    true, true, kBackwardKeysUpTo256, 80, recurrent_backward::workspace_bytes<true>, nullptr, 0, nullptr,
+    backward};
 
 }  // namespace minilin

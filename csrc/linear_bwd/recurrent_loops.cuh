@@ -12,6 +12,7 @@
 // per-channel one.
 #pragma once
 
+#include <string>
 #include <type_traits>
 
 #include "../common/backward.cuh"
@@ -157,6 +158,35 @@ void launch_loops(const BackwardProblem& p, const char* dq_name, const char* dkv
   else if (p.K <= 64) both(std::integral_constant<int, 2>{});
   else if (p.K <= 128) both(std::integral_constant<int, 4>{});
   else both(std::integral_constant<int, 8>{});
+}
+
+// The workspace both versions carve: dq's and dk's parts [value blocks][B, T, H, K], then <dht, S_T>'s parts
+// [value blocks][B, H] (scalar gate) or [value blocks][B, H, K] (per channel).
+template <bool kPerChannel>
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool) {
+  const size_t blocks = bwd_value_blocks(V);
+  return (2 * blocks * B * T * H * K + blocks * B * H * (kPerChannel ? K : 1)) * sizeof(float);
+}
+
+struct Parts {
+  float* dq;
+  float* dk;
+  float* final_state;  // <dht, S_T>'s
+};
+
+// The loops and the sums both versions run before their gate's kernel: the workspace carved as workspace_bytes
+// says, both loops, then dq and dk from their parts (dL/dq = scale dL/d(scale q)); the kernels are named
+// `version` + "_dq", "_dkv", "_sum_dq", "_sum_dk". Returns the parts, which the gate's kernel reads again.
+template <typename Elem, bool kPerChannel>
+Parts launch_loops_and_sums(const BackwardProblem& p, const std::string& version) {
+  const long long count = static_cast<long long>(p.B) * p.T * p.H * p.K;
+  float* dq = static_cast<float*>(p.workspace);
+  const Parts parts{dq, dq + bwd_value_blocks(p.V) * count, dq + 2 * bwd_value_blocks(p.V) * count};
+  launch_loops<Elem, kPerChannel>(p, (version + "_dq").c_str(), (version + "_dkv").c_str(), parts.dq, parts.dk,
+                                  parts.final_state);
+  launch_sum_value_blocks<Elem>(p, (version + "_sum_dq").c_str(), parts.dq, p.dq, count, p.scale);
+  launch_sum_value_blocks<Elem>(p, (version + "_sum_dk").c_str(), parts.dk, p.dk, count, 1.0f);
+  return parts;
 }
 
 }  // namespace recurrent_backward

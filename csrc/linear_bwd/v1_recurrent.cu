@@ -24,12 +24,6 @@
 namespace minilin {
 namespace {
 
-// Workspace: dq's and dk's parts, [value blocks][B, T, H, K] each, then <dht, S_T>'s parts [value blocks][B, H].
-size_t workspace_bytes(int B, int T, int H, int K, int V, bool) {
-  const size_t blocks = bwd_value_blocks(V);
-  return (2 * blocks * B * T * H * K + blocks * B * H) * sizeof(float);
-}
-
 // dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dht, S_T>: one warp per (batch, head), 32 tokens at a time from
 // the end, lane l one token (its dot products over K, dq and dk from their float32 parts: the stored ones may be
 // bf16), the tile's reverse sums by a scan over lanes.
@@ -67,20 +61,13 @@ __global__ void linear_bwd_v1_gate(const BackwardProblem p, const float* final_p
 
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "linear_bwd_v1_recurrent";
-  check_backward_problem(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
-  const long long count = static_cast<long long>(p.B) * p.T * p.H * p.K;
-  float* dq_parts = static_cast<float*>(p.workspace);
-  float* dk_parts = dq_parts + bwd_value_blocks(p.V) * count;
-  float* final_parts = dk_parts + bwd_value_blocks(p.V) * count;
+  check_backward_problem(p, name, false, recurrent_backward::workspace_bytes<false>(p.B, p.T, p.H, p.K, p.V, false));
   const auto run = [&](auto elem) {
     using Elem = decltype(elem);
-    recurrent_backward::launch_loops<Elem, false>(p, "linear_bwd_v1_dq", "linear_bwd_v1_dkv", dq_parts, dk_parts,
-                                                  final_parts);
-    launch_sum_value_blocks<Elem>(p, "linear_bwd_v1_sum_dq", dq_parts, p.dq, count, p.scale);  // dL/dq = scale dL/d(scale q)
-    launch_sum_value_blocks<Elem>(p, "linear_bwd_v1_sum_dk", dk_parts, p.dk, count, 1.0f);
+    const auto parts = recurrent_backward::launch_loops_and_sums<Elem, false>(p, "linear_bwd_v1");
     if (p.g)
-      launch_checked(p, "linear_bwd_v1_gate", linear_bwd_v1_gate<Elem>, dim3(p.H, p.B), 32, 0, final_parts, dq_parts,
-                     dk_parts);
+      launch_checked(p, "linear_bwd_v1_gate", linear_bwd_v1_gate<Elem>, dim3(p.H, p.B), 32, 0, parts.final_state,
+                     parts.dq, parts.dk);
   };
   if (p.dtype == kFloat32) run(float{});
   else run(__nv_bfloat16{});
@@ -92,6 +79,6 @@ extern const Version linear_bwd_v1 = {
     "linear_bwd", 1, "recurrent",
     "The definition run backwards: a forward token loop for dq, a backward one for the state's adjoint, dk and dv, "
     "one block per (batch, head, 32 value columns); dg a reverse cumulative sum.",
-    true, true, kBackwardKeysUpTo256, 80, workspace_bytes, nullptr, 0, nullptr, backward};
+    true, true, kBackwardKeysUpTo256, 80, recurrent_backward::workspace_bytes<false>, nullptr, 0, nullptr, backward};
 
 }  // namespace minilin
