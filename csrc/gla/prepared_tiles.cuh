@@ -35,16 +35,22 @@ struct PreparedTiles {
   float* decay;           // [K]
 };
 
+// Chunk row `row` of head h in a workspace of `rows` chunk rows and H heads: where its four tiles are.
 template <int K>
-__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
-  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
-  const Sections s = sections(rows, p.H, K);
-  unsigned char* base = static_cast<unsigned char*>(p.workspace);
+__device__ __forceinline__ PreparedTiles prepared_tiles(void* workspace, long long rows, int H, int h, long long row) {
+  const Sections s = sections(rows, H, K);
+  unsigned char* base = static_cast<unsigned char*>(workspace);
   const long long tile = static_cast<long long>(h) * rows + row;
   return {reinterpret_cast<__nv_bfloat16*>(base) + tile * kChunk * K,
           reinterpret_cast<__nv_bfloat16*>(base + s.qr) + tile * kChunk * K,
           reinterpret_cast<__nv_bfloat16*>(base + s.qr + s.ke) + tile * kChunk * kChunk,
           reinterpret_cast<float*>(base + s.qr + s.ke + s.scores) + tile * K};
+}
+
+// The same for the forward problem p, whose workspace holds them.
+template <int K>
+__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
+  return prepared_tiles<K>(p.workspace, chunk_rows(p.B, p.T, p.cu_seqlens != nullptr), p.H, h, row);
 }
 
 // v4's two launches (gla/v4_prepared_chunks.cu), K = 64 or 128, the problem checked by the caller: the prepare
