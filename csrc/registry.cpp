@@ -39,6 +39,9 @@
 //                  pass each way, then every chunk's gradients in parallel on bf16 tensor cores through the WY form.
 //   gla_bwd v1     recurrent: linear_bwd v1's token loops with a decay per key row; dg per channel, a reverse
 //                  cumulative sum of per-token, per-channel terms.
+//   gla_bwd v2     chunked_mma: gla v4's prepared tiles, the chunk-boundary states and their adjoints by one pass
+//                  each way, then every chunk's gradients in parallel on bf16 tensor cores (the pairs of tokens in
+//                  different sub-chunks through the boundary between them); dg chunk by chunk.
 #include "minilin_cuda.h"
 
 namespace minilin {
@@ -49,7 +52,7 @@ extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6,
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
 extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6, kda_v7, kda_v8;
 extern const Version decode_v1;
-extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1;
+extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1, gla_bwd_v2;
 
 // The wgmma versions (delta v10) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
@@ -70,6 +73,7 @@ const std::vector<Version>& versions() {
                                                 delta_bwd_v1,
                                                 delta_bwd_v2,
                                                 gla_bwd_v1,
+                                                gla_bwd_v2,
   };
   return all;
 }

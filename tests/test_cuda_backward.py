@@ -260,7 +260,7 @@ def host_extension(monkeypatch):
     bf16.native_dtype.cache_clear()
     ladder = tuple({"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
                     "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
-                   for op in ("linear_bwd", "delta_bwd"))
+                   for op in ("linear_bwd", "delta_bwd", "gla_bwd"))
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     monkeypatch.setattr(front, "_compute_capability", lambda device: 90)
     monkeypatch.setattr(mbackward, "extension", lambda: types.SimpleNamespace(
@@ -710,13 +710,19 @@ def test_the_extension_checks_a_backward_call_before_any_cuda_call(op, changes, 
 def test_the_extension_lists_the_backward_ops_with_their_workspace():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"].endswith("_bwd")}
-    assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1), ("delta_bwd", 2), ("gla_bwd", 1)}
+    assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1), ("delta_bwd", 2), ("gla_bwd", 1),
+                          ("gla_bwd", 2)}
     assert all(v["float32"] and v["bfloat16"] for (_, n), v in ladder.items() if n == 1)
-    assert all(ladder[op, 2]["bfloat16"] and not ladder[op, 2]["float32"] for op in ("linear_bwd", "delta_bwd"))
+    assert all(ladder[op, 2]["bfloat16"] and not ladder[op, 2]["float32"] for op in ("linear_bwd", "delta_bwd", "gla_bwd"))
     # linear v1: dq's and dk's parts per 32-column value block and <dstate, S_T>'s; delta adds checkpoints, recomputed states, dbeta, dg
     assert cuda.workspace_bytes("linear_bwd", 1, 2, 100, 3, 64, 64) == (2 * 2 * (2 * 100 * 3 * 64) + 2 * 2 * 3) * 4
     # gla_bwd v1: the same parts, <dstate, S_T>'s per key row
     assert cuda.workspace_bytes("gla_bwd", 1, 2, 100, 3, 64, 64) == (2 * 2 * (2 * 100 * 3 * 64) + 2 * 2 * 3 * 64) * 4
+    # gla_bwd v2: gla v4's tiles per chunk and head (Qr, Ke [64, K], P [64, 64] bf16, d [K] fp32), then the states
+    # and their adjoints as linear v2's
+    tiles = 2 * 2 * 3
+    assert cuda.workspace_bytes("gla_bwd", 2, 2, 100, 3, 64, 64) == (tiles * (3 * 64 * 64 * 2 + 64 * 4)
+                                                                     + 2 * (2 * 3 * 2 * 64 * 64) * 2)
     # linear v2: the states entering each 64-token chunk and their adjoints, bf16
     assert cuda.workspace_bytes("linear_bwd", 2, 2, 100, 3, 64, 128) == 2 * (2 * 3 * 2 * 64 * 128) * 2
     chunks, blocks, tokens = 2, 2 * 3 * 2, 2 * 100 * 3

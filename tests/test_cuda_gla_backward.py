@@ -15,6 +15,7 @@ import pytest
 
 from minilin import cuda as mcuda
 from minilin.cuda import backward as mbackward
+from minilin.cuda import bf16
 from minilin.cuda import front
 from minilin.cuda.mixers import hgrn2_key
 from minilin.mixers import gla, hgrn2
@@ -194,10 +195,65 @@ def test_hgrn2_on_the_kernel(dtype):
         assert err < TOLERANCE[dtype], f"{dtype} {name}: {err:.2e}"
 
 
+# FLA's test shapes for its chunk backward and its tolerances (relative RMS error), for the tensor-core version.
+FLA_LENGTHS = (63, 500, 1000, 2048)
+FLA_KV = [(64, 64), (128, 128), (64, 128), (128, 64)]
+FLA_TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02}
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("with_state", [True, False], ids=["state", "no state"])
+@pytest.mark.parametrize("K, V", FLA_KV, ids=lambda kv: f"{kv}")
+@pytest.mark.parametrize("T", FLA_LENGTHS)
+def test_the_chunked_backward_at_flas_test_shapes(T, K, V, with_state):
+    """gla_bwd v2, bf16, against the float64 NumPy backward on the same bf16-rounded inputs; outputs start NaN;
+    a quarter of the channels gated down to -20 at T = 500 (the sub-chunk references' exponents)."""
+    x = inputs(2, T, 2, K, V, seed=T + K + 3 * V, with_state=with_state, strong=T == 500)
+    gx, host = device_inputs(x, "bfloat16")
+    grads = mcuda.gla_backward(gx["q"], gx["k"], gx["v"], gx["g"], do=gx["do"], dstate=gx["dS"],
+                               initial_state=gx["S0"], version=2)
+    want = numpy_gradients(host, K ** -0.5, form="chunked")
+    for name in grads._fields:
+        got = getattr(grads, name)
+        if want[name] is None:
+            assert got is None, name
+            continue
+        assert got.shape == want[name].shape, name
+        err = rel_err(as_host(got), want[name])
+        assert err < FLA_TOLERANCE[name], f"T={T} K={K} V={V} {name}: {err:.2e}"
+
+
+@gpu
+def test_the_chunked_backward_repeats_bit_for_bit():
+    """v2 twice more on the same inputs: the same bits (its sums are taken in a fixed order; a race would show)."""
+    x = inputs(2, 200, 4, 128, 128, seed=26)
+    gx, _ = device_inputs(x, "bfloat16")
+    run = lambda: mcuda.gla_backward(gx["q"], gx["k"], gx["v"], gx["g"], do=gx["do"], dstate=gx["dS"],  # noqa: E731
+                                     initial_state=gx["S0"], version=2)
+    first = run()
+    for _ in range(2):
+        assert all(bool((a == b).all()) for a, b in zip(first, run()))
+
+
+@gpu
+def test_strong_gates_over_a_long_sequence_stay_finite():
+    """T = 4096, every gate in [-20, 0): every gradient of the chunked backward finite."""
+    x = inputs(1, 4096, 2, 64, 64, seed=27)
+    x["g"] = np.random.default_rng(28).uniform(-20.0, 0.0, x["g"].shape)
+    gx, _ = device_inputs(x, "bfloat16")
+    grads = mcuda.gla_backward(gx["q"], gx["k"], gx["v"], gx["g"], do=gx["do"], dstate=gx["dS"],
+                               initial_state=gx["S0"], version=2)
+    for name in grads._fields:
+        assert bool(cupy.isfinite(bf16.as_float32(getattr(grads, name))).all()), name
+
+
 @gpu
 def test_the_kernel_names_what_it_refuses():
     x = inputs(1, 8, 1, 64, 64, seed=25)
     gx, _ = device_inputs(x, "float32")
-    with pytest.raises(ValueError, match=r"^version: expected one of \[1\] for gla_bwd, got 2"):
+    with pytest.raises(ValueError, match=r"^version: expected one of \[1, 2\] for gla_bwd, got 3"):
+        mcuda.gla_backward(gx["q"], gx["k"], gx["v"], gx["g"], do=gx["do"], version=3)
+    with pytest.raises(TypeError, match=r"^version: gla_bwd version 2 \(chunked_mma\) takes bfloat16 inputs only"):
         mcuda.gla_backward(gx["q"], gx["k"], gx["v"], gx["g"], do=gx["do"], version=2)
-    assert [v["version"] for v in mcuda.versions("gla_bwd")] == [1]
+    assert [v["version"] for v in mcuda.versions("gla_bwd")] == [1, 2]
