@@ -6,7 +6,7 @@ more than that when its terms cancel. This script runs a kernel's algorithm in f
 switched on alone, then all at once, and prints each gradient's relative RMS error against minilin's float64
 chunked_backward, on bf16-rounded inputs as the GPU sees them: linear_bwd v2's (csrc/linear_bwd/v2_chunked_mma.cu,
 `emulate`, against simple GLA) and delta_bwd v2's (csrc/delta_bwd/v2_chunked_wy_mma.cu, `emulate_delta`, against
-Gated DeltaNet), and a chunked GLA backward not yet written as a kernel (`emulate_gla`, against GLA).
+Gated DeltaNet), and gla_bwd v2's (csrc/gla_bwd/v2_chunked_mma.cu, `emulate_gla`, against GLA).
 
     python tools/emulate_bf16_backward.py                 # simple GLA, T = 1000, K = V = 64, B = H = 2
     python tools/emulate_bf16_backward.py --T 63 --K 64 --V 128
@@ -26,8 +26,10 @@ once, with dg formed chunk-locally, keeps every gradient at or below 3e-3 at T =
 (K = V = 128): inside FLA's tolerances (0.008; dg, dbeta 0.02) on these inputs. For GLA, a decay per key channel,
 the same holds channel by channel: with every point rounded, dg chunk-locally 1.7e-3 at T = 1000 (K = V = 64) and
 at T = 63 (K = V = 128), the sequence-wide sum 2.1e-2 and 1.5e-2, the other gradients 1.6-1.7e-3; so a chunked
-GLA backward should form dg chunk by chunk, as linear_bwd v2 does (gla_bwd v1 sums over the whole sequence, but
-from float32 states, not bf16 ones).
+GLA backward should form dg chunk by chunk, as linear_bwd v2 and gla_bwd v2 do (gla_bwd v1 sums over the whole
+sequence, but from float32 states, not bf16 ones). gla_bwd v2 also stores its sub-chunk references in bf16 (point
+R, GLA only): with it, every point rounded, dg reads 2.9e-3 at T = 1000 (K = V = 64) and 2.0e-3 at T = 63
+(K = V = 128), the other gradients unchanged.
 """
 from __future__ import annotations
 
@@ -36,7 +38,9 @@ import argparse
 import numpy as np
 
 CHUNK = 64
+SUB = 16  # gla_bwd v2's sub-chunks
 POINTS = ("S", "D", "Y", "P")
+GLA_POINTS = POINTS + ("R",)
 
 
 def bf16(x):
@@ -64,7 +68,7 @@ def emulate(q, k, v, g, S0, do, dS, scale, rounded=()):
     """linear_bwd v2 on float64 arrays (q, k [B, T, H, K]; v, do [B, T, H, V]; g [B, T, H]; S0, dS [B, H, K, V] or
     None), rounding to bf16 at the points named in `rounded`. Returns dq, dk, dv, dinitial_state, and dg twice:
     "dg" the chunk-local way, "dg_sequence" as one reverse sum over the sequence."""
-    R = {p: (bf16 if p in rounded else (lambda x: x)) for p in POINTS}
+    R = {p: (bf16 if p in rounded else (lambda x: x)) for p in GLA_POINTS}
     B, T, H, K = q.shape
     V, N = v.shape[-1], -(-T // CHUNK)
     qc, kc, vc, doc, gc = (_chunks(x) for x in (q, k, v, do, g))
@@ -116,11 +120,15 @@ def emulate_gla(q, k, v, g, S0, do, dS, scale, rounded=()):
     """A chunked GLA backward in linear_bwd v2's layout, with a decay per key channel (g [B, T, H, K]): the two
     passes store the states entering each chunk and their adjoints (points S, D) from the per-channel weighted
     operands K exp(G_L - G) and scale Q exp(G) (point Y), and each chunk's gradients come from its decayed scores P
-    and dA = scale dO V^T (point P), with the decay exp(G_i - G_j) kept per channel (M [i, j, K]) and applied in
-    float64, as a kernel would through sub-chunk references. dg per channel, both ways: "dg" chunk-locally
+    and dA = scale dO V^T (point P). The intra-chunk sums over token pairs take gla_bwd v2's route
+    (csrc/gla_bwd/v2_chunked_mma.cu): a pair in two sub-chunks of 16 tokens through the boundary r between them,
+    from the references Kref = k exp(G_r - G_j) and Qref = q exp(G_i - G_r), which the kernel stores in bf16 for
+    its products (point R); a pair inside one sub-chunk with its decay exp(G_i - G_j) per channel in float64, as
+    the kernel's CUDA-core loop. (Unrounded the route is an identity: every point off, the same numbers as the
+    plain per-channel sum.) dg per channel, both ways: "dg" chunk-locally
     (the reverse sum of q . dq - k . dk inside the chunk, plus exp(G_L) <D_c, S_{c-1}> and sum_j k_j dk_j^inter per
     channel at its end), "dg_sequence" as one reverse sum with <dstate, S_T> (gla_bwd v1's form)."""
-    R = {p: (bf16 if p in rounded else (lambda x: x)) for p in POINTS}
+    R = {p: (bf16 if p in rounded else (lambda x: x)) for p in GLA_POINTS}
     B, T, H, K = q.shape
     V, N = v.shape[-1], -(-T // CHUNK)
     qc, kc, vc, doc, gc = (_chunks(x) for x in (q, k, v, do, g))
@@ -150,9 +158,9 @@ def emulate_gla(q, k, v, g, S0, do, dS, scale, rounded=()):
         S_n, D_n = states[n], adjoints[n]
         to_end = np.exp(G_last[:, n][:, None] - Gn)                       # [B, C, H, K]
         dk_inter = to_end * np.einsum("bjhv,bhkv->bjhk", vc[:, n], D_n)
-        dq[:, n] = (scale * np.exp(Gn) * np.einsum("bihv,bhkv->bihk", doc[:, n], S_n)
-                    + np.einsum("bijh,bijhk,bjhk->bihk", dA, M, kc[:, n]))
-        dk[:, n] = dk_inter + np.einsum("bijh,bijhk,bihk->bjhk", dA, M, qc[:, n])
+        dq_intra, dk_intra = _intra_through_references(dA, Gn, qc[:, n], kc[:, n], M, R["R"])
+        dq[:, n] = scale * np.exp(Gn) * np.einsum("bihv,bhkv->bihk", doc[:, n], S_n) + dq_intra
+        dk[:, n] = dk_inter + dk_intra
         dv[:, n] = (np.einsum("bjhk,bhkv->bjhv", to_end * kc[:, n], D_n)
                     + np.einsum("bijh,bihv->bjhv", P, doc[:, n]))
         term = qc[:, n] * dq[:, n] - kc[:, n] * dk[:, n]                  # [B, C, H, K]
@@ -165,6 +173,28 @@ def emulate_gla(q, k, v, g, S0, do, dS, scale, rounded=()):
         term[:, -1] += (dS * final).sum(-1)
     dg_sequence = np.cumsum(term[:, ::-1], 1)[:, ::-1]
     return {"dq": dq, "dk": dk, "dv": dv, "dinitial_state": D, "dg": dg, "dg_sequence": dg_sequence}
+
+
+def _intra_through_references(dA, G, q, k, M, round_reference):
+    """gla_bwd v2's intra-chunk sums dq_i = sum_{j <= i} dA_ij k_j exp(G_i - G_j) and dk_j = sum_{i >= j} dA_ij q_i
+    exp(G_i - G_j) of one chunk (dA [B, i, j, H], G, q, k [B, C, H, K], M the per-channel decays [B, i, j, H, K]):
+    sub-chunk a's diagonal block term by term, its pairs with earlier sub-chunks through r = 16 a - 1 (rows of a)
+    and with later ones through r = 16 a + 15 (columns of a), the references passed through round_reference."""
+    dq, dk = np.zeros(q.shape), np.zeros(k.shape)
+    for a in range(CHUNK // SUB):
+        rows = slice(SUB * a, SUB * (a + 1))
+        block = (slice(None), rows, rows)
+        dq[:, rows] += np.einsum("bijh,bijhk,bjhk->bihk", dA[block], M[block], k[:, rows])
+        dk[:, rows] += np.einsum("bijh,bijhk,bihk->bjhk", dA[block], M[block], q[:, rows])
+        if a >= 1:  # columns j < 16 a, through r = 16 a - 1
+            r, before = SUB * a - 1, slice(0, SUB * a)
+            Kref = round_reference(k[:, before] * np.exp(G[:, r:r + 1] - G[:, before]))
+            dq[:, rows] += np.exp(G[:, rows] - G[:, r:r + 1]) * np.einsum("bijh,bjhk->bihk", dA[:, rows, before], Kref)
+        if a <= CHUNK // SUB - 2:  # rows i >= 16 (a + 1), through r = 16 a + 15
+            r, after = SUB * a + SUB - 1, slice(SUB * (a + 1), CHUNK)
+            Qref = round_reference(q[:, after] * np.exp(G[:, after] - G[:, r:r + 1]))
+            dk[:, rows] += np.exp(G[:, r:r + 1] - G[:, rows]) * np.einsum("bijh,bihk->bjhk", dA[:, after, rows], Qref)
+    return dq, dk
 
 
 DELTA_POINTS = ("T", "S", "D", "X", "N", "R", "P", "Y")
@@ -304,7 +334,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mixer", choices=["simple_gla", "gla", "gated_deltanet"], default="simple_gla")
     args = parser.parse_args(argv)
     x = inputs(args.B, args.T, args.H, args.K, args.V, args.seed)
-    points = DELTA_POINTS if args.mixer == "gated_deltanet" else POINTS
+    points = {"gated_deltanet": DELTA_POINTS, "gla": GLA_POINTS}.get(args.mixer, POINTS)
     cases = [("none", ())] + [(p, (p,)) for p in points] + [("all", points)]
     names = (("dq", "dk", "dv", "dinitial_state", "dg", "dbeta") if args.mixer == "gated_deltanet"
              else ("dq", "dk", "dv", "dinitial_state", "dg", "dg_sequence"))
