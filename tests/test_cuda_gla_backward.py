@@ -19,7 +19,7 @@ from minilin.cuda import bf16
 from minilin.cuda import front
 from minilin.cuda.mixers import hgrn2_key
 from minilin.mixers import gla, hgrn2
-from conftest import TOKEN_LOOP_SHAPE, rel_err
+from conftest import TENSOR_CORE_SHAPE, TOKEN_LOOP_SHAPE, rel_err
 from test_cuda_backward import as_host, at, device_inputs, host_extension, on_host_gpu  # noqa: F401 (a fixture)
 
 OK, REASON = mcuda.available()
@@ -72,6 +72,19 @@ def gla_host(host_extension, monkeypatch):  # noqa: F811 (the imported fixture)
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     monkeypatch.setattr(mbackward, "extension", lambda: __import__("types").SimpleNamespace(
         backward=contract_gla_backward, workspace_bytes=lambda *args: 0))
+
+
+def test_the_default_gla_backward_passes_over_v2_until_it_has_run_on_a_gpu(host_extension, monkeypatch):
+    """version=None: gla_bwd v1 for bf16 even where v2 takes the shape (front.SLOWER_RUNGS says why); version=2
+    runs v2 by number. This test changes with that entry."""
+    v1 = {"op": "gla_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+          "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
+    v2 = {"op": "gla_bwd", "version": 2, "name": "chunked_mma", "float32": False, "bfloat16": True,
+          "min_compute_capability": 80, "max_compute_capability": 0, **TENSOR_CORE_SHAPE}
+    monkeypatch.setattr(front, "_built_versions", lambda: (v1, v2))
+    chosen = lambda version, bf, K, V: front.runnable_version("gla_bwd", version, bf, K, V)["version"]  # noqa: E731
+    assert [chosen(None, True, K, V) for K, V in [(64, 64), (128, 128), (32, 64)]] == [1, 1, 1]
+    assert chosen(None, False, 64, 64) == 1 and chosen(2, True, 64, 64) == 2
 
 
 def float32_values(x):
