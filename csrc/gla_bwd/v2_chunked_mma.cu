@@ -247,7 +247,8 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
   __syncthreads();
 
   float* G = L.G();
-  for (int f = threadIdx.x; f < K; f += kThreads) {  // G: the chunk-local cumulative sum, channel by channel
+  // G: the chunk-local cumulative sum, channel by channel; nothing reads G before the barrier after dA's store
+  for (int f = threadIdx.x; f < K; f += kThreads) {
     float running = 0.0f;
     for (int r = 0; r < kChunk; ++r) {
       running += G[r * kLdG + f];
