@@ -64,6 +64,20 @@ __device__ __forceinline__ void cp_async_value_block(bf16* dst, const bf16* src,
   cp_async_tile<kBlockThreads, kRows, kBlockV>(dst, kLdV, src, V);
 }
 
+// One value block's V, dO, S_{c-1} and D_c columns (c the chunk, v0 its first column) into a gradients kernel's
+// shared tiles L.v(), L.dO() (64 rows) and L.S(), L.D() (K rows), from the workspace's per-chunk states and
+// adjoints ([B, H, chunks, K, V] bf16).
+template <int K, class Layout>
+__device__ __forceinline__ void load_value_block(const Layout& L, const BackwardProblem& p, const bf16* states,
+                                                 const bf16* adjoints, int b, int h, int c, int v0) {
+  const int t0 = c * kChunk;
+  cp_async_token_rows<kBlockV>(L.v(), kLdV, p.v, p, b, h, t0, p.V, v0);
+  cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, v0);
+  const long long at = ((static_cast<long long>(b) * p.H + h) * chunk_count(p.T) + c) * K * p.V + v0;
+  cp_async_value_block<K>(L.S(), states + at, p.V);
+  cp_async_value_block<K>(L.D(), adjoints + at, p.V);
+}
+
 // A block's [rows, 64] bf16 shared tile (row stride kLdV) copied into global rows of stride ld, 16 bytes per copy.
 __device__ __forceinline__ void copy_out_rows(bf16* dst, long long ld, const bf16* src, int rows) {
   for (int i = group_thread(); i < rows * kBlockV / 8; i += kThreads) {

@@ -190,18 +190,6 @@ struct GradLayout {
   __device__ float* inter_dot(int group) const { return state_dot() + (1 + group) * K; }
 };
 
-// One value block's V, dO, S_{c-1} and D_c columns.
-template <int K>
-__device__ __forceinline__ void load_value_block(const GradLayout<K>& L, const BackwardProblem& p, const bf16* states,
-                                                 const bf16* adjoints, int b, int h, int c, int v0) {
-  const int t0 = c * kChunk;
-  cp_async_token_rows<kBlockV>(L.v(), kLdV, p.v, p, b, h, t0, p.V, v0);
-  cp_async_token_rows<kBlockV>(L.dO(), kLdV, p.do_, p, b, h, t0, p.V, v0);
-  const long long at = ((static_cast<long long>(b) * p.H + h) * chunk_count(p.T) + c) * K * p.V + v0;
-  cp_async_value_block<K>(L.S(), states + at, p.V);
-  cp_async_value_block<K>(L.D(), adjoints + at, p.V);
-}
-
 // acc[r][f] * exp(G[r][f] - G[ref][f]) (sign +1) or * exp(G[ref][f] - G[r][f]) (sign -1), added into out, for the
 // warp's tile at (m0, k0); ref < 0: exp(+-G[r][f]) alone (ref's row taken as zero).
 template <int NT, int kLdG>
