@@ -20,7 +20,8 @@ from minilin.cuda import front
 from minilin.cuda.mixers import hgrn2_key
 from minilin.mixers import gla, hgrn2
 from conftest import TENSOR_CORE_SHAPE, TOKEN_LOOP_SHAPE, rel_err
-from test_cuda_backward import as_host, at, device_inputs, host_extension, on_host_gpu  # noqa: F401 (a fixture)
+from test_cuda_backward import (as_host, at, device_inputs, expected_dtype, host_extension,  # noqa: F401 (a fixture)
+                                 on_host_gpu)
 
 OK, REASON = mcuda.available()
 gpu = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
@@ -163,16 +164,22 @@ def test_the_kernel_matches_the_float64_backward(dtype, shape, strong):
     gx, host = device_inputs(x, dtype)
     grads = mcuda.gla_backward(gx["q"], gx["k"], gx["v"], gx["g"], do=gx["do"], dstate=gx["dS"],
                                initial_state=gx["S0"])
-    want = numpy_gradients(host, shape[3] ** -0.5)
+    assert_gradients(grads, numpy_gradients(host, shape[3] ** -0.5), gx, lambda name: TOLERANCE[dtype],
+                     f"{dtype} {shape}")
+
+
+def assert_gradients(grads, want, gx, tolerance, label):
+    """Each kernel gradient against the float64 one: None where it is, else the same shape, its input's dtype
+    (`expected_dtype`) and a relative error under tolerance(name)."""
     for name in grads._fields:
         got = getattr(grads, name)
         if want[name] is None:
             assert got is None, name
             continue
         assert got.shape == want[name].shape, name
-        assert got.dtype == (gx[name[1:]].dtype if name in ("dq", "dk", "dv") else cupy.float32), name
+        assert got.dtype == expected_dtype(name, gx), name
         err = rel_err(as_host(got), want[name])
-        assert err < TOLERANCE[dtype], f"{dtype} {shape} {name}: {err:.2e}"
+        assert err < tolerance(name), f"{label} {name}: {err:.2e}"
 
 
 @gpu
@@ -229,15 +236,8 @@ def test_the_chunked_backward_at_flas_test_shapes(T, K, V, with_state):
     gx, host = device_inputs(x, "bfloat16")
     grads = mcuda.gla_backward(gx["q"], gx["k"], gx["v"], gx["g"], do=gx["do"], dstate=gx["dS"],
                                initial_state=gx["S0"], version=2)
-    want = numpy_gradients(host, K ** -0.5, form="chunked")
-    for name in grads._fields:
-        got = getattr(grads, name)
-        if want[name] is None:
-            assert got is None, name
-            continue
-        assert got.shape == want[name].shape, name
-        err = rel_err(as_host(got), want[name])
-        assert err < FLA_TOLERANCE[name], f"T={T} K={K} V={V} {name}: {err:.2e}"
+    assert_gradients(grads, numpy_gradients(host, K ** -0.5, form="chunked"), gx, FLA_TOLERANCE.get,
+                     f"T={T} K={K} V={V}")
 
 
 @gpu
