@@ -190,19 +190,34 @@ struct GradLayout {
   __device__ float* inter_dot(int group) const { return state_dot() + (1 + group) * K; }
 };
 
-// acc[r][f] * exp(G[r][f] - G[ref][f]) (sign +1) or * exp(G[ref][f] - G[r][f]) (sign -1), added into out, for the
-// warp's tile at (m0, k0); ref < 0: exp(+-G[r][f]) alone (ref's row taken as zero).
+// The decay of element (r, f) of the warp's tile at (m0, k0): exp(G[r][f] - G[ref][f]) (sign +1) or
+// exp(G[ref][f] - G[r][f]) (sign -1); ref < 0: exp(+-G[r][f]) alone (ref's row taken as zero).
+template <int kLdG>
+__device__ __forceinline__ float decay_of(const float* G, int r, int f, int ref, float sign) {
+  return __expf(sign * (G[r * kLdG + f] - (ref >= 0 ? G[ref * kLdG + f] : 0.0f)));
+}
+
+// acc times factor and its decay, in place.
 template <int NT, int kLdG>
-__device__ __forceinline__ void add_decayed(float (&out)[1][NT][4], const float (&acc)[1][NT][4], const float* G,
-                                            int m0, int k0, int ref, float sign, float factor) {
+__device__ __forceinline__ void scale_decayed(float (&acc)[1][NT][4], const float* G, int m0, int k0, int ref,
+                                              float sign, float factor) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = m0 + acc_row(0, e), f = k0 + acc_col(j, e);
-      const float exponent = G[r * kLdG + f] - (ref >= 0 ? G[ref * kLdG + f] : 0.0f);
-      out[0][j][e] = fmaf(factor * acc[0][j][e], __expf(sign * exponent), out[0][j][e]);
-    }
+    for (int e = 0; e < 4; ++e)
+      acc[0][j][e] = factor * acc[0][j][e] * decay_of<kLdG>(G, m0 + acc_row(0, e), k0 + acc_col(j, e), ref, sign);
+}
+
+// acc times its decay, added into out.
+template <int NT, int kLdG>
+__device__ __forceinline__ void add_decayed(float (&out)[1][NT][4], const float (&acc)[1][NT][4], const float* G,
+                                            int m0, int k0, int ref, float sign) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      out[0][j][e] = fmaf(acc[0][j][e], decay_of<kLdG>(G, m0 + acc_row(0, e), k0 + acc_col(j, e), ref, sign),
+                          out[0][j][e]);
 }
 
 template <int K>
@@ -316,39 +331,22 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
 
   // The inter-chunk terms: dq = scale exp(G) * (dO S^T); dk = exp(G_L - G) * (V D^T), whose sum_j k_j dk_j^inter
   // per key channel dg's last token needs (this warp's column sums, then the 8 row lanes'; by row group)
-  {
-    float inter[1][kKeyTiles][4];
+  scale_decayed<kKeyTiles, kLdG>(dq, G, m0, k0, -1, 1.0f, p.scale);
+  scale_decayed<kKeyTiles, kLdG>(dk, G, m0, k0, kChunk - 1, -1.0f, 1.0f);
 #pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j)
+  for (int j = 0; j < kKeyTiles; ++j) {
+    float column[2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) inter[0][j][e] = 0.0f;
-    add_decayed<kKeyTiles, kLdG>(inter, dq, G, m0, k0, -1, 1.0f, p.scale);
+    for (int u = 0; u < 2; ++u) {
+      const int f = k0 + acc_col(j, u);
+      column[u] = dk[0][j][u] * __bfloat162float(L.k()[(m0 + acc_row(0, 0)) * kLdK + f]) +
+                  dk[0][j][u + 2] * __bfloat162float(L.k()[(m0 + acc_row(0, 2)) * kLdK + f]);
 #pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dq[0][j][e] = inter[0][j][e];
-#pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) inter[0][j][e] = 0.0f;
-    add_decayed<kKeyTiles, kLdG>(inter, dk, G, m0, k0, kChunk - 1, -1.0f, 1.0f);
-#pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j) {
-      float column[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int f = k0 + acc_col(j, u);
-        column[u] = inter[0][j][u] * __bfloat162float(L.k()[(m0 + acc_row(0, 0)) * kLdK + f]) +
-                    inter[0][j][u + 2] * __bfloat162float(L.k()[(m0 + acc_row(0, 2)) * kLdK + f]);
-#pragma unroll
-        for (int offset = 4; offset < 32; offset <<= 1) column[u] += __shfl_xor_sync(kFullMask, column[u], offset);
-      }
-      if (lane < 4) {
-        L.inter_dot(a)[k0 + acc_col(j, 0)] = column[0];
-        L.inter_dot(a)[k0 + acc_col(j, 1)] = column[1];
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[0][j][e] = inter[0][j][e];
+      for (int offset = 4; offset < 32; offset <<= 1) column[u] += __shfl_xor_sync(kFullMask, column[u], offset);
+    }
+    if (lane < 4) {
+      L.inter_dot(a)[k0 + acc_col(j, 0)] = column[0];
+      L.inter_dot(a)[k0 + acc_col(j, 1)] = column[1];
     }
   }
   __syncthreads();  // the references are complete
@@ -358,13 +356,13 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
     if (a >= 1) {  // rows of sub-chunk a, columns j < 16 a: r = 16 a - 1
       zero(part);
       warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kRowMajor>(part, L.dA(), kLdC, L.Kref(a), kLdK, m0, k0, 0, m0);
-      add_decayed<kKeyTiles, kLdG>(dq, part, G, m0, k0, m0 - 1, 1.0f, 1.0f);
+      add_decayed<kKeyTiles, kLdG>(dq, part, G, m0, k0, m0 - 1, 1.0f);
     }
     if (a <= 2) {  // columns of sub-chunk a, rows i >= 16 (a + 1): r = 16 a + 15
       zero(part);
       warp_mma<1, kKeyTiles, Stored::kTransposed, Stored::kRowMajor>(part, L.dA(), kLdC, L.Qref_rows(a), kLdK, m0, k0,
                                                                      m0 + kSub, kChunk);
-      add_decayed<kKeyTiles, kLdG>(dk, part, G, m0, k0, m0 + kSub - 1, -1.0f, 1.0f);
+      add_decayed<kKeyTiles, kLdG>(dk, part, G, m0, k0, m0 + kSub - 1, -1.0f);
     }
   }
 
