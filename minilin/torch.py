@@ -256,8 +256,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
               cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """GLA, S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (minilin.mixers.gla); g [B, T, HV, K],
-    log decays <= 0, one per key channel. On the GPU the backward is gla_bwd v1, a token loop (csrc/NOTES.md; v2,
-    chunked, is passed over until it has run on a GPU)."""
+    log decays <= 0, one per key channel. On the GPU the backward is gla_bwd v2, chunked on tensor cores (bf16, K 64
+    or 128, V a multiple of 64; the token loop v1 elsewhere: csrc/NOTES.md)."""
     _refuse("state_v_first", state_v_first, False)
     for name in kwargs:
         _refuse(name, kwargs[name])

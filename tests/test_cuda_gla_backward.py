@@ -75,17 +75,18 @@ def gla_host(host_extension, monkeypatch):  # noqa: F811 (the imported fixture)
         backward=contract_gla_backward, workspace_bytes=lambda *args: 0))
 
 
-def test_the_default_gla_backward_passes_over_v2_until_it_has_run_on_a_gpu(host_extension, monkeypatch):
-    """version=None: gla_bwd v1 for bf16 even where v2 takes the shape (front.SLOWER_RUNGS says why); version=2
-    runs v2 by number. This test changes with that entry."""
+def test_the_default_gla_backward_is_v2_where_it_takes_the_shape(host_extension, monkeypatch):
+    """version=None: gla_bwd v2 for bf16 at K = 64 / 128 and V a multiple of 64; v1 for float32 and for the
+    shapes v2's rule leaves out (K = 32, V = 40); version=1 runs v1 by number."""
     v1 = {"op": "gla_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
           "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
     v2 = {"op": "gla_bwd", "version": 2, "name": "chunked_mma", "float32": False, "bfloat16": True,
           "min_compute_capability": 80, "max_compute_capability": 0, **TENSOR_CORE_SHAPE}
     monkeypatch.setattr(front, "_built_versions", lambda: (v1, v2))
     chosen = lambda version, bf, K, V: front.runnable_version("gla_bwd", version, bf, K, V)["version"]  # noqa: E731
-    assert [chosen(None, True, K, V) for K, V in [(64, 64), (128, 128), (32, 64)]] == [1, 1, 1]
-    assert chosen(None, False, 64, 64) == 1 and chosen(2, True, 64, 64) == 2
+    shapes = [(64, 64), (128, 128), (64, 192), (32, 64), (128, 40)]
+    assert [chosen(None, True, K, V) for K, V in shapes] == [2, 2, 2, 1, 1]
+    assert chosen(None, False, 64, 64) == 1 and chosen(1, True, 64, 64) == 1
 
 
 def float32_values(x):

@@ -124,13 +124,10 @@ def _capability_range(info: dict) -> str:
 # kda v6 to v8 run the same prepare but measured faster than v3 at K = V = 64 too (v8 0.752 against v3's 0.886 ms
 # at B=4, T=8192, H=16; 1.344 against 1.949 at B=1, T=32768; 0.112 against 0.123 at B=8, T=1024, H=8: H100,
 # 2026-12-06), so v8, the last, is the default at both key widths.
-# gla_bwd v2 (chunked, bf16) is passed over until it has run on a GPU: it compiles, and a float64 emulation of its
-# two kernels thread by thread (their shared-memory offsets, fragment mappings and barriers) matched the NumPy
-# backward to 1.6e-15, but tests/test_cuda_gla_backward.py has not yet run it; version=2 runs it by number.
 # Where a faster rung does not run (kda v3 to v8 below compute capability 9.0, or at K = 256) the default falls to
 # the next rung down that is not passed over.
 SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,), 5: (64,)}, ("kda", False): {2: None},
-                ("gla", False): {2: None}, ("gla_bwd", True): {2: None}}
+                ("gla", False): {2: None}}
 
 
 def _passed_over(op: str, dtype_is_bf16: bool, version: int, K: int | None) -> bool:
