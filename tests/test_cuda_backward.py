@@ -713,7 +713,8 @@ def test_the_extension_lists_the_backward_ops_with_their_workspace():
     assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1), ("delta_bwd", 2), ("gla_bwd", 1),
                           ("gla_bwd", 2)}
     assert all(v["float32"] and v["bfloat16"] for (_, n), v in ladder.items() if n == 1)
-    assert all(ladder[op, 2]["bfloat16"] and not ladder[op, 2]["float32"] for op in ("linear_bwd", "delta_bwd", "gla_bwd"))
+    assert all(ladder[op, 2]["bfloat16"] and not ladder[op, 2]["float32"]
+               for op in ("linear_bwd", "delta_bwd", "gla_bwd"))
     # linear v1: dq's and dk's parts per 32-column value block and <dstate, S_T>'s; delta adds checkpoints, recomputed states, dbeta, dg
     assert cuda.workspace_bytes("linear_bwd", 1, 2, 100, 3, 64, 64) == (2 * 2 * (2 * 100 * 3 * 64) + 2 * 2 * 3) * 4
     # gla_bwd v1: the same parts, <dstate, S_T>'s per key row

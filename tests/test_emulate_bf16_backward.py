@@ -71,4 +71,3 @@ def test_gla_bwd_v2s_route_keeps_every_gradient_inside_flas_tolerances(tool):
     errors = tool.errors(x, tool.GLA_POINTS, "gla")
     assert all(errors[n] < 3e-3 for n in ("dq", "dk", "dv", "dinitial_state")), errors
     assert errors["dg"] < 5e-3, errors
-

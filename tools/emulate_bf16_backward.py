@@ -68,7 +68,7 @@ def emulate(q, k, v, g, S0, do, dS, scale, rounded=()):
     """linear_bwd v2 on float64 arrays (q, k [B, T, H, K]; v, do [B, T, H, V]; g [B, T, H]; S0, dS [B, H, K, V] or
     None), rounding to bf16 at the points named in `rounded`. Returns dq, dk, dv, dinitial_state, and dg twice:
     "dg" the chunk-local way, "dg_sequence" as one reverse sum over the sequence."""
-    R = {p: (bf16 if p in rounded else (lambda x: x)) for p in GLA_POINTS}
+    R = {p: (bf16 if p in rounded else (lambda x: x)) for p in POINTS}
     B, T, H, K = q.shape
     V, N = v.shape[-1], -(-T // CHUNK)
     qc, kc, vc, doc, gc = (_chunks(x) for x in (q, k, v, do, g))

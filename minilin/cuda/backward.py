@@ -24,10 +24,10 @@ Kernels (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/; `versions('linear_bwd
 run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256; linear_bwd
 v2, delta_bwd v2 (through the WY form) and gla_bwd v2 (from gla v4's prepared tiles) are chunked on bf16 tensor
 cores and take K = 64 or 128 and V a multiple of 64. version=None runs the last rung for the dtype that takes the
-shape (`front.takes_shape`) and is not passed over (front.SLOWER_RUNGS), as the forward does. Every version writes every gradient;
-for the gated linear family the gate's is a reverse cumulative sum of q_s . dq_s - k_s . dk_s (plus the final
-state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk (GLA's, per channel:
-csrc/gla_bwd/v1_recurrent.cu and v2_chunked_mma.cu).
+shape (`front.takes_shape`) and is not passed over (front.SLOWER_RUNGS), as the forward does. Every version writes
+every gradient; for the gated linear family the gate's is a reverse cumulative sum of q_s . dq_s - k_s . dk_s
+(plus the final state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk (GLA's,
+per channel: csrc/gla_bwd/v1_recurrent.cu and v2_chunked_mma.cu).
 """
 from __future__ import annotations
 
