@@ -42,6 +42,21 @@ __device__ __forceinline__ void load_rows(float (&out)[ROWS], const void* x, lon
   }
 }
 
+// The decay of a lane's key rows at token bth: exp(g[bth]) for every row (scalar gate), exp(g[bth, row]) (per
+// channel), or 1 without a gate.
+template <bool kPerChannel, int ROWS>
+__device__ __forceinline__ void row_decays(float (&a)[ROWS], const BackwardProblem& p, long long bth, int lane) {
+  if constexpr (kPerChannel) {
+    load_rows<float, ROWS>(a, p.g, bth, p.K, lane, 1.0f);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) a[r] = expf(a[r]);
+  } else {
+    const float decay = p.g ? expf(p.g[bth]) : 1.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) a[r] = decay;
+  }
+}
+
 // The forward call a backward call differentiates (its inputs, sizes, scale, dtype and stream; no outputs), for a
 // backward version that runs a forward kernel's step (delta_bwd v2 the WY prepare).
 inline Problem forward_problem(const BackwardProblem& p) {

@@ -23,21 +23,6 @@ namespace recurrent_backward {
 constexpr int kThreads = kBwdWarps * 32;
 constexpr int kColumns = kBwdColumnsPerWarp;
 
-// The decay of a lane's key rows at token bth: exp(g[bth]) for every row (scalar gate), exp(g[bth, row]) (per
-// channel), or 1 without a gate.
-template <bool kPerChannel, int ROWS>
-__device__ __forceinline__ void row_decays(float (&a)[ROWS], const BackwardProblem& p, long long bth, int lane) {
-  if constexpr (kPerChannel) {
-    load_rows<float, ROWS>(a, p.g, bth, p.K, lane, 1.0f);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) a[r] = expf(a[r]);
-  } else {
-    const float decay = p.g ? expf(p.g[bth]) : 1.0f;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) a[r] = decay;
-  }
-}
-
 // Forward loop: the states again, dq_t = S_t do_t (this block's columns), and this block's part of <dht, S_T>:
 // final_parts[value block][B, H] (scalar gate) or [value block][B, H, K] (per channel), written when g and dht are
 // given.
