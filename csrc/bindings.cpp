@@ -28,7 +28,7 @@ const minilin::Version& find_version(const std::string& op, int number) {
     if (op == v.op) known += (known.empty() ? "" : ", ") + std::to_string(v.number);
   if (known.empty())
     throw minilin::ArgumentError("minilin._cuda: op must be 'linear', 'delta', 'gla', 'kda', 'decode', "
-                                 "'linear_bwd', 'delta_bwd' or 'gla_bwd', got '" + op + "'");
+                                 "'linear_bwd', 'delta_bwd', 'gla_bwd' or 'kda_bwd', got '" + op + "'");
   throw minilin::ArgumentError("minilin._cuda: " + op + " has versions " + known + ", got " + std::to_string(number));
 }
 
@@ -175,7 +175,7 @@ PYBIND11_MODULE(_cuda, m) {
            float scale, int dtype, std::uintptr_t stream) {
           const auto& ver = find_version(op, version);
           if (!ver.backward)
-            throw minilin::ArgumentError("minilin._cuda: " + op + " is not a backward op ('linear_bwd', 'delta_bwd', 'gla_bwd')");
+            throw minilin::ArgumentError("minilin._cuda: " + op + " is not a backward op ('linear_bwd', 'delta_bwd', 'gla_bwd', 'kda_bwd')");
           minilin::BackwardProblem p;
           p.q = pointer<const void>(q);
           p.k = pointer<const void>(k);
@@ -205,6 +205,6 @@ PYBIND11_MODULE(_cuda, m) {
         py::arg("dbeta"), py::arg("dh0"), py::arg("workspace"), py::arg("workspace_size"), py::arg("B"),
         py::arg("T"), py::arg("H"), py::arg("K"), py::arg("V"), py::arg("scale"), py::arg("dtype"), py::arg("stream"),
         "Launch one backward pass (csrc/minilin_cuda.h, BackwardProblem) on `stream`: gradients dq, dk, dv in dtype "
-        "(and float32 dg when g is given, [B, T, H, K] for gla_bwd, dbeta for delta_bwd, dh0 when not 0). Checks sizes "
+        "(and float32 dg when g is given, [B, T, H, K] for gla_bwd and kda_bwd, dbeta for delta_bwd and kda_bwd, dh0 when not 0). Checks sizes "
         "(ValueError) and the launches (RuntimeError).");
 }

@@ -91,10 +91,11 @@ struct DecodeProblem {
   void* stream = nullptr;        // a cudaStream_t; null is the legacy default stream
 };
 
-// One backward call of a whole sequence (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/): the gradients of
-// L = <do, o> + <dht, final state> with respect to the forward's inputs (CONVENTIONS.md, Gradients).
+// One backward call of a whole sequence (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/, csrc/kda_bwd/): the
+// gradients of L = <do, o> + <dht, final state> with respect to the forward's inputs (CONVENTIONS.md, Gradients).
 //   q, k [B, T, H, K], v and do [B, T, H, V] in `dtype`; g, beta [B, T, H] float32 (g may be null, except for
-//   gla_bwd, whose g is [B, T, H, K]; beta read by the delta family only); h0 [B, H, K, V] float32 or null (zeros);
+//   gla_bwd and kda_bwd, whose g is [B, T, H, K]; beta read by the delta family only: delta_bwd, kda_bwd);
+//   h0 [B, H, K, V] float32 or null (zeros);
 //   dht [B, H, K, V] float32 or null (zeros).
 //   Outputs: dq, dk [B, T, H, K] and dv [B, T, H, V] in `dtype` (dq with respect to q itself: the kernels
 //   differentiate scale q and multiply by scale); float32 dg shaped as g when g is given, the delta family's dbeta
@@ -147,7 +148,7 @@ struct Version {
   const char* op;                 // "linear" (scalar-gated linear family), "delta" (delta rule family),
                                   // "gla", "kda" (their per-channel-gated members: GLA, Kimi Delta Attention),
                                   // "decode" (one token per sequence, both families), "linear_bwd",
-                                  // "delta_bwd", "gla_bwd"
+                                  // "delta_bwd", "gla_bwd", "kda_bwd"
   int number;                     // 1, 2, 3, ... : the ladder, each step kept callable
   const char* name;               // e.g. "recurrent", "chunked", "chunked_mma"
   const char* summary;            // the file header's one sentence: what changed and why

@@ -2,7 +2,7 @@
 // (csrc/<op>/v<N>_*.cu) and says there, in one sentence, what it changed and why. The ops: "linear" and "delta"
 // (a whole sequence, forward, one decay per head), "gla" and "kda" (a whole sequence, forward, one decay per key
 // channel: GLA, and the delta rule with it, Kimi Delta Attention), "decode" (one token for each of N sequences, both
-// families), "linear_bwd", "delta_bwd" and "gla_bwd" (a whole sequence, backward):
+// families), "linear_bwd", "delta_bwd", "gla_bwd" and "kda_bwd" (a whole sequence, backward):
 //   linear v8      split_sequence: v7 on segments of each sequence at once, the segments' start states put back
 //                  by a short pass and added to the outputs, so that few (batch, head) pairs still fill the card.
 //   gla v1         recurrent: linear v1 with a decay per key channel, g [B, T, H, K] staged a row per token.
@@ -42,6 +42,8 @@
 //   gla_bwd v2     chunked_mma: gla v4's prepared tiles, the chunk-boundary states and their adjoints by one pass
 //                  each way, then every chunk's gradients in parallel on bf16 tensor cores (the pairs of tokens in
 //                  different sub-chunks through the boundary between them); dg chunk by chunk.
+//   kda_bwd v1     recurrent: delta_bwd v1's two passes with a decay per key row; dg per channel, D' . S' kept
+//                  row by row.
 #include "minilin_cuda.h"
 
 namespace minilin {
@@ -52,7 +54,8 @@ extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6,
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
 extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6, kda_v7, kda_v8;
 extern const Version decode_v1;
-extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1, gla_bwd_v2;
+extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1, gla_bwd_v2,
+    kda_bwd_v1;
 
 // The wgmma versions (delta v10) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
@@ -74,6 +77,7 @@ const std::vector<Version>& versions() {
                                                 delta_bwd_v2,
                                                 gla_bwd_v1,
                                                 gla_bwd_v2,
+                                                kda_bwd_v1,
   };
   return all;
 }
