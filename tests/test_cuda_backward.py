@@ -711,7 +711,7 @@ def test_the_extension_lists_the_backward_ops_with_their_workspace():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"].endswith("_bwd")}
     assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1), ("delta_bwd", 2), ("gla_bwd", 1),
-                          ("gla_bwd", 2)}
+                          ("gla_bwd", 2), ("kda_bwd", 1)}
     assert all(v["float32"] and v["bfloat16"] for (_, n), v in ladder.items() if n == 1)
     assert all(ladder[op, 2]["bfloat16"] and not ladder[op, 2]["float32"]
                for op in ("linear_bwd", "delta_bwd", "gla_bwd"))
@@ -729,6 +729,8 @@ def test_the_extension_lists_the_backward_ops_with_their_workspace():
     chunks, blocks, tokens = 2, 2 * 3 * 2, 2 * 100 * 3
     expected = (2 * 3 * chunks * 64 * 64 + blocks * 64 * 2 * 8 * 128 + 2 * 2 * tokens * 64 + 2 * 2 * tokens) * 4
     assert cuda.workspace_bytes("delta_bwd", 1, 2, 100, 3, 64, 64) == expected
+    # kda_bwd v1: delta v1's, with dg's parts per key row
+    assert cuda.workspace_bytes("kda_bwd", 1, 2, 100, 3, 64, 64) == expected + 2 * tokens * (64 - 1) * 4
     # delta v2: T per chunk, then per chunk the state, its adjoint [K, V] and the corrections, their adjoint [64, V], bf16
     matrices = 2 * 3 * chunks
     assert cuda.workspace_bytes("delta_bwd", 2, 2, 100, 3, 64, 128) == matrices * (64 * 64 + 2 * (64 * 128 + 64 * 128)) * 2

@@ -31,7 +31,7 @@ v2s, slower than v1, are never the default, nor v4 and v5 at K = 64 (front.SLOWE
 changed; csrc/NOTES.md has their measured times. The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op
 "decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
 indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)
-run the ops "linear_bwd", "delta_bwd" and "gla_bwd" (GLA and HGRN2) and return the mixers' named tuples of
+run the ops "linear_bwd", "delta_bwd", "gla_bwd" (GLA and HGRN2) and "kda_bwd" (v1, the token loops) and return the mixers' named tuples of
 gradients (dq, dk, dv in their inputs' dtype, the rest float32).
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
@@ -43,10 +43,10 @@ Importing this package needs neither CuPy nor the extension; calling a kernel ne
 says how to get what is missing (`minilin doctor` lists what was found).
 """
 from .. import catalog
-from .backward import (channel_gated_linear_backward, delta_rule_backward, deltanet_backward,
-                       gated_deltanet_backward, gated_linear_backward, gla_backward, hgrn2_backward,
-                       lightning_backward, linear_attention_backward, mamba2_backward, retnet_backward,
-                       simple_gla_backward)
+from .backward import (channel_delta_rule_backward, channel_gated_linear_backward, delta_rule_backward,
+                       deltanet_backward, gated_deltanet_backward, gated_linear_backward, gla_backward,
+                       hgrn2_backward, kda_backward, lightning_backward, linear_attention_backward, mamba2_backward,
+                       retnet_backward, simple_gla_backward)
 from .bf16 import from_bf16, native_dtype, to_bf16
 from .decode import delta_rule_step, gated_linear_step
 from .front import channel_delta_rule, channel_gated_linear, default_version, delta_rule, extension, gated_linear, versions
@@ -54,10 +54,10 @@ from .mixers import deltanet, gated_deltanet, gla, hgrn2, kda, lightning, linear
 from .steps import (deltanet_step, gated_deltanet_step, gla_step, hgrn2_step, kda_step, lightning_step,
                     linear_attention_step, mamba2_step, retnet_step, simple_gla_step)
 
-__all__ = ["available", "channel_delta_rule", "channel_gated_linear", "channel_gated_linear_backward", "default_version", "delta_rule", "delta_rule_backward", "delta_rule_step", "deltanet",
+__all__ = ["available", "channel_delta_rule", "channel_delta_rule_backward", "channel_gated_linear", "channel_gated_linear_backward", "default_version", "delta_rule", "delta_rule_backward", "delta_rule_step", "deltanet",
            "deltanet_backward", "deltanet_step", "extension", "from_bf16", "gated_deltanet", "gated_deltanet_backward",
            "gated_deltanet_step", "gated_linear", "gated_linear_backward", "gated_linear_step", "gla", "gla_backward",
-           "gla_step", "hgrn2", "hgrn2_backward", "hgrn2_step", "kda", "kda_step",
+           "gla_step", "hgrn2", "hgrn2_backward", "hgrn2_step", "kda", "kda_backward", "kda_step",
            "lightning", "lightning_backward", "lightning_step", "linear_attention", "linear_attention_backward", "linear_attention_step",
            "mamba2", "mamba2_backward", "mamba2_step", "native_dtype", "retnet", "retnet_backward", "retnet_step", "simple_gla", "simple_gla_backward",
            "simple_gla_step", "to_bf16", "versions"]

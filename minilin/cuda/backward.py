@@ -3,15 +3,16 @@
     gated_linear_backward(q, k, v, g=None, *, do, dstate=None, ...)  -> (dq, dk, dv, dg, dinitial_state)
     channel_gated_linear_backward(q, k, v, g, *, do, dstate=None, ...)  -> the same, g and dg [B, T, HV, K]
     delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, ...)   -> (dq, dk, dv, dg, dbeta, dinitial_state)
+    channel_delta_rule_backward(q, k, v, g, beta, *, do, ...)        -> the same, g and dg [B, T, HV, K]
     simple_gla_backward, linear_attention_backward, retnet_backward, lightning_backward, mamba2_backward,
-    gated_deltanet_backward, deltanet_backward, gla_backward, hgrn2_backward: the mixers' named tuples
+    gated_deltanet_backward, deltanet_backward, gla_backward, hgrn2_backward, kda_backward: the mixers' named tuples
     (SIGNATURE.gradients), one field d<name> per array the forward takes (RetNet's, Lightning's, Mamba-2's and
     HGRN2's through the chain rule of their mapping onto the gated linear recurrence, as their NumPy backward
     takes it).
 
 The forward's arguments come first, as the forward takes them, then do and dstate by keyword (dstate None: zeros).
 Shapes: q, k [B, T, H, K]; v and do [B, T, HV, V] (do in v's dtype: float32 or bfloat16); g, beta [B, T, HV] float32
-(GLA's and HGRN2's g [B, T, HV, K]);
+(GLA's, HGRN2's and KDA's g [B, T, HV, K]);
 initial_state and dstate [B, HV, K, V] float32 ([N, HV, K, V] with cu_seqlens). Every gradient comes back (CuPy) in
 its input's dtype, as the kernels write it (sums taken in float32 first): dq, dk [B, T, H, K] in q's, dv [B, T, HV, V]
 in v's (bfloat16 in the input's form, native or uint16 bits); dg (as g), dbeta [B, T, HV] and dinitial_state (as
@@ -20,10 +21,11 @@ sequences as the forward's versions without `packed` take them (front.py): q and
 head's gradient the sum over its value heads (`heads.reduce`, in float32); one backward launch per sequence, each
 sequence's gradients its own, joined by `varlen.backward` as the NumPy backward joins them.
 
-Kernels (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/; `versions('linear_bwd')` and so on): v1 is the definition
-run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any K <= 256; linear_bwd
-v2, delta_bwd v2 (through the WY form) and gla_bwd v2 (from gla v4's prepared tiles) are chunked on bf16 tensor
-cores and take K = 64 or 128 and V a multiple of 64. version=None runs the last rung for the dtype that takes the
+Kernels (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/, csrc/kda_bwd/; `versions('linear_bwd')` and so on): v1
+is the definition run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any
+K <= 256 (kda_bwd has v1 only, delta_bwd v1's passes with a decay per key row); linear_bwd v2, delta_bwd v2 (through
+the WY form) and gla_bwd v2 (from gla v4's prepared tiles) are chunked on bf16 tensor cores and take K = 64 or 128
+and V a multiple of 64. version=None runs the last rung for the dtype that takes the
 shape (`front.takes_shape`) and is not passed over (front.SLOWER_RUNGS), as the forward does. Every version writes
 every gradient; for the gated linear family the gate's is a reverse cumulative sum of q_s . dq_s - k_s . dk_s
 (plus the final state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk (GLA's,
@@ -61,18 +63,18 @@ def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values:
 
 
 def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, scale):
-    """Run backward version `info` of `op` ('linear_bwd', 'delta_bwd' or 'gla_bwd') over checked arrays, q and k with v's
-    heads; returns (dq, dk, dv) in q's and v's dtype and float32 (dg, dbeta, dh0), None for what was not asked for
-    (dg without g, dbeta outside the delta family, dh0 without initial_state)."""
+    """Run backward version `info` of `op` ('linear_bwd', 'delta_bwd', 'gla_bwd' or 'kda_bwd') over checked arrays, q
+    and k with v's heads; returns (dq, dk, dv) in q's and v's dtype and float32 (dg, dbeta, dh0), None for what was
+    not asked for (dg without g, dbeta outside the delta family, dh0 without initial_state)."""
     cupy = cupy_module()
     cuda = extension()
     is_bf16 = bf16.is_bf16(q.dtype)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    delta = op == "delta_bwd"
+    delta = op in ("delta_bwd", "kda_bwd")
     dq, dk = cupy.empty((B, T, H, K), q.dtype), cupy.empty((B, T, H, K), q.dtype)
     dv = cupy.empty((B, T, H, V), v.dtype)
-    dg = cupy.empty(g.shape, cupy.float32) if g is not None else None  # [B, T, H], or [B, T, H, K] for gla_bwd
+    dg = cupy.empty(g.shape, cupy.float32) if g is not None else None  # [B, T, H], or [B, T, H, K] per channel
     dbeta = cupy.empty((B, T, H), cupy.float32) if delta else None
     dh0 = cupy.empty((B, H, K, V), cupy.float32) if initial_state is not None else None
     workspace_size = cuda.workspace_bytes(op, info["version"], B, T, H, K, V)
@@ -163,9 +165,25 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
     respect to the normalized y = x / r are then carried back by dx = (dy - y (y . dy)) / r
     (`activations.l2_normalize`), in float32 (then back in q's dtype).
     check_values: g <= 0, beta's range, beta |k|^2 within its bound, do and dstate finite (device-to-host syncs)."""
+    return _delta_rule_backward("delta_bwd", "B T HV", q, k, v, g, beta, do, dstate, scale, initial_state, cu_seqlens,
+                                allow_neg_eigval, normalize_qk, version, check_values)
+
+
+def channel_delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None,
+                                cu_seqlens=None, normalize_qk=False, version=None, check_values=True):
+    """Gradients of the delta rule with a decay per key channel (front.channel_delta_rule, Kimi Delta Attention):
+    (dq, dk, dv, dg, dbeta, dinitial_state), g and dg [B, T, HV, K] float32, the rest as `delta_rule_backward`
+    (`versions('kda_bwd')`); beta in [0, 1]."""
+    return _delta_rule_backward("kda_bwd", "B T HV K", q, k, v, g, beta, do, dstate, scale, initial_state,
+                                cu_seqlens, False, normalize_qk, version, check_values)
+
+
+def _delta_rule_backward(op, gate_dims, q, k, v, g, beta, do, dstate, scale, initial_state, cu_seqlens,
+                         allow_neg_eigval, normalize_qk, version, check_values):
+    """The delta family's backward (op 'delta_bwd', g [B, T, HV] or None; 'kda_bwd', g [B, T, HV, K])."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
-    if g is not None:
-        check_input("g", g, "B T HV", shapes, float32_only=True)
+    if g is not None or op == "kda_bwd":
+        check_input("g", g, gate_dims, shapes, float32_only=True)
     check_input("beta", beta, "B T HV", shapes, float32_only=True)
     _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
@@ -180,11 +198,10 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
             check_key_strength(k, beta, allow_neg_eigval, group=shapes["HV"] // shapes["H"])
     scale = check_scale(scale, shapes["K"])
-    info = runnable_version("delta_bwd", version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
+    info = runnable_version(op, version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
 
     def one(q, k, v, g, beta, initial_state, do, dstate):
-        dq, dk, dv, dg, dbeta, dh0 = _launch("delta_bwd", info, q, k, v, g, beta, initial_state, do, dstate, scale)
-        return dq, dk, dv, dg, dbeta, dh0
+        return _launch(op, info, q, k, v, g, beta, initial_state, do, dstate, scale)
 
     dq, dk, dv, dg, dbeta, dh0 = varlen.backward(one, (q_rep, k_rep, v, g, beta), initial_state, do, dstate, offsets)
     group = shapes["HV"] // shapes["H"]
@@ -235,6 +252,17 @@ def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, in
                                                      allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk,
                                                      version=version, check_values=check_values)
     return _gradients("gated_deltanet")(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dinitial_state=dh0)
+
+
+def kda_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
+                 normalize_qk=False, version=None, check_values=True):
+    """Kimi Delta Attention's gradients: KdaGradients(dq, dk, dv, dg, dbeta, dinitial_state). g and dg
+    [B, T, HV, K] float32."""
+    dq, dk, dv, dg, dbeta, dh0 = channel_delta_rule_backward(q, k, v, g, beta, do=do, dstate=dstate, scale=scale,
+                                                             initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                                             normalize_qk=normalize_qk, version=version,
+                                                             check_values=check_values)
+    return _gradients("kda")(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dinitial_state=dh0)
 
 
 def retnet_backward(q, k, v, *, do, dstate=None, gamma=None, scale=None, initial_state=None, version=None,
