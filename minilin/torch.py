@@ -3,7 +3,7 @@
     from minilin.torch import chunk_gated_delta_rule     # instead of: from fla.ops import chunk_gated_delta_rule
     o, final_state = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
 
-Importable only where PyTorch is installed; minilin never depends on it. Four functions, FLA 0.6.0's names
+Importable only where PyTorch is installed; minilin never depends on it. Five functions, FLA 0.6.0's names
 and arguments (the ones FLA has and minilin does not raise a ValueError naming the argument):
 
     chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
@@ -13,9 +13,11 @@ and arguments (the ones FLA has and minilin does not raise a ValueError naming t
                      use_qk_l2norm_in_kernel=False, cu_seqlens=None)
     chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, allow_neg_eigval=False, cu_seqlens=None)
+    chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None)
 
 Shapes as FLA and minilin share them: q, k [B, T, H, K], v [B, T, HV, V] (HV = H, or a multiple of it: grouped value
-heads), g and beta [B, T, HV] (g the log decay, <= 0; chunk_gla's g [B, T, HV, K], one per key channel), g_gamma [HV]
+heads), g and beta [B, T, HV] (g the log decay, <= 0; chunk_gla's and chunk_kda's g [B, T, HV, K], one per key channel), g_gamma [HV]
 (one log decay per head, RetNet's), initial_state [B, HV, K, V]. Returns (o [B, T, HV, V] in q's dtype, final state
 [B, HV, K, V] float32, or None without output_final_state). cu_seqlens [N + 1] (int32 or int64, any device) with B = 1
 packs N sequences along T, the states then [N, HV, K, V]; FLA's cu_seqlens_cpu (a host copy of it) and chunk_indices
@@ -43,14 +45,14 @@ import torch
 from . import catalog
 from .activations import L2_EPS
 
-__all__ = ["chunk_simple_gla", "chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule"]
+__all__ = ["chunk_simple_gla", "chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda"]
 
 CPU_CHUNK_SIZE = 64
 
 # mixer -> the arrays its forward takes after q, k, v (minilin's order: g before beta)
 GATES = {"linear_attention": (), "simple_gla": ("g",), "gla": ("g",), "deltanet": ("beta",),
-         "gated_deltanet": ("g", "beta")}
-DELTA = ("deltanet", "gated_deltanet")
+         "gated_deltanet": ("g", "beta"), "kda": ("g", "beta")}
+DELTA = ("deltanet", "gated_deltanet")  # the mixers that take allow_neg_eigval (KDA keeps beta in [0, 1])
 
 
 def _refuse(name: str, value, default=None):
@@ -287,3 +289,24 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     return _run("gated_deltanet", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
                 chunk_indices=chunk_indices, normalize_qk=use_qk_l2norm_in_kernel, allow_neg_eigval=allow_neg_eigval)
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+              allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+              return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+              cp_context=None, **kwargs):
+    """Kimi Delta Attention, S' = diag(exp(g_t)) S_{t-1}, S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
+    (minilin.mixers.kda); g [B, T, HV, K] log decays <= 0, one per key channel; beta [B, T, HV] in [0, 1]. g is the
+    log decay itself (FLA's use_gate_in_kernel, which makes it from a raw gate, is refused). On the GPU the backward
+    is kda_bwd v1, the token loops (csrc/NOTES.md)."""
+    flags = {"use_gate_in_kernel": use_gate_in_kernel, "use_beta_sigmoid_in_kernel": use_beta_sigmoid_in_kernel,
+             "allow_neg_eigval": allow_neg_eigval, "safe_gate": safe_gate, "disable_recompute": disable_recompute,
+             "return_intermediate_states": return_intermediate_states, "state_v_first": state_v_first}
+    for name, value in flags.items():
+        _refuse(name, value, False)
+    for name, value in (("lower_bound", lower_bound), ("cp_context", cp_context), *kwargs.items()):
+        _refuse(name, value)
+    return _run("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                normalize_qk=use_qk_l2norm_in_kernel)

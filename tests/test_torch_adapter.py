@@ -69,6 +69,9 @@ CASES = {
     "gated_deltanet": (lambda a, **kw: mt.chunk_gated_delta_rule(a["q"], a["k"], a["v"], a["g"], a["beta"], **kw),
                        lambda a, **kw: naive(a["q"], a["k"], a["v"], a["g"], a["beta"], **kw),
                        ("q", "k", "v", "g", "beta"), True),
+    "kda": (lambda a, **kw: mt.chunk_kda(a["q"], a["k"], a["v"], a["g_channels"], a["beta"], **kw),
+            lambda a, **kw: naive(a["q"], a["k"], a["v"], a["g_channels"], a["beta"], **kw),
+            ("q", "k", "v", "g_channels", "beta"), True),
 }
 
 
@@ -138,19 +141,21 @@ def test_cpu_float32_inputs_give_float32_gradients():
     assert o.dtype == torch.float32 and all(d.dtype == torch.float32 for d in grads)
 
 
-@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "gated_deltanet"])
+@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "gated_deltanet", "kda"])
 def test_cpu_grouped_heads_and_packed_sequences_equal_each_sequence_alone(mixer):
     """HV = 2 H value heads and two packed sequences: outputs, final states and every gradient equal the naive
     recurrence run on each sequence alone with q and k repeated per value head (torch's autograd through it)."""
-    delta = mixer == "gated_deltanet"
+    delta = mixer in ("gated_deltanet", "kda")
     a = inputs(B=1, T=23, H=4, K=8, V=5, seed=4, delta=delta, state=False)
     q, k = (a[n].detach()[:, :, ::2].clone().requires_grad_(True) for n in ("q", "k"))  # H = 2 for HV = 4
     h0 = torch.tensor(np.random.default_rng(5).standard_normal((2, 4, 8, 5)), requires_grad=True)
     cu = torch.tensor([0, 9, 23])
     beta = a["beta"] if delta else None
-    if mixer == "gla":  # a decay per key channel, through the same comparison
+    if mixer in ("gla", "kda"):  # a decay per key channel, through the same comparison
         a["g"] = a["g_channels"]
-    if delta:
+    if mixer == "kda":
+        o, S = mt.chunk_kda(q, k, a["v"], a["g"], beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    elif delta:
         o, S = mt.chunk_gated_delta_rule(q, k, a["v"], a["g"], beta, initial_state=h0, output_final_state=True,
                                          cu_seqlens=cu)
     elif mixer == "gla":
@@ -202,6 +207,12 @@ def test_bad_input_is_named():
         mt.chunk_gla(a["q"], a["k"], a["v"], a["g"])
     with pytest.raises(ValueError, match="state_v_first"):
         mt.chunk_gla(a["q"], a["k"], a["v"], a["g_channels"], state_v_first=True)
+    with pytest.raises(ValueError, match=r"^use_gate_in_kernel: not supported by minilin.torch \(expected False"):
+        mt.chunk_kda(a["q"], a["k"], a["v"], a["g_channels"], a["beta"], use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match=r"^lower_bound: not supported by minilin.torch \(expected None"):
+        mt.chunk_kda(a["q"], a["k"], a["v"], a["g_channels"], a["beta"], lower_bound=-5.0)
+    with pytest.raises(ValueError, match="^g: "):  # KDA takes a decay per key channel
+        mt.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"])
 
 
 def _cuda_ready():
@@ -219,9 +230,9 @@ def _tiny_model(seed, device, dtype, mixer):
     D, H, K = 32, 2, 16
     shapes = [("emb", (50, D), 1.0), ("wq", (D, H * K), D ** -0.5), ("wk", (D, H * K), D ** -0.5),
               ("wv", (D, H * K), D ** -0.5), ("wg", (D, H), D ** -0.5), ("wo", (H * K, D), (H * K) ** -0.5)]
-    if mixer == "gated_deltanet":
+    if mixer in ("gated_deltanet", "kda"):
         shapes.append(("wb", (D, H), D ** -0.5))
-    if mixer == "gla":  # one gate per key channel
+    if mixer in ("gla", "kda"):  # one gate per key channel
         shapes[4] = ("wg", (D, H * K), D ** -0.5)
     params = {n: torch.randn(*shape, generator=gen, dtype=torch.float64) * s for n, shape, s in shapes}
     params = {n: p.to(device=device, dtype=dtype).requires_grad_(True) for n, p in params.items()}
@@ -236,6 +247,9 @@ def _tiny_model(seed, device, dtype, mixer):
         if mixer == "gated_deltanet":
             beta = torch.sigmoid(x @ params["wb"])
             o, _ = mt.chunk_gated_delta_rule(q, k, v, g.float(), beta.float(), use_qk_l2norm_in_kernel=True)
+        elif mixer == "kda":
+            beta = torch.sigmoid(x @ params["wb"])
+            o, _ = mt.chunk_kda(q, k, v, g.view(B, T, H, K).float(), beta.float(), use_qk_l2norm_in_kernel=True)
         elif mixer == "gla":
             o, _ = mt.chunk_gla(q, k, v, g.view(B, T, H, K).float())
         else:
@@ -246,7 +260,7 @@ def _tiny_model(seed, device, dtype, mixer):
     return params, loss
 
 
-@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "gated_deltanet"])
+@pytest.mark.parametrize("mixer", ["simple_gla", "gla", "gated_deltanet", "kda"])
 def test_gpu_tiny_model_loss_and_gradients_equal_the_float64_reference(mixer):
     reason = _cuda_ready()
     if reason:

@@ -1,7 +1,8 @@
 """`minilin bench --backward` on a GPU: the forward and forward + backward of the CUDA kernels, and FLA's.
 
-Mixers: linear_attention, simple_gla, gla, deltanet, gated_deltanet (the ones with a backward kernel,
-`minilin.cuda.<mixer>_backward`); default simple_gla, gla, deltanet and gated_deltanet.
+Mixers: linear_attention, simple_gla, gla, deltanet, gated_deltanet, kda (the ones with a backward kernel,
+`minilin.cuda.<mixer>_backward`); default simple_gla, gla, deltanet and gated_deltanet (KDA's backward is the token
+loop kda_bwd v1 so far, timed only when asked for).
 Problem as the forward bench (bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in
 2048 and 8192 by default; with --grid the "every shape" grid instead (bench/against_fla.py's GRID: FLA's benchmark
 shapes and one long sequence, --grid all adds other head dims), an initial state given.
@@ -28,7 +29,7 @@ from .. import catalog
 from . import write_json
 from .gpu_timing import alternating_medians
 
-MIXERS = ("linear_attention", "simple_gla", "gla", "deltanet", "gated_deltanet")
+MIXERS = ("linear_attention", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda")
 DEFAULT_MIXERS = ("simple_gla", "gla", "deltanet", "gated_deltanet")
 LENGTHS = (2048, 8192)
 CHECK_PROBLEM = dict(B=2, T=100, H=2)  # with the K, V of the shapes timed
@@ -48,11 +49,12 @@ def _inputs(mixer: str, B: int, T: int, H: int, K: int, V: int, seed: int, state
     rng = cupy.random.default_rng(seed)
     on_grid = lambda x: from_bf16(to_bf16(x))  # noqa: E731
     k = rng.standard_normal((B, T, H, K), dtype=cupy.float32)
-    if mixer in ("deltanet", "gated_deltanet"):
+    if mixer in ("deltanet", "gated_deltanet", "kda"):
         k *= UNIT_KEY_SCALE / cupy.linalg.norm(k, axis=-1, keepdims=True)
     out = {"q": on_grid(rng.standard_normal((B, T, H, K), dtype=cupy.float32)), "k": on_grid(k),
            "v": on_grid(rng.standard_normal((B, T, H, V), dtype=cupy.float32)),
-           "g": rng.uniform(-1.0, -0.01, (B, T, H, K) if mixer == "gla" else (B, T, H), dtype=cupy.float32),
+           "g": rng.uniform(-1.0, -0.01, (B, T, H, K) if mixer in ("gla", "kda") else (B, T, H),
+                            dtype=cupy.float32),
            "beta": rng.uniform(0.0, 1.0, (B, T, H), dtype=cupy.float32),
            "do": on_grid(rng.standard_normal((B, T, H, V), dtype=cupy.float32)),
            "dstate": rng.standard_normal((B, H, K, V), dtype=cupy.float32)}
@@ -100,6 +102,7 @@ def _fla(mixer: str, x: dict):
         from fla.ops.delta_rule import chunk_delta_rule
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         from fla.ops.gla import chunk_gla
+        from fla.ops.kda import chunk_kda
         from fla.ops.simple_gla import chunk_simple_gla
     except Exception as error:  # noqa: BLE001 - FLA is optional
         return f"FLA not importable ({type(error).__name__})"
@@ -118,7 +121,8 @@ def _fla(mixer: str, x: dict):
             "linear_attention": lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], **state(a), **common),
             "deltanet": lambda a: chunk_delta_rule(a["q"], a["k"], a["v"], beta=a["beta"], **state(a), **common),
             "gated_deltanet": lambda a: chunk_gated_delta_rule(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"],
-                                                               **state(a), **common)}[mixer]
+                                                               **state(a), **common),
+            "kda": lambda a: chunk_kda(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"], **state(a), **common)}[mixer]
 
     def forward():
         with torch.no_grad():
