@@ -3,7 +3,7 @@
 The GPU tests compare with the mixers' own `recurrent_backward` (or, at FLA's longer test shapes,
 `chunked_backward`) in float64. This file also keeps a small float64
 reference of its own, the definition run backwards with every state kept, written from the same derivation as the
-kernels (csrc/delta_bwd/v1_recurrent.cu): it is proved on the CPU against central finite differences of minilin's
+kernels (csrc/delta_bwd/recurrent_passes.cuh): it is proved on the CPU against central finite differences of minilin's
 recurrent forms and against the mixers' recurrent_backward, and it drives the CPU test of the front's call into the
 extension (argument order, which outputs are asked for) through a stand-in extension that follows the
 BackwardProblem contract. GPU tests skip, with the reason, where CuPy, a GPU or the extension is
@@ -698,6 +698,10 @@ def backward_call(op="delta_bwd", **changes):
     ("linear_bwd", dict(version=2, dtype=1, K=96, V=64), r"linear_bwd_v2_chunked_mma: K must be 64 or 128, got K=96"),
     ("linear_bwd", dict(version=2, dtype=1, K=64, V=96), r"linear_bwd_v2_chunked_mma: V must be a multiple of 64"),
     ("linear_bwd", dict(version=2, dtype=0, K=64, V=64), r"linear_bwd_v2_chunked_mma: bfloat16 inputs only"),
+    ("kda_bwd", {}, r"kda_bwd_v1_recurrent: g must be a device pointer \(the per-channel log-decays"),
+    ("kda_bwd", dict(g=256, dg=256, K=300), r"kda_bwd_v1_recurrent: K must be <= 256"),
+    ("kda_bwd", dict(g=256, dg=256, dbeta=0), r"kda_bwd_v1_recurrent: beta and dbeta must be device pointers"),
+    ("kda_bwd", dict(g=256, dg=256, version=2), r"kda_bwd has versions 1, got 2"),
     ("linear", {}, r"linear is not a backward op"),
     ("decode", {}, r"decode is not a backward op"),
 ])

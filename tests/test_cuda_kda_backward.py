@@ -32,8 +32,8 @@ NAMES = ("q", "k", "v", "g", "beta")
 
 def inputs(B, T, H, K, V, seed, *, with_state=True, strong=False):
     """Random float64 inputs of KDA: keys of norm 0.9 (beta |k|^2 < 1), per-channel log-gates g [B, T, H, K] in
-    [-1, -0.01] (with strong, a quarter of the channels in [-20, -5] and some at -1e-8, the range CONVENTIONS.md
-    asks forms to keep exact), beta in [0.1, 0.9], the initial state, do and dS."""
+    [-1, -0.01] (with strong, a quarter of the channels in [-20, -5], some at -1e-8 and some at 0, the range
+    CONVENTIONS.md asks forms to keep exact), beta in [0.1, 0.9], the initial state, do and dS."""
     rng = np.random.default_rng(seed)
     k = rng.standard_normal((B, T, H, K))
     k *= 0.9 / np.linalg.norm(k, axis=-1, keepdims=True)
@@ -41,6 +41,7 @@ def inputs(B, T, H, K, V, seed, *, with_state=True, strong=False):
     if strong:
         g[..., ::4] = rng.uniform(-20.0, -5.0, g[..., ::4].shape)
         g[..., 1::8] = -1e-8
+        g[..., 3::16] = 0.0  # no decay at all, as FLA's KDA test sets some gates
     return dict(q=rng.standard_normal((B, T, H, K)), k=k, v=rng.standard_normal((B, T, H, V)), g=g,
                 beta=rng.uniform(0.1, 0.9, (B, T, H)),
                 S0=0.5 * rng.standard_normal((B, H, K, V)) if with_state else None,
@@ -158,22 +159,27 @@ SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 130, 2, 32, 96), (2, 70,
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_kernel_matches_the_float64_backward(dtype, shape, strong):
-    x = inputs(*shape, seed=sum(shape) + strong, with_state=shape[0] == 1, strong=strong)
+    # a state where B = 1 and at K = 40, whose rows past K must stay zero
+    x = inputs(*shape, seed=sum(shape) + strong, with_state=shape[0] == 1 or shape[3] % 32 != 0, strong=strong)
     gx, host = device_inputs(x, dtype)
     grads = mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], dstate=gx["dS"], initial_state=gx["S0"])
     assert_gradients(grads, numpy_gradients(host, shape[3] ** -0.5), gx, lambda name: TOLERANCE[dtype],
                      f"{dtype} {shape}")
 
 
+# FLA's chunk-backward test shapes (GLA's grid above) and the head dims of FLA's own KDA test (60, 64, 100, 128).
+KDA_KV = FLA_KV + [(60, 60), (100, 100)]
+
+
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("with_state", [True, False], ids=["state", "no state"])
-@pytest.mark.parametrize("K, V", FLA_KV, ids=lambda kv: f"{kv}")
+@pytest.mark.parametrize("K, V", KDA_KV, ids=lambda kv: f"{kv}")
 @pytest.mark.parametrize("T", FLA_LENGTHS)
 def test_the_backward_at_flas_test_shapes(T, K, V, with_state):
     """bf16 inputs against the float64 NumPy backward on the same bf16-rounded inputs, FLA's tolerances (relative
-    RMS error: 0.008, dg and dbeta 0.02); outputs start NaN; a quarter of the channels gated down to -20 at
-    T = 500."""
+    RMS error: 0.008, dg and dbeta 0.02); outputs start NaN; at T = 500 a quarter of the channels gated down to
+    -20, some at -1e-8 and some at exactly 0."""
     x = inputs(2, T, 2, K, V, seed=T + K + 3 * V, with_state=with_state, strong=T == 500)
     gx, host = device_inputs(x, "bfloat16")
     grads = mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], dstate=gx["dS"], initial_state=gx["S0"])

@@ -1,7 +1,7 @@
-// What the recurrent backward kernels (linear_bwd v1 and gla_bwd v1 through linear_bwd/recurrent_loops.cuh, and
-// csrc/delta_bwd/v1_recurrent.cu) share:
-// the forward v1's layout (one block per (batch, head, 32 value columns), 4 warps x 8 columns, lane l holding key
-// rows l, l + 32, ...), per-token loads straight from global memory, the reduction of a per-row gradient over the
+// What the recurrent backward kernels (linear_bwd v1 and gla_bwd v1 through linear_bwd/recurrent_loops.cuh,
+// delta_bwd v1 and kda_bwd v1 through delta_bwd/recurrent_passes.cuh) share: the forward v1's layout (one block
+// per (batch, head, 32 value columns), 4 warps x 8 columns, lane l holding key rows l, l + 32, ...), per-token
+// loads straight from global memory, the decays of a lane's key rows, the reduction of a per-row gradient over the
 // block's 4 warps, the sum over value blocks that turns the blocks' partial gradients into dq and dk, and the
 // host-side checks.
 //
