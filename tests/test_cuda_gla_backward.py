@@ -52,27 +52,40 @@ def numpy_gradients(x, scale, form="recurrent", **kwargs):
 
 
 # ---- the front's call into the extension, on the CPU -------------------------------------------------------
-def contract_gla_backward(op, version, q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0, workspace,
-                          workspace_size, B, T, H, K, V, scale, dtype, stream):
-    """minilin._cuda.backward for gla_bwd, on host memory: GLA's NumPy backward written through the addresses."""
-    assert op == "gla_bwd" and dtype == 0 and workspace_size == 0 and not beta and not dbeta and g and dg
-    read = lambda address, shape: None if not address else at(address, shape).astype(np.float64)  # noqa: E731
-    x = dict(q=read(q, (B, T, H, K)), k=read(k, (B, T, H, K)), v=read(v, (B, T, H, V)), g=read(g, (B, T, H, K)),
-             S0=read(h0, (B, H, K, V)), do=read(do, (B, T, H, V)), dS=read(dht, (B, H, K, V)))
-    grads = numpy_gradients(x, scale)
-    for address, name, shape in ((dq, "dq", (B, T, H, K)), (dk, "dk", (B, T, H, K)), (dv, "dv", (B, T, H, V)),
-                                 (dg, "dg", (B, T, H, K)), (dh0, "dinitial_state", (B, H, K, V))):
-        if address:
-            at(address, shape)[...] = grads[name]
+def channel_contract(op: str, gradients, with_beta: bool):
+    """A stand-in for minilin._cuda.backward of a per-channel op (g [B, T, H, K]: gla_bwd, kda_bwd) on host
+    memory: the NumPy backward `gradients(x, scale)` (by name) written through the addresses, as the
+    BackwardProblem contract says; dbeta where the op has a beta."""
+    def backward(called_op, version, q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0, workspace,
+                 workspace_size, B, T, H, K, V, scale, dtype, stream):
+        assert called_op == op and dtype == 0 and workspace_size == 0 and g and dg
+        assert bool(beta) == bool(dbeta) == with_beta
+        read = lambda address, shape: None if not address else at(address, shape).astype(np.float64)  # noqa: E731
+        x = dict(q=read(q, (B, T, H, K)), k=read(k, (B, T, H, K)), v=read(v, (B, T, H, V)),
+                 g=read(g, (B, T, H, K)), beta=read(beta, (B, T, H)), S0=read(h0, (B, H, K, V)),
+                 do=read(do, (B, T, H, V)), dS=read(dht, (B, H, K, V)))
+        grads = gradients(x, scale)
+        for address, name, shape in ((dq, "dq", (B, T, H, K)), (dk, "dk", (B, T, H, K)), (dv, "dv", (B, T, H, V)),
+                                     (dg, "dg", (B, T, H, K)), (dbeta, "dbeta", (B, T, H)),
+                                     (dh0, "dinitial_state", (B, H, K, V))):
+            if address:
+                at(address, shape)[...] = grads[name]
+
+    return backward
+
+
+def use_host_backward(monkeypatch, op: str, backward):
+    """The front sees one built version of `op`, v1 (the token loop's shape rule), run by `backward`."""
+    ladder = ({"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE},)
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    monkeypatch.setattr(mbackward, "extension", lambda: __import__("types").SimpleNamespace(
+        backward=backward, workspace_bytes=lambda *args: 0))
 
 
 @pytest.fixture
 def gla_host(host_extension, monkeypatch):  # noqa: F811 (the imported fixture)
-    ladder = ({"op": "gla_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE},)
-    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
-    monkeypatch.setattr(mbackward, "extension", lambda: __import__("types").SimpleNamespace(
-        backward=contract_gla_backward, workspace_bytes=lambda *args: 0))
+    use_host_backward(monkeypatch, "gla_bwd", channel_contract("gla_bwd", numpy_gradients, with_beta=False))
 
 
 def test_the_default_gla_backward_is_v2_where_it_takes_the_shape(host_extension, monkeypatch):

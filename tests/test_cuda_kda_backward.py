@@ -13,14 +13,12 @@ import numpy as np
 import pytest
 
 from minilin import cuda as mcuda
-from minilin.cuda import backward as mbackward
 from minilin.cuda import bf16
-from minilin.cuda import front
 from minilin.mixers import kda
-from conftest import TOKEN_LOOP_SHAPE, rel_err
-from test_cuda_backward import (as_host, at, device_inputs, expected_dtype, host_extension,  # noqa: F401 (a fixture)
-                                 on_host_gpu)
-from test_cuda_gla_backward import FLA_KV, FLA_LENGTHS, FLA_TOLERANCE, TOLERANCE, assert_gradients
+from conftest import rel_err
+from test_cuda_backward import as_host, device_inputs, host_extension, on_host_gpu  # noqa: F401 (a fixture)
+from test_cuda_gla_backward import (FLA_KV, FLA_LENGTHS, FLA_TOLERANCE, TOLERANCE, assert_gradients,
+                                    channel_contract, use_host_backward)
 
 OK, REASON = mcuda.available()
 gpu = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
@@ -60,29 +58,9 @@ def float32_values(x):
 
 
 # ---- the front's call into the extension, on the CPU -------------------------------------------------------
-def contract_kda_backward(op, version, q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0, workspace,
-                          workspace_size, B, T, H, K, V, scale, dtype, stream):
-    """minilin._cuda.backward for kda_bwd, on host memory: KDA's NumPy backward written through the addresses."""
-    assert op == "kda_bwd" and dtype == 0 and workspace_size == 0 and g and dg and beta and dbeta
-    read = lambda address, shape: None if not address else at(address, shape).astype(np.float64)  # noqa: E731
-    x = dict(q=read(q, (B, T, H, K)), k=read(k, (B, T, H, K)), v=read(v, (B, T, H, V)), g=read(g, (B, T, H, K)),
-             beta=read(beta, (B, T, H)), S0=read(h0, (B, H, K, V)), do=read(do, (B, T, H, V)),
-             dS=read(dht, (B, H, K, V)))
-    grads = numpy_gradients(x, scale)
-    for address, name, shape in ((dq, "dq", (B, T, H, K)), (dk, "dk", (B, T, H, K)), (dv, "dv", (B, T, H, V)),
-                                 (dg, "dg", (B, T, H, K)), (dbeta, "dbeta", (B, T, H)),
-                                 (dh0, "dinitial_state", (B, H, K, V))):
-        if address:
-            at(address, shape)[...] = grads[name]
-
-
 @pytest.fixture
 def kda_host(host_extension, monkeypatch):  # noqa: F811 (the imported fixture)
-    ladder = ({"op": "kda_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE},)
-    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
-    monkeypatch.setattr(mbackward, "extension", lambda: __import__("types").SimpleNamespace(
-        backward=contract_kda_backward, workspace_bytes=lambda *args: 0))
+    use_host_backward(monkeypatch, "kda_bwd", channel_contract("kda_bwd", numpy_gradients, with_beta=True))
 
 
 def host_call(x, **kwargs):
