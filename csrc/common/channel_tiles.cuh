@@ -84,9 +84,7 @@ inline size_t channel_recurrent_shared_bytes(int K) {
 template <typename Kernels>
 void forward_channel_recurrent(const Problem& p, const char* name, bool needs_beta) {
   check_common(p, name, needs_beta);
-  require(p.g != nullptr, [&] {
-    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
-  });
+  require_channel_gate(p, name);
   require(p.K <= kKeysUpTo256.max_k, [&] {
     return std::string(name) + ": K must be <= 256 (the state rows live in registers), got K=" + std::to_string(p.K);
   });

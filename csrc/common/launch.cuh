@@ -98,6 +98,15 @@ inline void require(bool ok, Message&& message) {
   if (!ok) throw ArgumentError("minilin._cuda: " + std::string(message()));
 }
 
+// The per-channel ops' own check (gla, kda, gla_bwd, kda_bwd; P a Problem or a BackwardProblem): g, one
+// log-decay per key channel [B, T, H, K], must be given.
+template <typename P>
+inline void require_channel_gate(const P& p, const char* kernel) {
+  require(p.g != nullptr, [kernel] {
+    return std::string(kernel) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
+  });
+}
+
 // Checks every version shares: positive sizes, pointers present, the gate/beta an op needs.
 inline void check_common(const Problem& p, const char* kernel, bool needs_beta) {
   const auto k = [kernel] { return std::string(kernel); };

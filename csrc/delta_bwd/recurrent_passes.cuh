@@ -269,9 +269,7 @@ template <bool kPerChannel>
 void run_backward(const BackwardProblem& p, const char* name, const char* prefix_text) {
   check_backward_problem(p, name, true, workspace_bytes<kPerChannel>(p.B, p.T, p.H, p.K, p.V, false));
   if constexpr (kPerChannel)
-    require(p.g != nullptr, [name] {
-      return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
-    });
+    require_channel_gate(p, name);
   const Workspace w = carve<kPerChannel>(p.workspace, p.B, p.T, p.H, p.K, p.V);
   const long long tokens = static_cast<long long>(p.B) * p.T * p.H;
   const std::string prefix(prefix_text);

@@ -161,10 +161,7 @@ void launch(const Problem& p) {
 
 void forward(const Problem& p) {
   check_tensor_core_problem(p, "gla_v3_chunked_mma", false, kBlockV);
-  require(p.g != nullptr, [&] {
-    return std::string("gla_v3_chunked_mma: g must be a device pointer (the per-channel log-decays [B, T, H, K]), "
-                       "got null");
-  });
+  require_channel_gate(p, "gla_v3_chunked_mma");
   if (p.K == 64) launch<64>(p);
   else launch<128>(p);
 }

@@ -248,9 +248,7 @@ void launch_chunks_k(const Problem& p) {
 void forward(const Problem& p) {
   const char* name = "gla_v4_prepared_chunks";
   check_tensor_core_problem(p, name, false, kBlockV);
-  require(p.g != nullptr, [&] {
-    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
-  });
+  require_channel_gate(p, name);
   const size_t needed = workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
   require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
     return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +

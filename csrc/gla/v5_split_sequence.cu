@@ -240,9 +240,7 @@ void launch_correction(const Problem& p, int P, int first_segment, const Workspa
 void forward(const Problem& p) {
   const char* name = "gla_v5_split_sequence";
   check_tensor_core_problem(p, name, false, kBlockV);
-  require(p.g != nullptr, [&] {
-    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
-  });
+  require_channel_gate(p, name);
   const bool packed = p.cu_seqlens != nullptr;
   const int P = packed ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
   const size_t needed = P == 1 ? gla_prepared::prepared_bytes(p.B, p.T, p.H, p.K, packed)

@@ -72,9 +72,7 @@ __global__ void __launch_bounds__(kGateChannels * kGateTokens)
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "gla_bwd_v1_recurrent";
   check_backward_problem(p, name, false, recurrent_backward::workspace_bytes<true>(p.B, p.T, p.H, p.K, p.V, false));
-  require(p.g != nullptr, [] {
-    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
-  });
+  require_channel_gate(p, name);
   const auto run = [&](auto elem) {
     using Elem = decltype(elem);
     const auto parts = recurrent_backward::launch_loops_and_sums<Elem, true>(p, "gla_bwd_v1");

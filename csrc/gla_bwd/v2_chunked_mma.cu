@@ -445,9 +445,7 @@ void launch(const BackwardProblem& p, bf16* states, bf16* adjoints) {
 void backward(const BackwardProblem& p) {
   constexpr const char* name = "gla_bwd_v2_chunked_mma";
   check_tensor_core_backward(p, name, false, workspace_bytes(p.B, p.T, p.H, p.K, p.V, false), kBlockV);
-  require(p.g != nullptr, [] {
-    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
-  });
+  require_channel_gate(p, name);
   require(reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0, [] {
     return std::string(name) + ": the workspace must be 256-byte aligned (its sections are)";
   });

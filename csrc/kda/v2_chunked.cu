@@ -218,9 +218,7 @@ void launch(const Problem& p) {
 
 void forward(const Problem& p) {
   check_common(p, "kda_v2_chunked", true);
-  require(p.g != nullptr, [&] {
-    return std::string("kda_v2_chunked: g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null");
-  });
+  require_channel_gate(p, "kda_v2_chunked");
   require(p.K <= kKeysUpTo128.max_k, [&] {
     return "kda_v2_chunked: K must be <= 128 (q, k, the gates and the state share one block's shared memory), got K=" +
            std::to_string(p.K);

@@ -357,9 +357,7 @@ void launch_chunks_of(const Problem& p, int columns) {
 
 void kda_prepared::check_problem(const Problem& p, const char* name) {
   check_tensor_core_problem(p, name, true, kBlockV);
-  require(p.g != nullptr, [&] {
-    return std::string(name) + ": g must be a device pointer (the per-channel log-decays [B, T, H, K]), got null";
-  });
+  require_channel_gate(p, name);
   const size_t needed = prepared_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
   require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
     return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
