@@ -135,6 +135,47 @@ __device__ __forceinline__ float2 sum_row_lanes(float2 t) {
   return t;
 }
 
+// Rows m0 + lane / 4 and 8 further of a 16-row part (sum_row_lanes' pair), written by the first lane of each row
+// into part[row].
+__device__ __forceinline__ void store_row_part(float* part, float2 t, int m0) {
+  t = sum_row_lanes(t);
+  if ((threadIdx.x & 3) == 0) {
+    part[m0 + acc_row(0, 0)] = t.x;
+    part[m0 + acc_row(0, 2)] = t.y;
+  }
+}
+
+// ---- per-channel decays of a warp's tile (gla_bwd v2, kda_bwd v2: G [64, kLdG] fp32, per key channel) ----------
+// The decay of element (r, f) of the warp's tile at (m0, k0): exp(G[r][f] - G[ref][f]) (sign +1) or
+// exp(G[ref][f] - G[r][f]) (sign -1); ref < 0: exp(+-G[r][f]) alone (ref's row taken as zero).
+template <int kLdG>
+__device__ __forceinline__ float decay_of(const float* G, int r, int f, int ref, float sign) {
+  return __expf(sign * (G[r * kLdG + f] - (ref >= 0 ? G[ref * kLdG + f] : 0.0f)));
+}
+
+// acc times factor and its decay, in place.
+template <int NT, int kLdG>
+__device__ __forceinline__ void scale_decayed(float (&acc)[1][NT][4], const float* G, int m0, int k0, int ref,
+                                              float sign, float factor) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc[0][j][e] = factor * acc[0][j][e] * decay_of<kLdG>(G, m0 + acc_row(0, e), k0 + acc_col(j, e), ref, sign);
+}
+
+// acc times its decay, added into out.
+template <int NT, int kLdG>
+__device__ __forceinline__ void add_decayed(float (&out)[1][NT][4], const float (&acc)[1][NT][4], const float* G,
+                                            int m0, int k0, int ref, float sign) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      out[0][j][e] = fmaf(acc[0][j][e], decay_of<kLdG>(G, m0 + acc_row(0, e), k0 + acc_col(j, e), ref, sign),
+                          out[0][j][e]);
+}
+
 // Shared scratch for store_gate_gradient in a block of kBlockWarps warps whose tiles split their columns into
 // kColumnGroups groups (warp w takes group w % kColumnGroups): per-token terms of each group [kColumnGroups][64],
 // and a per-warp term [kBlockWarps].

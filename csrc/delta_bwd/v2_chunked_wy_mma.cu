@@ -376,16 +376,6 @@ __device__ __forceinline__ void load_value_block(const GradLayout<K>& L, int s, 
   cp_async_value_block<K, kGradThreads>(L.D(s), w.adjoints + at * K * p.V + v0, p.V);
 }
 
-// Rows m0 + lane / 4 and 8 further of a 16-row part (sum_row_lanes' pair), written by the first lane of each row
-// into part[row].
-__device__ __forceinline__ void store_row_part(float* part, float2 t, int m0) {
-  t = sum_row_lanes(t);
-  if ((threadIdx.x & 3) == 0) {
-    part[m0 + acc_row(0, 0)] = t.x;
-    part[m0 + acc_row(0, 2)] = t.y;
-  }
-}
-
 template <int K>
 __global__ void __launch_bounds__(kGradThreads, 1) delta_bwd_v2_gradients(const BackwardProblem p, const Workspace w) {
   extern __shared__ __align__(16) unsigned char smem[];

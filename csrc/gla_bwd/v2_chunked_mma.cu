@@ -192,36 +192,6 @@ struct GradLayout {
   __device__ float* inter_dot(int group) const { return state_dot() + (1 + group) * K; }
 };
 
-// The decay of element (r, f) of the warp's tile at (m0, k0): exp(G[r][f] - G[ref][f]) (sign +1) or
-// exp(G[ref][f] - G[r][f]) (sign -1); ref < 0: exp(+-G[r][f]) alone (ref's row taken as zero).
-template <int kLdG>
-__device__ __forceinline__ float decay_of(const float* G, int r, int f, int ref, float sign) {
-  return __expf(sign * (G[r * kLdG + f] - (ref >= 0 ? G[ref * kLdG + f] : 0.0f)));
-}
-
-// acc times factor and its decay, in place.
-template <int NT, int kLdG>
-__device__ __forceinline__ void scale_decayed(float (&acc)[1][NT][4], const float* G, int m0, int k0, int ref,
-                                              float sign, float factor) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      acc[0][j][e] = factor * acc[0][j][e] * decay_of<kLdG>(G, m0 + acc_row(0, e), k0 + acc_col(j, e), ref, sign);
-}
-
-// acc times its decay, added into out.
-template <int NT, int kLdG>
-__device__ __forceinline__ void add_decayed(float (&out)[1][NT][4], const float (&acc)[1][NT][4], const float* G,
-                                            int m0, int k0, int ref, float sign) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      out[0][j][e] = fmaf(acc[0][j][e], decay_of<kLdG>(G, m0 + acc_row(0, e), k0 + acc_col(j, e), ref, sign),
-                          out[0][j][e]);
-}
-
 template <int K>
 __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const BackwardProblem p, const bf16* states,
                                                                      const bf16* adjoints) {
