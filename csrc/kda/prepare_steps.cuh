@@ -56,9 +56,9 @@ __device__ __forceinline__ void decayed_operands(const __nv_bfloat16* q_s, __nv_
 
 // Step 5: T = (I + A)^-1 by blocks (fp32, A complete in shared rows of stride wy_blocked::kLd, its blocks above the diagonal the solve's
 // scratch; T into Tm), then
-// T diag(beta) and P (bf16 shared rows of stride kLdC) into the workspace, 8 bf16 (16 bytes) per thread and step,
-// zeros above the diagonal blocks.
-template <int kLdC, int kThreads>
+// T diag(beta) (T alone when kTimesBeta is false) and P (bf16 shared rows of stride kLdC) into the workspace, 8 bf16
+// (16 bytes) per thread and step, zeros above the diagonal blocks.
+template <int kLdC, int kThreads, bool kTimesBeta = true>
 __device__ __forceinline__ void solve_and_store(float* A, float* Tm, const __nv_bfloat16* P, const float* beta,
                                                 const PreparedTiles& out, int warp) {
   using gla_sub_chunks::kSub;
@@ -73,8 +73,8 @@ __device__ __forceinline__ void solve_and_store(float* A, float* Tm, const __nv_
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int c0 = c + 2 * u;
-      const float x = above ? 0.0f : Tm[r * kLdA + c0] * beta[c0];
-      const float y = above ? 0.0f : Tm[r * kLdA + c0 + 1] * beta[c0 + 1];
+      const float x = above ? 0.0f : Tm[r * kLdA + c0] * (kTimesBeta ? beta[c0] : 1.0f);
+      const float y = above ? 0.0f : Tm[r * kLdA + c0 + 1] * (kTimesBeta ? beta[c0 + 1] : 1.0f);
       const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
       packed[u] = *reinterpret_cast<const unsigned*>(&pair);
     }

@@ -1,7 +1,7 @@
 // kda v3's workspace, which kda v4 writes too, and v3's pass over chunks that reads it: per chunk row
 // (common/sequences.cuh) and head, the tiles that a prepare kernel computes from one chunk alone,
 //   Qr = q exp(G), Kg = k exp(G), Ke = k exp(G_C - G)  [64, K] bf16,   P, T diag(beta)  [64, 64] bf16 (zero above
-//   the diagonal),   d = exp(G_C)  [K] fp32,
+//   the diagonal; T alone for kda_bwd v2, launch_sliced_prepare),   d = exp(G_C)  [K] fp32,
 // as six arrays [H][chunk rows][...], each 256-byte aligned (G the chunk-local cumulative gate, G_C its last row,
 // T = (I + A)^-1 the WY system's inverse: kda/v3_prepared_chunks.cu has the algebra).
 #pragma once
@@ -41,11 +41,11 @@ struct PreparedTiles {
   float* decay;           // [K]      exp(G_C)
 };
 
+// Chunk row `row` of head h in a workspace of `rows` chunk rows (`chunk_rows`) and H heads.
 template <int K>
-__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
-  const long long rows = chunk_rows(p.B, p.T, p.cu_seqlens != nullptr);
-  const Sections s = sections(rows, p.H, K);
-  unsigned char* base = static_cast<unsigned char*>(p.workspace);
+__device__ __forceinline__ PreparedTiles prepared_tiles(void* workspace, long long rows, int H, int h, long long row) {
+  const Sections s = sections(rows, H, K);
+  unsigned char* base = static_cast<unsigned char*>(workspace);
   const long long tile = static_cast<long long>(h) * rows + row;
   using bf16 = __nv_bfloat16;
   return {reinterpret_cast<bf16*>(base) + tile * kChunk * K,
@@ -54,6 +54,11 @@ __device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h,
           reinterpret_cast<bf16*>(base + 3 * s.rows_k) + tile * kChunk * kChunk,
           reinterpret_cast<bf16*>(base + 3 * s.rows_k + s.tile) + tile * kChunk * kChunk,
           reinterpret_cast<float*>(base + 3 * s.rows_k + 2 * s.tile) + tile * K};
+}
+
+template <int K>
+__device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h, long long row) {
+  return prepared_tiles<K>(p.workspace, chunk_rows(p.B, p.T, p.cu_seqlens != nullptr), p.H, h, row);
 }
 
 // What every version that writes these tiles checks before launching (bf16, K = 64 or 128, V a multiple of 64, g
@@ -67,8 +72,10 @@ int narrow_chunks_blocks_per_sm(int K);
 // The pass's value block width for p (kda/v5_narrow_value_blocks.cu): 32 where every (sequence, head, 32 columns)
 // block is resident on the card at once, else 64; `name`, the calling version's, names a failed device query.
 int value_columns(const Problem& p, const char* name);
-// kda v4's prepare kernel over every chunk of p (kda/v4_sliced_prepare.cu); halves: kda v6's form of it.
-void launch_sliced_prepare(const Problem& p, bool halves = false);
+// kda v4's prepare kernel over every chunk of p (kda/v4_sliced_prepare.cu); halves: kda v6's form of it. With
+// solve_times_beta false the solve tile holds T itself, not T diag(beta) (kda_bwd v2, whose backward needs
+// R = T^T dDelta, applies beta to the rows of the right-hand side instead).
+void launch_sliced_prepare(const Problem& p, bool halves = false, bool solve_times_beta = true);
 
 }  // namespace kda_prepared
 }  // namespace minilin

@@ -142,8 +142,9 @@ __device__ __forceinline__ void block_product(int u, const SliceLayout<kHalves>&
   warp_mma<1, 2, Stored::kRowMajor, Stored::kTransposed>(acc, rows, kLdK, L.k(), kLdK, 0, b * kSub, 0, kSlice);
 }
 
-// kHalves: kda v6's form of the diagonal blocks (the (hi, lo) quarter of each as products of rescaled halves).
-template <int K, bool kHalves>
+// kHalves: kda v6's form of the diagonal blocks (the (hi, lo) quarter of each as products of rescaled halves);
+// kTimesBeta false: the solve tile holds T, not T diag(beta) (kda_bwd v2).
+template <int K, bool kHalves, bool kTimesBeta = true>
 __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = SliceLayout<kHalves>::kLdK, kLdG = SliceLayout<kHalves>::kLdG;
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_v4_prepare(const Problem p) {
   __syncthreads();  // A and P complete; the pairs are dead, so T may take their bytes
 
   // 5. T = (I + A)^-1, then T diag(beta) and P into the workspace (kda/prepare_steps.cuh)
-  solve_and_store<kLdC, kThreads>(A, L.Tm(), L.P(), beta, out, warp);
+  solve_and_store<kLdC, kThreads, kTimesBeta>(A, L.Tm(), L.P(), beta, out, warp);
 }
 
 void forward(const Problem& p) {
@@ -322,17 +323,22 @@ void forward(const Problem& p) {
   launch_chunks(p);
 }
 
-template <bool kHalves>
+template <bool kHalves, bool kTimesBeta>
 void launch_prepare(const Problem& p) {
   launch_checked(p, kHalves ? "kda_v6_prepare" : "kda_v4_prepare",
-                 p.K == 64 ? kda_v4_prepare<64, kHalves> : kda_v4_prepare<128, kHalves>, chunk_grid(p, p.H), kThreads,
-                 SliceLayout<kHalves>::kBytes);
+                 p.K == 64 ? kda_v4_prepare<64, kHalves, kTimesBeta> : kda_v4_prepare<128, kHalves, kTimesBeta>,
+                 chunk_grid(p, p.H), kThreads, SliceLayout<kHalves>::kBytes);
 }
 
 }  // namespace
 
-void kda_prepared::launch_sliced_prepare(const Problem& p, bool halves) {
-  halves ? launch_prepare<true>(p) : launch_prepare<false>(p);
+void kda_prepared::launch_sliced_prepare(const Problem& p, bool halves, bool solve_times_beta) {
+  if (!solve_times_beta) {
+    require(halves, [] { return std::string("kda prepare: T without beta is built for the halves form only"); });
+    launch_prepare<true, false>(p);
+  } else {
+    halves ? launch_prepare<true, true>(p) : launch_prepare<false, true>(p);
+  }
 }
 
 extern const Version kda_v4 = {
