@@ -44,6 +44,8 @@
 //                  different sub-chunks through the boundary between them); dg chunk by chunk.
 //   kda_bwd v1     recurrent: delta_bwd v1's two passes with a decay per key row; dg per channel, D' . S' kept
 //                  row by row.
+//   kda_bwd v2     chunked_wy_mma: delta_bwd v2's WY backward with a decay per key channel, kda v6's prepared tiles,
+//                  the pairs of tokens in different sub-chunks through the boundary between them (gla_bwd v2's).
 #include "minilin_cuda.h"
 
 namespace minilin {
@@ -55,7 +57,7 @@ extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
 extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6, kda_v7, kda_v8;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1, gla_bwd_v2,
-    kda_bwd_v1;
+    kda_bwd_v1, kda_bwd_v2;
 
 // The wgmma versions (delta v10) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
@@ -78,6 +80,7 @@ const std::vector<Version>& versions() {
                                                 gla_bwd_v1,
                                                 gla_bwd_v2,
                                                 kda_bwd_v1,
+                                                kda_bwd_v2,
   };
   return all;
 }

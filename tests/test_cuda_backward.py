@@ -260,7 +260,7 @@ def host_extension(monkeypatch):
     bf16.native_dtype.cache_clear()
     ladder = tuple({"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
                     "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
-                   for op in ("linear_bwd", "delta_bwd", "gla_bwd"))
+                   for op in ("linear_bwd", "delta_bwd", "gla_bwd", "kda_bwd"))
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     monkeypatch.setattr(front, "_compute_capability", lambda device: 90)
     monkeypatch.setattr(mbackward, "extension", lambda: types.SimpleNamespace(
@@ -701,7 +701,10 @@ def backward_call(op="delta_bwd", **changes):
     ("kda_bwd", {}, r"kda_bwd_v1_recurrent: g must be a device pointer \(the per-channel log-decays"),
     ("kda_bwd", dict(g=256, dg=256, K=300), r"kda_bwd_v1_recurrent: K must be <= 256"),
     ("kda_bwd", dict(g=256, dg=256, dbeta=0), r"kda_bwd_v1_recurrent: beta and dbeta must be device pointers"),
-    ("kda_bwd", dict(g=256, dg=256, version=2), r"kda_bwd has versions 1, got 2"),
+    ("kda_bwd", dict(g=256, dg=256, version=3), r"kda_bwd has versions 1, 2, got 3"),
+    ("kda_bwd", dict(g=256, dg=256, version=2, dtype=1, K=96, V=64), r"kda_bwd_v2_chunked_wy_mma: K must be 64 or 128"),
+    ("kda_bwd", dict(g=256, dg=256, version=2, dtype=0, K=64, V=64), r"kda_bwd_v2_chunked_wy_mma: bfloat16 inputs only"),
+    ("kda_bwd", dict(version=2, dtype=1, K=64, V=64), r"kda_bwd_v2_chunked_wy_mma: g must be a device pointer"),
     ("linear", {}, r"linear is not a backward op"),
     ("decode", {}, r"decode is not a backward op"),
 ])
@@ -715,10 +718,10 @@ def test_the_extension_lists_the_backward_ops_with_their_workspace():
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"].endswith("_bwd")}
     assert set(ladder) == {("linear_bwd", 1), ("linear_bwd", 2), ("delta_bwd", 1), ("delta_bwd", 2), ("gla_bwd", 1),
-                          ("gla_bwd", 2), ("kda_bwd", 1)}
+                          ("gla_bwd", 2), ("kda_bwd", 1), ("kda_bwd", 2)}
     assert all(v["float32"] and v["bfloat16"] for (_, n), v in ladder.items() if n == 1)
     assert all(ladder[op, 2]["bfloat16"] and not ladder[op, 2]["float32"]
-               for op in ("linear_bwd", "delta_bwd", "gla_bwd"))
+               for op in ("linear_bwd", "delta_bwd", "gla_bwd", "kda_bwd"))
     # linear v1: dq's and dk's parts per 32-column value block and <dstate, S_T>'s; delta adds checkpoints, recomputed states, dbeta, dg
     assert cuda.workspace_bytes("linear_bwd", 1, 2, 100, 3, 64, 64) == (2 * 2 * (2 * 100 * 3 * 64) + 2 * 2 * 3) * 4
     # gla_bwd v1: the same parts, <dstate, S_T>'s per key row
@@ -738,3 +741,9 @@ def test_the_extension_lists_the_backward_ops_with_their_workspace():
     # delta v2: T per chunk, then per chunk the state, its adjoint [K, V] and the corrections, their adjoint [64, V], bf16
     matrices = 2 * 3 * chunks
     assert cuda.workspace_bytes("delta_bwd", 2, 2, 100, 3, 64, 128) == matrices * (64 * 64 + 2 * (64 * 128 + 64 * 128)) * 2
+    # kda_bwd v2: kda's prepared tiles per chunk and head (Qr, Kg, Ke [64, K], P, T [64, 64] bf16, d [K] fp32), then
+    # delta v2's per-chunk matrices (the states, their adjoints, the corrections and theirs), each section 256-aligned
+    aligned = lambda n: -(-n // 256) * 256  # noqa: E731
+    assert cuda.workspace_bytes("kda_bwd", 2, 2, 100, 3, 64, 128) == (
+        3 * aligned(matrices * 64 * 64 * 2) + 2 * aligned(matrices * 64 * 64 * 2) + aligned(matrices * 64 * 4)
+        + 2 * aligned(matrices * 64 * 128 * 2) + 2 * aligned(matrices * 64 * 128 * 2))

@@ -4,8 +4,8 @@ backward (minilin.mixers.kda, whose gradients tests/test_gradients.py checks aga
 On the CPU: the front's call into the extension (argument order, the per-channel dg's shape, dbeta, grouped heads,
 packed sequences, normalize_qk's chain rule) through a stand-in extension that computes the NumPy backward from the
 arrays at the addresses it is given, as the BackwardProblem contract says. On the GPU: kda_bwd v1 at awkward shapes
-in float32 and bf16, gates down to -20, at FLA's test shapes and tolerances, with outputs NaN-poisoned; skipped with
-the reason elsewhere.
+in float32 and bf16 and the chunked v2 wherever it takes the shape, gates down to -20, at FLA's test shapes and
+tolerances, with outputs NaN-poisoned; skipped with the reason elsewhere.
 """
 from __future__ import annotations
 
@@ -145,6 +145,29 @@ def test_the_kernel_matches_the_float64_backward(dtype, shape, strong):
                      f"{dtype} {shape}")
 
 
+# The shapes the chunked v2 takes (bf16, K = 64 or 128, V a multiple of 64): a partial last chunk, one token, one
+# whole chunk, K != V both ways, and several chunks and value blocks; each with and without a state. Tolerances:
+# FLA's (the backward's stated target), since v2 stores the chunk-boundary states in bf16 (at T = 1 dbeta is one
+# number per head, R . (v - Kg S0), and read 1.6e-2 on an H100 against 0.02).
+CHUNKED_SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 64, 128), (2, 200, 2, 128, 64),
+                  (1, 300, 2, 128, 128)]
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("with_state", [True, False], ids=["state", "no state"])
+@pytest.mark.parametrize("strong", [False, True], ids=["gates to -1", "gates to -20"])
+@pytest.mark.parametrize("shape", CHUNKED_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("version", [1, 2])
+def test_each_bf16_version_matches_the_float64_backward(version, shape, strong, with_state):
+    x = inputs(*shape, seed=sum(shape) + 2 * strong + with_state, with_state=with_state, strong=strong)
+    gx, host = device_inputs(x, "bfloat16")
+    grads = mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], dstate=gx["dS"], initial_state=gx["S0"],
+                               version=version)
+    assert_gradients(grads, numpy_gradients(host, shape[3] ** -0.5), gx, lambda name: FLA_TOLERANCE.get(name, 0.02),
+                     f"v{version} {shape}")
+
+
 # FLA's chunk-backward test shapes (GLA's grid above) and the head dims of FLA's own KDA test (60, 64, 100, 128).
 KDA_KV = FLA_KV + [(60, 60), (100, 100)]
 
@@ -167,9 +190,9 @@ def test_the_backward_at_flas_test_shapes(T, K, V, with_state):
 
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_kernel_takes_grouped_heads_and_packed_sequences(dtype):
-    """HV = 2 H and three packed sequences (one shorter than a checkpoint chunk, one spanning two)."""
+@pytest.mark.parametrize("dtype, version", [("float32", 1), ("bfloat16", 1), ("bfloat16", 2)])
+def test_the_kernel_takes_grouped_heads_and_packed_sequences(dtype, version):
+    """HV = 2 H and three packed sequences (one shorter than a checkpoint chunk, one spanning two), each version."""
     x = inputs(1, 150, 4, 64, 64, seed=37, with_state=False)
     x["q"], x["k"] = (np.ascontiguousarray(x[n][:, :, ::2]) for n in ("q", "k"))
     rng = np.random.default_rng(38)
@@ -177,11 +200,11 @@ def test_the_kernel_takes_grouped_heads_and_packed_sequences(dtype):
     cu = np.array([0, 37, 100, 150], np.int64)
     gx, host = device_inputs(x, dtype)
     grads = mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], dstate=gx["dS"], initial_state=gx["S0"],
-                               cu_seqlens=cupy.asarray(cu))
+                               cu_seqlens=cupy.asarray(cu), version=version)
     want = numpy_gradients(host, 64 ** -0.5, form="chunked", cu_seqlens=cu)
     for name in grads._fields:
         err = rel_err(as_host(getattr(grads, name)), want[name])
-        assert err < TOLERANCE[dtype], f"{dtype} {name}: {err:.2e}"
+        assert err < TOLERANCE[dtype], f"{dtype} v{version} {name}: {err:.2e}"
 
 
 @gpu
@@ -199,24 +222,27 @@ def test_the_kernel_with_normalize_qk():
 
 
 @gpu
-def test_the_kernel_repeats_bit_for_bit():
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_kernel_repeats_bit_for_bit(version):
     """Twice more on the same inputs: the same bits (its sums are taken in a fixed order; a race would show)."""
     x = inputs(2, 200, 4, 128, 128, seed=41)
     gx, _ = device_inputs(x, "bfloat16")
     run = lambda: mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], dstate=gx["dS"],  # noqa: E731
-                                     initial_state=gx["S0"])
+                                     initial_state=gx["S0"], version=version)
     first = run()
     for _ in range(2):
         assert all(bool((a == b).all()) for a, b in zip(first, run()))
 
 
 @gpu
-def test_strong_gates_over_a_long_sequence_stay_finite():
+@pytest.mark.parametrize("version", [1, 2])
+def test_strong_gates_over_a_long_sequence_stay_finite(version):
     """T = 4096, every gate in [-20, 0): every gradient finite."""
     x = inputs(1, 4096, 2, 64, 64, seed=42)
     x["g"] = np.random.default_rng(43).uniform(-20.0, 0.0, x["g"].shape)
     gx, _ = device_inputs(x, "bfloat16")
-    grads = mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], dstate=gx["dS"], initial_state=gx["S0"])
+    grads = mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], dstate=gx["dS"], initial_state=gx["S0"],
+                               version=version)
     for name in grads._fields:
         assert bool(cupy.isfinite(bf16.as_float32(getattr(grads, name))).all()), name
 
@@ -225,6 +251,8 @@ def test_strong_gates_over_a_long_sequence_stay_finite():
 def test_the_kernel_names_what_it_refuses():
     x = inputs(1, 8, 1, 64, 64, seed=44)
     gx, _ = device_inputs(x, "float32")
-    with pytest.raises(ValueError, match=r"^version: expected one of \[1\] for kda_bwd, got 2"):
+    with pytest.raises(ValueError, match=r"^version: expected one of \[1, 2\] for kda_bwd, got 3"):
+        mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], version=3)
+    with pytest.raises(TypeError, match=r"^version: kda_bwd version 2 \(chunked_wy_mma\) takes bfloat16 inputs only"):
         mcuda.kda_backward(*(gx[n] for n in NAMES), do=gx["do"], version=2)
-    assert [v["version"] for v in mcuda.versions("kda_bwd")] == [1]
+    assert [v["version"] for v in mcuda.versions("kda_bwd")] == [1, 2]
