@@ -1,8 +1,7 @@
 """`minilin bench --backward` on a GPU: the forward and forward + backward of the CUDA kernels, and FLA's.
 
 Mixers: linear_attention, simple_gla, gla, deltanet, gated_deltanet, kda (the ones with a backward kernel,
-`minilin.cuda.<mixer>_backward`); default simple_gla, gla, deltanet and gated_deltanet (KDA's backward is the token
-loop kda_bwd v1 so far, timed only when asked for).
+`minilin.cuda.<mixer>_backward`); default all but linear_attention (simple GLA's kernels with no gate).
 Problem as the forward bench (bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in
 2048 and 8192 by default; with --grid the "every shape" grid instead (bench/against_fla.py's GRID: FLA's benchmark
 shapes and one long sequence, --grid all adds other head dims), an initial state given.
@@ -30,7 +29,7 @@ from . import write_json
 from .gpu_timing import alternating_medians
 
 MIXERS = ("linear_attention", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda")
-DEFAULT_MIXERS = ("simple_gla", "gla", "deltanet", "gated_deltanet")
+DEFAULT_MIXERS = ("simple_gla", "gla", "deltanet", "gated_deltanet", "kda")
 LENGTHS = (2048, 8192)
 CHECK_PROBLEM = dict(B=2, T=100, H=2)  # with the K, V of the shapes timed
 TOLERANCE = {"dq": 0.008, "dk": 0.008, "dv": 0.008, "dinitial_state": 0.008, "dg": 0.02, "dbeta": 0.02}
