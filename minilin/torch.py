@@ -299,7 +299,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """Kimi Delta Attention, S' = diag(exp(g_t)) S_{t-1}, S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
     (minilin.mixers.kda); g [B, T, HV, K] log decays <= 0, one per key channel; beta [B, T, HV] in [0, 1]. g is the
     log decay itself (FLA's use_gate_in_kernel, which makes it from a raw gate, is refused). On the GPU the backward
-    is kda_bwd v1, the token loops (csrc/NOTES.md)."""
+    is kda_bwd v2 for bf16 at K = 64 / 128 (chunked on tensor cores), v1, the token loops, elsewhere (csrc/NOTES.md)."""
     flags = {"use_gate_in_kernel": use_gate_in_kernel, "use_beta_sigmoid_in_kernel": use_beta_sigmoid_in_kernel,
              "allow_neg_eigval": allow_neg_eigval, "safe_gate": safe_gate, "disable_recompute": disable_recompute,
              "return_intermediate_states": return_intermediate_states, "state_v_first": state_v_first}

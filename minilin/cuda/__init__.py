@@ -31,7 +31,7 @@ v2s, slower than v1, are never the default, nor v4 and v5 at K = 64 (front.SLOWE
 changed; csrc/NOTES.md has their measured times. The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op
 "decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
 indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)
-run the ops "linear_bwd", "delta_bwd", "gla_bwd" (GLA and HGRN2) and "kda_bwd" (v1, the token loops) and return
+run the ops "linear_bwd", "delta_bwd", "gla_bwd" (GLA and HGRN2) and "kda_bwd" (KDA) and return
 the mixers' named tuples of gradients (dq, dk, dv in their inputs' dtype, the rest float32).
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are

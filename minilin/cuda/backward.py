@@ -23,9 +23,9 @@ sequence's gradients its own, joined by `varlen.backward` as the NumPy backward 
 
 Kernels (csrc/linear_bwd/, csrc/delta_bwd/, csrc/gla_bwd/, csrc/kda_bwd/; `versions('linear_bwd')` and so on): v1
 is the definition run backwards (the state's adjoint in registers, token by token), for float32 and bf16 and any
-K <= 256 (kda_bwd has v1 only, delta_bwd v1's passes with a decay per key row); linear_bwd v2, delta_bwd v2 (through
-the WY form) and gla_bwd v2 (from gla v4's prepared tiles) are chunked on bf16 tensor cores and take K = 64 or 128
-and V a multiple of 64. version=None runs the last rung for the dtype that takes the
+K <= 256 (kda_bwd v1: delta_bwd v1's passes with a decay per key row); linear_bwd v2, delta_bwd v2 (through
+the WY form), gla_bwd v2 (from gla v4's prepared tiles) and kda_bwd v2 (the WY form from kda v6's prepared tiles) are
+chunked on bf16 tensor cores and take K = 64 or 128 and V a multiple of 64. version=None runs the last rung for the dtype that takes the
 shape (`front.takes_shape`) and is not passed over (front.SLOWER_RUNGS), as the forward does. Every version writes
 every gradient; for the gated linear family the gate's is a reverse cumulative sum of q_s . dq_s - k_s . dk_s
 (plus the final state's term), which csrc/linear_bwd/v1_recurrent.cu derives and v2 takes chunk by chunk (GLA's,
