@@ -88,15 +88,21 @@ def gla_host(host_extension, monkeypatch):  # noqa: F811 (the imported fixture)
     use_host_backward(monkeypatch, "gla_bwd", channel_contract("gla_bwd", numpy_gradients, with_beta=False))
 
 
+def use_two_rungs(monkeypatch, op: str, chunked_name: str, chunked_min_capability: int):
+    """The front sees `op`'s v1 (the token loops' shape rule, float32 and bf16) and a chunked bf16 v2 (the
+    tensor-core rule); returns chosen(version, is_bf16, K, V), the version number the front picks."""
+    v1 = {"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+          "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
+    v2 = {"op": op, "version": 2, "name": chunked_name, "float32": False, "bfloat16": True,
+          "min_compute_capability": chunked_min_capability, "max_compute_capability": 0, **TENSOR_CORE_SHAPE}
+    monkeypatch.setattr(front, "_built_versions", lambda: (v1, v2))
+    return lambda version, bf, K, V: front.runnable_version(op, version, bf, K, V)["version"]
+
+
 def test_the_default_gla_backward_is_v2_where_it_takes_the_shape(host_extension, monkeypatch):
     """version=None: gla_bwd v2 for bf16 at K = 64 / 128 and V a multiple of 64; v1 for float32 and for the
     shapes v2's rule leaves out (K = 32, V = 40); version=1 runs v1 by number."""
-    v1 = {"op": "gla_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-          "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
-    v2 = {"op": "gla_bwd", "version": 2, "name": "chunked_mma", "float32": False, "bfloat16": True,
-          "min_compute_capability": 80, "max_compute_capability": 0, **TENSOR_CORE_SHAPE}
-    monkeypatch.setattr(front, "_built_versions", lambda: (v1, v2))
-    chosen = lambda version, bf, K, V: front.runnable_version("gla_bwd", version, bf, K, V)["version"]  # noqa: E731
+    chosen = use_two_rungs(monkeypatch, "gla_bwd", "chunked_mma", 80)
     shapes = [(64, 64), (128, 128), (64, 192), (32, 64), (128, 40)]
     assert [chosen(None, True, K, V) for K, V in shapes] == [2, 2, 2, 1, 1]
     assert chosen(None, False, 64, 64) == 1 and chosen(1, True, 64, 64) == 1

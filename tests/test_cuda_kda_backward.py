@@ -14,12 +14,11 @@ import pytest
 
 from minilin import cuda as mcuda
 from minilin.cuda import bf16
-from minilin.cuda import front
 from minilin.mixers import kda
-from conftest import TENSOR_CORE_SHAPE, TOKEN_LOOP_SHAPE, rel_err
+from conftest import rel_err
 from test_cuda_backward import as_host, device_inputs, host_extension, on_host_gpu  # noqa: F401 (a fixture)
 from test_cuda_gla_backward import (FLA_KV, FLA_LENGTHS, FLA_TOLERANCE, TOLERANCE, assert_gradients,
-                                    channel_contract, use_host_backward)
+                                    channel_contract, use_host_backward, use_two_rungs)
 
 OK, REASON = mcuda.available()
 gpu = pytest.mark.skipif(not OK, reason=REASON or "CUDA extension unavailable")
@@ -67,12 +66,7 @@ def kda_host(host_extension, monkeypatch):  # noqa: F811 (the imported fixture)
 def test_the_default_kda_backward_is_v2_where_it_takes_the_shape(host_extension, monkeypatch):  # noqa: F811
     """version=None: kda_bwd v2 for bf16 at K = 64 / 128 and V a multiple of 64; v1 for
     float32 and for the shapes v2's rule leaves out (K = 32, K = 256, V = 40); version=1 runs v1."""
-    v1 = {"op": "kda_bwd", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-          "min_compute_capability": 80, "max_compute_capability": 0, **TOKEN_LOOP_SHAPE}
-    v2 = {"op": "kda_bwd", "version": 2, "name": "chunked_wy_mma", "float32": False, "bfloat16": True,
-          "min_compute_capability": 90, "max_compute_capability": 0, **TENSOR_CORE_SHAPE}
-    monkeypatch.setattr(front, "_built_versions", lambda: (v1, v2))
-    chosen = lambda version, bf, K, V: front.runnable_version("kda_bwd", version, bf, K, V)["version"]  # noqa: E731
+    chosen = use_two_rungs(monkeypatch, "kda_bwd", "chunked_wy_mma", 90)
     shapes = [(64, 64), (128, 128), (64, 192), (32, 64), (256, 64), (128, 40)]
     assert [chosen(None, True, K, V) for K, V in shapes] == [2, 2, 2, 1, 1, 1]
     assert chosen(None, False, 64, 64) == 1 and chosen(1, True, 64, 64) == 1
