@@ -58,9 +58,10 @@ PYBIND11_MODULE(_cuda, m) {
       d["max_compute_capability"] = v.max_compute_capability;  // 0: no maximum
       d["max_k"] = v.shape.max_k;
       py::object keys = py::none();
-      if (v.shape.tensor_core_keys) {
+      if (v.shape.keys[0] != 0) {
         py::list taken;
-        for (int K : minilin::kTensorCoreKeys) taken.append(K);
+        for (int K : v.shape.keys)
+          if (K != 0) taken.append(K);
         keys = taken;
       }
       d["keys"] = keys;

@@ -123,24 +123,29 @@ struct BackwardProblem {
   void* stream = nullptr;
 };
 
-// The key and value widths a version takes: K <= max_k, K one of kTensorCoreKeys where tensor_core_keys, V a
-// multiple of value_multiple (the forward ops' common checks also want K a multiple of 8). minilin.cuda's default
-// version (version=None) is the last rung whose rule takes the call's shape; a version's own checks refuse the
-// shapes its rule leaves out, with a message naming them.
+// The key and value widths a version takes: K <= max_k, K one of `keys` where keys[0] != 0 (zeros end the
+// list; all zero: any K), V a multiple of value_multiple (the forward ops' common checks also want K a multiple
+// of 8). minilin.cuda's default version (version=None) is the last rung whose rule takes the call's shape; a
+// version's own checks refuse the shapes its rule leaves out, with a message naming them.
 struct ShapeRule {
   int max_k;
-  bool tensor_core_keys;
+  int keys[2];
   int value_multiple;
 };
 constexpr int kTensorCoreKeys[] = {64, 128};  // the key widths the tensor-core kernels are instantiated for
-constexpr ShapeRule kKeysUpTo256{256, false, 8};   // the forward token loops (v1s): the state's rows in registers
-constexpr ShapeRule kBackwardKeysUpTo256{256, false, 1};  // the backward token loops: any V (columns bound-checked)
-constexpr ShapeRule kKeysUpTo128{128, false, 8};   // the chunked CUDA-core versions (v2s): a chunk's rows in shared memory
-constexpr ShapeRule kTensorCoreShape{128, true, 64};  // every tensor-core version: 64-column value blocks
+constexpr ShapeRule kKeysUpTo256{256, {0, 0}, 8};   // the forward token loops (v1s): the state's rows in registers
+constexpr ShapeRule kBackwardKeysUpTo256{256, {0, 0}, 1};  // the backward token loops: any V (columns bound-checked)
+constexpr ShapeRule kKeysUpTo128{128, {0, 0}, 8};   // the chunked CUDA-core versions (v2s): a chunk's rows in shared memory
+constexpr ShapeRule kTensorCoreShape{128, {kTensorCoreKeys[0], kTensorCoreKeys[1]}, 64};  // every tensor-core version
+                                                                                           // at K <= 128: 64-column value blocks
+constexpr ShapeRule kTensorCoreShape256{256, {256, 0}, 64};  // the K = 256 tensor-core versions (linear v9)
 
 constexpr bool is_tensor_core_key(int K) { return K == kTensorCoreKeys[0] || K == kTensorCoreKeys[1]; }
+constexpr bool takes_key(const ShapeRule& rule, int K) {
+  return rule.keys[0] == 0 || K == rule.keys[0] || (rule.keys[1] != 0 && K == rule.keys[1]);
+}
 constexpr bool takes_shape(const ShapeRule& rule, int K, int V) {
-  return K <= rule.max_k && (!rule.tensor_core_keys || is_tensor_core_key(K)) && V % rule.value_multiple == 0;
+  return K <= rule.max_k && takes_key(rule, K) && V % rule.value_multiple == 0;
 }
 
 // One kernel version of one op: what the bindings list and dispatch to.

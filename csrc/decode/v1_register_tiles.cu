@@ -34,7 +34,7 @@ constexpr int kBlockColumns = 32;                    // value columns per block
 constexpr int kColumnThreads = kBlockColumns / 4;    // 4 columns (16 bytes of fp32 state) per thread
 constexpr int kRowGroups = kThreads / kColumnThreads;  // 16
 constexpr int kMaxK = 256;                           // key rows: ROWS = K / 16 <= 16 registers of float4
-constexpr ShapeRule kDecodeShape{kMaxK, false, 4};  // V in whole float4s of state
+constexpr ShapeRule kDecodeShape{kMaxK, {0, 0}, 4};  // any K up to kMaxK, V in whole float4s of state
 constexpr float kNormEps = 1e-6f;  // normalize_qk: minilin.activations.L2_EPS, FLA's l2norm eps
 
 // Row n of an index array of int32 or int64.
