@@ -1,4 +1,4 @@
-// How many segments a split-sequence version (linear v8, gla v5) cuts each sequence into: its chunk pass, one block
+// How many segments a split-sequence version (linear v8 and v9, gla v5) cuts each sequence into: its chunk pass, one block
 // per (batch, head, value block) walking its chunks one after another, leaves SMs idle when B H is small; on P
 // segments at once it runs P times the blocks on chains P times shorter, and a correction pass then adds each
 // segment's start state to its outputs.
@@ -45,16 +45,19 @@ inline int fastest_split(const SplitCosts& c, long long slots, long long blocks,
   return best;
 }
 
-// Per device, for one chunk kernel: the SM count and the kernel's resident blocks per SM at K = 64 and 128, asked
-// once (one cache per kernel, `resident_blocks_per_sm`; a deque: growing it for another device leaves the entries
-// already handed out where they are).
+// The key widths a split version's chunk kernel is instantiated for, as slots of the tables below.
+inline int key_slot(int K) { return K == 64 ? 0 : K == 128 ? 1 : 2; }  // 64, 128, 256
+
+// Per device, for one chunk kernel: the SM count and the kernel's resident blocks per SM at each key width, each
+// asked once, when first needed (one cache per kernel, `resident_blocks_per_sm`; a deque: growing it for another
+// device leaves the entries already handed out where they are).
 struct SplitCard {
   int sms = 0;
-  int resident[2] = {0, 0};  // K = 64, K = 128
+  int resident[3] = {0, 0, 0};  // K = 64, 128, 256 (key_slot)
 };
 
 template <int (*resident_blocks_per_sm)(int K)>
-inline const SplitCard& split_card(const char* name) {
+inline const SplitCard& split_card(const char* name, int K) {
   static std::mutex mutex;
   static std::deque<SplitCard> cards;
   int device = 0;
@@ -62,36 +65,35 @@ inline const SplitCard& split_card(const char* name) {
   std::lock_guard<std::mutex> lock(mutex);
   if (static_cast<int>(cards.size()) <= device) cards.resize(device + 1);
   SplitCard& c = cards[device];
-  if (c.sms == 0) {
+  if (c.sms == 0)
     check_cuda(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, device), name,
                "cudaDeviceGetAttribute(MultiProcessorCount)");
-    c.resident[0] = std::max(1, resident_blocks_per_sm(64));
-    c.resident[1] = std::max(1, resident_blocks_per_sm(128));
-  }
+  if (c.resident[key_slot(K)] == 0) c.resident[key_slot(K)] = std::max(1, resident_blocks_per_sm(K));
   return c;
 }
 
 // What a split version measured of itself (its file says from what): its chunk pass's time per chunk and block at
-// K = 64 and 128, the correction's rate (it moves the queries once and o twice, bf16) and the launches a split adds.
+// K = 64, 128 and 256 (where it takes 256), the correction's rate (it moves the queries once and o twice, bf16)
+// and the launches a split adds.
 struct SplitModel {
-  double chunk_us[2];  // K = 64, K = 128
+  double chunk_us[3];  // key_slot: K = 64, 128, 256
   double correction_bytes_per_us;
   double added_launches_us;
   int min_segment, max_segments, run_chunks;  // SplitCosts's limits
 };
 
 // P for B sequences of T tokens, H heads and K, V, with the chunk pass on blocks of block_v value columns whose
-// resident blocks per SM `resident_blocks_per_sm` gives (asked once per device, under `name`); 1 without asking the
-// device where no sequence splits in two.
+// resident blocks per SM `resident_blocks_per_sm` gives (asked once per device and K, under `name`); 1 without
+// asking the device where no sequence splits in two.
 template <int (*resident_blocks_per_sm)(int K)>
 inline int model_segments(const SplitModel& m, const char* name, int B, int T, int H, int K, int V, int block_v) {
   if (T % (2 * kChunk) != 0 || T / 2 < m.min_segment) return 1;
-  const SplitCard& c = split_card<resident_blocks_per_sm>(name);
-  const long long slots = static_cast<long long>(c.sms) * c.resident[K == 64 ? 0 : 1];
+  const SplitCard& c = split_card<resident_blocks_per_sm>(name, K);
+  const long long slots = static_cast<long long>(c.sms) * c.resident[key_slot(K)];
   const long long blocks = static_cast<long long>(B) * H * (V / block_v);
   const double correction_us =
       static_cast<double>(B) * T * H * (K + 2.0 * V) * sizeof(__nv_bfloat16) / m.correction_bytes_per_us;
-  const SplitCosts costs{m.chunk_us[K == 128], correction_us, m.added_launches_us, m.min_segment, m.max_segments,
+  const SplitCosts costs{m.chunk_us[key_slot(K)], correction_us, m.added_launches_us, m.min_segment, m.max_segments,
                          m.run_chunks};
   return fastest_split(costs, slots, blocks, B, T);
 }

@@ -50,8 +50,8 @@ constexpr int kThreads = 32 * kWarps;
 // The cost model's constants: v4's pass took ~2.07 us per chunk and block at K = 128 (H200: 0.891 ms at B = 4,
 // T = 8192 and 1.684 ms at B = 1, T = 32768, H = 16, the same prepare in both, so 384 more chunks per chain cost
 // 0.793 ms); K = 64 is not measured, taken as 1.5 us; the correction moves Qr once and o twice at linear v8's
-// ~2 TB/s; the four added launches ~20 us.
-constexpr SplitModel kModel{{1.5, 2.07}, 2.0e6, 20.0, kMinSegment, kMaxSegments, kRunChunks};
+// ~2 TB/s; the four added launches ~20 us (no K = 256 entry: v4 does not take it).
+constexpr SplitModel kModel{{1.5, 2.07, 0.0}, 2.0e6, 20.0, kMinSegment, kMaxSegments, kRunChunks};
 
 inline int choose_segments(int B, int T, int H, int K, int V) {
   if ((K != 64 && K != 128) || V % kBlockV != 0) return 1;  // v4 refuses these; it says why

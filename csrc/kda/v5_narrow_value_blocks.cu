@@ -17,9 +17,9 @@
 namespace minilin {
 
 int kda_prepared::value_columns(const Problem& p, const char* name) {
-  const SplitCard& card = split_card<kda_prepared::narrow_chunks_blocks_per_sm>(name);
+  const SplitCard& card = split_card<kda_prepared::narrow_chunks_blocks_per_sm>(name, p.K);
   const long long narrow_blocks = static_cast<long long>(p.B) * p.H * (p.V / 32);
-  return narrow_blocks <= static_cast<long long>(card.sms) * card.resident[p.K == 64 ? 0 : 1] ? 32 : 64;
+  return narrow_blocks <= static_cast<long long>(card.sms) * card.resident[key_slot(p.K)] ? 32 : 64;
 }
 
 namespace {
