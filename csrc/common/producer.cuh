@@ -29,7 +29,8 @@ namespace producer_block {
 constexpr int kComputeWarps = wide::kWarps;
 constexpr int kComputeThreads = wide::kThreads;
 constexpr int kThreads = kComputeThreads + 32;  // the producer is the last warp
-constexpr int kStages = 3;
+constexpr int kStages = 3;                      // the ring's depth; the helpers below take a smaller kRing
+                                                // where three stages do not fit (linear v9 at K = 256: two)
 constexpr int kComputeBarrier = 1;              // named barrier id of the compute warps
 
 // The compute warps' tiles: wide::warp_tiles with each row block's column blocks permuted. Warp w issues on
@@ -50,10 +51,10 @@ __device__ __forceinline__ wide::WarpTiles compute_warp_tiles(int warp) {
 
 // By the whole block, before the warps part: thread 0 sets up every stage's two barriers. `full` counts the
 // producer's copies, lane by lane (copying_warps of them), and the arrival that follows its scalars.
-template <class Layout>
+template <int kRing = kStages, class Layout>
 __device__ __forceinline__ void init_ring(const Layout& L, int copying_warps = 1) {
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kRing; ++s) {
       mbarrier_init(L.full(s), 32 * copying_warps + 1);
       mbarrier_init(L.empty(s), kComputeWarps);  // lane 0 of every compute warp
     }
@@ -62,23 +63,23 @@ __device__ __forceinline__ void init_ring(const Layout& L, int copying_warps = 1
   __syncthreads();
 }
 
-// The producer, before filling chunk n's stage: its previous chunk (n - kStages) has been released.
-template <class Layout>
+// The producer, before filling chunk n's stage: its previous chunk (n - kRing) has been released.
+template <int kRing = kStages, class Layout>
 __device__ __forceinline__ void wait_empty(const Layout& L, int n) {
-  if (n >= kStages) mbarrier_wait(L.empty(n % kStages), (n / kStages - 1) & 1);
+  if (n >= kRing) mbarrier_wait(L.empty(n % kRing), (n / kRing - 1) & 1);
 }
 
 // A compute warp, before reading chunk n's stage: every copy has landed and the scalars are stored.
-template <class Layout>
+template <int kRing = kStages, class Layout>
 __device__ __forceinline__ void wait_full(const Layout& L, int n) {
-  mbarrier_wait(L.full(n % kStages), (n / kStages) & 1);
+  mbarrier_wait(L.full(n % kRing), (n / kRing) & 1);
 }
 
 // A compute warp, done with chunk n's stage: one arrival per warp hands it back to the producer.
-template <class Layout>
+template <int kRing = kStages, class Layout>
 __device__ __forceinline__ void release_stage(const Layout& L, int n) {
   __syncwarp();
-  if ((threadIdx.x & 31) == 0) mbarrier_arrive(L.empty(n % kStages));
+  if ((threadIdx.x & 31) == 0) mbarrier_arrive(L.empty(n % kRing));
 }
 
 }  // namespace producer_block
