@@ -50,7 +50,8 @@
 
 namespace minilin {
 
-extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7, linear_v8;
+extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7, linear_v8,
+    linear_v9;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10;
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
@@ -64,7 +65,7 @@ extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, g
 
 const std::vector<Version>& versions() {
   static const std::vector<Version> all = {linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7,
-                                                linear_v8,
+                                                linear_v8, linear_v9,
                                                 delta_v1,  delta_v2,  delta_v3,  delta_v4,  delta_v5,  delta_v6,  delta_v7, delta_v8,
                                                 delta_v9,
 #ifdef MINILIN_SM90A

@@ -21,15 +21,23 @@ if OK:
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 # (B, T, H, K, V): T % 64 != 0, T = 1 with B * H = 1, K != V both ways, many chunks and token tiles, and enough
-# chunks for the producer kernels' 3-stage ring to wrap at K = 64 as well as at K = 128.
+# chunks for the producer kernels' 3-stage ring to wrap at K = 64 as well as at K = 128; at K = 256 (linear v9's
+# 2-stage ring and the token loops), T = 1, a partial chunk with several heads and value blocks, K != V, and a
+# ring that wraps many times.
 SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130, 2, 64, 128), (1, 1000, 2, 128, 128),
-          (1, 300, 2, 64, 64)]
+          (1, 300, 2, 64, 64), (1, 1, 1, 256, 256), (2, 100, 3, 256, 128), (1, 1000, 2, 256, 64)]
 CORE_MIXERS = ["linear_attention", "simple_gla", "deltanet", "gated_deltanet"]
 
 
 def version_cases(mixer):
     """(version, dtype) for every kernel version of the mixer's op that this GPU runs (`cuda_version_cases`)."""
     return cuda_version_cases(mcuda.OPS[mixer])
+
+
+def takes(mixer, version, shape) -> bool:
+    """Whether `version` of the mixer's op takes the shape's K and V (its shape rule, `versions`)."""
+    info = next(v for v in mcuda.versions(mcuda.OPS[mixer]) if v["version"] == version)
+    return mcuda.front.takes_shape(info, shape[3], shape[4])
 
 
 
@@ -72,9 +80,10 @@ def run_case(mixer, shape, version, dtype, with_state, seed=0):
     return rel_err(cupy.asnumpy(as_float32(o)), ref_o), rel_err(cupy.asnumpy(state), ref_state)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
-@pytest.mark.parametrize("mixer,version,dtype",
-                         [(m, v, d) for m in CORE_MIXERS for v, d in version_cases(m)])
+@pytest.mark.parametrize("mixer,version,dtype,shape",
+                         [(m, v, d, s) for m in CORE_MIXERS for v, d in version_cases(m) for s in SHAPES
+                          if takes(m, v, s)],
+                         ids=lambda x: "B{}T{}H{}K{}V{}".format(*x) if isinstance(x, tuple) else str(x))
 def test_matches_reference(mixer, version, dtype, shape):
     with_state = shape[1] != 64  # initial state in for all but one shape; final state out always
     err_o, err_state = run_case(mixer, shape, version, dtype, with_state)
@@ -85,19 +94,23 @@ def test_matches_reference(mixer, version, dtype, shape):
 
 # (B, T, H, K, V) where linear v8 splits each sequence (few blocks for the card; T / P >= 1024 tokens): P = 2 with
 # 20-chunk segments (a short last run of the correction's 16 chunks), the most segments at K = 64 and K = 128, and
-# V = 256 (two of the correction's 128-column blocks).
-SPLIT_SHAPES = [(2, 2560, 1, 128, 64), (1, 4096, 2, 64, 64), (1, 8192, 2, 128, 128), (1, 4096, 1, 128, 256)]
+# V = 256 (two of the correction's 128-column blocks); at K = 256 (linear v9's split) P = 4 and 64 value columns, and
+# P = 2 with 128-column correction blocks.
+SPLIT_SHAPES = [(2, 2560, 1, 128, 64), (1, 4096, 2, 64, 64), (1, 8192, 2, 128, 128), (1, 4096, 1, 128, 256),
+                (1, 4096, 1, 256, 64), (2, 2560, 1, 256, 128)]
 
 
 @pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
 @pytest.mark.parametrize("mixer", ["linear_attention", "simple_gla", "mamba2"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["no_h0", "h0"])
 def test_split_sequence_matches_reference(mixer, shape, with_state):
-    """linear v8 where it does split (a workspace for the segments' states), against float64 and against v7."""
-    if (8, "bfloat16") not in version_cases(mixer):
-        pytest.skip("linear v8 needs compute capability 9.0")
-    assert mcuda.extension().workspace_bytes("linear", 8, *shape) > 0, f"v8 does not split at {shape}"
-    for version in (8, 7):
+    """linear v8 (v9 at K = 256) where it does split (a workspace for the segments' states), against float64, and
+    the unsplit rung beside it (v7; the token loop v1 at K = 256)."""
+    split, unsplit = (9, 1) if shape[3] == 256 else (8, 7)
+    if (split, "bfloat16") not in version_cases(mixer):
+        pytest.skip(f"linear v{split} needs compute capability 9.0")
+    assert mcuda.extension().workspace_bytes("linear", split, *shape) > 0, f"v{split} does not split at {shape}"
+    for version in (split, unsplit):
         err_o, err_state = run_case(mixer, shape, version, "bfloat16", with_state, seed=5)
         assert err_o < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: output error {err_o:.2e}"
         assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
@@ -146,9 +159,9 @@ def packed_version_cases(mixer):
 PACKED_OFFSETS = [0, 1, 64, 65, 200, 329, 330, 500]
 
 
-@pytest.mark.parametrize("mixer,version,dtype",
-                         [(m, v, d) for m in GROUPED_MIXERS for v, d in packed_version_cases(m)])
-@pytest.mark.parametrize("K,V", [(64, 64), (128, 64)])
+@pytest.mark.parametrize("mixer,version,dtype,K,V",
+                         [(m, v, d, K, V) for m in GROUPED_MIXERS for v, d in packed_version_cases(m)
+                          for K, V in [(64, 64), (128, 64), (256, 64)] if takes(m, v, (1, 1, 1, K, V))])
 def test_packed_versions_read_grouped_heads_and_packed_sequences(mixer, version, dtype, K, V):
     """Each version marked `packed`, called by number with HV = 2 H and seven packed sequences, in one launch,
     against the NumPy chunked form given the same layout, in float64."""
@@ -185,17 +198,18 @@ def test_versions_that_do_not_read_packed_layouts_refuse_them():
 @pytest.mark.parametrize("mixer,version,dtype",
                          [(m, v, d) for m in ("retnet", "lightning", "mamba2") for v, d in version_cases(m)])
 def test_wrappers_match_reference(mixer, version, dtype):
-    err_o, err_state = run_case(mixer, (2, 150, 2, 64, 64), version, dtype, with_state=True, seed=3)
+    shape = next(s for s in [(2, 150, 2, 64, 64), (2, 150, 2, 256, 64)] if takes(mixer, version, s))
+    err_o, err_state = run_case(mixer, shape, version, dtype, with_state=True, seed=3)
     assert err_o < TOLERANCE[dtype] and err_state < TOLERANCE[dtype], (err_o, err_state)
 
 
-@pytest.mark.parametrize("mixer", ["simple_gla", "gated_deltanet"])
-def test_repeated_runs_are_identical(mixer):
-    """A race shows as outputs that differ between runs on the same inputs."""
+@pytest.mark.parametrize("mixer,K", [("simple_gla", 128), ("simple_gla", 256), ("gated_deltanet", 128)])
+def test_repeated_runs_are_identical(mixer, K):
+    """A race shows as outputs that differ between runs on the same inputs (the default bf16 version at K)."""
     mod = catalog.module(mixer)
-    args, _ = mod.example_inputs(2, 300, 4, 128, 128, seed=9)
+    args, _ = mod.example_inputs(2, 300, 4, K, 128, seed=9)
     gpu, _ = to_device(args, "bfloat16", {0, 1, 2})
-    version = max(v for v, d in version_cases(mixer) if d == "bfloat16")
+    version = mcuda.default_version(mcuda.OPS[mixer], True, K, 128)
     first = getattr(mcuda, mixer)(*gpu, version=version)
     for _ in range(3):
         again = getattr(mcuda, mixer)(*gpu, version=version)

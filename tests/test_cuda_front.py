@@ -202,10 +202,25 @@ def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
     assert front.takes_shape(ladder[2], 128, 64) and not front.takes_shape(ladder[2], 128, 32)
 
 
+@pytest.mark.parametrize("changes, message", [
+    (dict(dtype=0), r"linear_v9_head_dim_256: bfloat16 inputs only"),
+    (dict(K=128), r"linear_v9_head_dim_256: K must be 256 \(v7 and v8 take 64 and 128\), got K=128"),
+    (dict(V=96), r"linear_v9_head_dim_256: V must be a multiple of 64, got V=96"),
+])
+def test_the_head_dim_256_version_refuses_other_shapes_before_any_launch(changes, message):
+    """linear v9, called by number outside its shape rule, with fake pointers: its checks stop the call first
+    (wherever the extension is built)."""
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    sizes = dict(dict(B=2, T=100, H=3, K=256, V=64, scale=1.0, dtype=1, stream=0), **changes)
+    with pytest.raises(ValueError, match=message):
+        cuda.forward("linear", 9, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, **sizes)
+
+
 def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
     # Runs wherever the extension is built, GPU or not (CI compiles it): each entry's rule is what its file's
     # checks take (the token loops K <= 256, the chunked CUDA-core versions K <= 128, every bf16-only version the
-    # tensor-core shape), so that version=None at K = 256 or K = 96 runs a rung that takes it.
+    # tensor-core shape, K = 64 or 128, but linear v9, K = 256), so that version=None at K = 256 or K = 96 runs a
+    # rung that takes it.
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     for v in cuda.versions():
         rule = (v["max_k"], v["keys"], v["value_multiple"])
@@ -213,6 +228,8 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
             assert rule == (256, None, 4), v
         elif v["op"].endswith("_bwd") and v["version"] == 1:  # its columns are bound-checked: any V
             assert rule == (256, None, 1), v
+        elif (v["op"], v["version"]) == ("linear", 9):
+            assert rule == (256, [256], 64), v
         elif not v["float32"]:
             assert rule == (128, [64, 128], 64), v
         elif v["version"] == 1:
@@ -222,6 +239,9 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(front, "_built_versions", lambda: [dict(v) for v in cuda.versions()])
         assert front._version_info("delta", None, True, 90, 256, 256)["version"] == 1
+        assert front._version_info("linear", None, True, 90, 256, 256)["version"] == 9
+        assert front._version_info("linear", None, True, 90, 128, 128)["version"] == 8
+        assert front._version_info("linear", None, False, 90, 256, 256)["version"] == 1  # float32: the token loop
         assert front._version_info("delta", None, True, 90, 96, 128)["version"] == 2
         assert front._version_info("linear_bwd", None, True, 90, 256, 128)["version"] == 1
         assert front._version_info("delta_bwd", None, True, 90, 128, 128)["version"] == 2

@@ -25,6 +25,7 @@
 // Launch 4 skips segment 0 when there is no h0. The segments are chosen per shape (choose_segments): P = 1
 // (plain v7) unless the predicted time of v7's shorter chains plus the correction's traffic is lower. Grouped
 // value heads are read as v7 reads them (q from head h / (H / qk_heads)); packed sequences run as plain v7.
+// linear v9 runs the same split around v7's kernel at K = 256 (split_forward, its chunk pass passed in).
 #include <algorithm>
 #include <deque>
 #include <mutex>
@@ -40,7 +41,7 @@ namespace minilin {
 extern const Version linear_v7;
 
 namespace linear_producer {
-int resident_blocks_per_sm(int K);  // v7's blocks per SM at this K (v7_chunked_producer_warp.cu)
+int resident_blocks_per_sm(int K);  // v7's kernel's blocks per SM at this K (v7_chunked_producer_warp.cu)
 }
 
 namespace linear_split {
@@ -55,13 +56,14 @@ constexpr int kWarps = 8;            // correction: warp w rows 16 (w % 4) .., c
 constexpr int kThreads = 32 * kWarps;
 // The cost model's constants, from H200 measurements: v7 takes ~2.9 us per chunk and block at K = 128 (0.373 ms
 // for chains of 128 chunks in one wave) and ~2.4 at K = 64 (0.155 ms for chains of 64); the correction moves q
-// once and o twice at ~2 TB/s (0.20 ms for 402 MB); the three added launches are a guess of ~15 us.
-constexpr SplitModel kModel{{2.4, 2.9}, 2.0e6, 15.0, kMinSegment, kMaxSegments, kRunChunks};
+// once and o twice at ~2 TB/s (0.20 ms for 402 MB); the three added launches are a guess of ~15 us. At K = 256
+// (v9's 2-stage ring, H100): ~4.1 us (2.08 ms for chains of 512 chunks in one wave, 1.08 for two waves of 128).
+constexpr SplitModel kModel{{2.4, 2.9, 4.1}, 2.0e6, 15.0, kMinSegment, kMaxSegments, kRunChunks};
 
 // ---- the choice of P ---------------------------------------------------------------------------------------
 // P by the split cost model (common/split_segments.cuh) with v7's chunk time and resident blocks.
 inline int choose_segments(int B, int T, int H, int K, int V) {
-  if ((K != 64 && K != 128) || V % kBlockV != 0) return 1;  // v7 refuses these; it says why
+  if ((K != 64 && K != 128 && K != 256) || V % kBlockV != 0) return 1;  // v7 and v9 refuse these; they say why
   return model_segments<linear_producer::resident_blocks_per_sm>(kModel, "linear_v8_split_sequence", B, T, H, K, V,
                                                                  kBlockV);
 }
@@ -252,13 +254,12 @@ void launch_correction(const Problem& p, int P, int first_segment, const Workspa
                  P, first_segment, w);
 }
 
-void forward(const Problem& p) {
-  const char* name = "linear_v8_split_sequence";
-  check_tensor_core_problem(p, name, false, kBlockV);
-  // Packed sequences run as v7: one block per sequence's chain already spreads a packed batch over the SMs, and
-  // a segment must not straddle two sequences.
+// The split around a chunk pass (v7's forward for v8, its K = 256 launch for v9), once p is checked.
+void split_forward(const Problem& p, const char* name, void (*chunk_pass)(const Problem&)) {
+  // Packed sequences run as the plain pass: one block per sequence's chain already spreads a packed batch over the
+  // SMs, and a segment must not straddle two sequences.
   const int P = p.cu_seqlens ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
-  if (P == 1) return linear_v7.forward(p);
+  if (P == 1) return chunk_pass(p);
   const size_t needed = split_bytes(P, p.B, p.T, p.H, p.K, p.V);  // P as chosen above, not chosen again
   require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
     return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
@@ -273,7 +274,7 @@ void forward(const Problem& p) {
   segments.ht = w.states;
   segments.workspace = nullptr;
   segments.workspace_size = 0;
-  linear_v7.forward(segments);
+  chunk_pass(segments);
 
   if (p.g) {
     const long long warps = static_cast<long long>(p.B) * (p.T / kChunk) * p.H;
@@ -286,7 +287,14 @@ void forward(const Problem& p) {
   const int first_segment = p.h0 ? 0 : 1;
   const bool wide = column_block(p.V) == 128;
   if (p.K == 64) wide ? launch_correction<64, 128>(p, P, first_segment, w) : launch_correction<64, 64>(p, P, first_segment, w);
-  else wide ? launch_correction<128, 128>(p, P, first_segment, w) : launch_correction<128, 64>(p, P, first_segment, w);
+  else if (p.K == 128) wide ? launch_correction<128, 128>(p, P, first_segment, w) : launch_correction<128, 64>(p, P, first_segment, w);
+  else wide ? launch_correction<256, 128>(p, P, first_segment, w) : launch_correction<256, 64>(p, P, first_segment, w);
+}
+
+void forward(const Problem& p) {
+  const char* name = "linear_v8_split_sequence";
+  check_tensor_core_problem(p, name, false, kBlockV);
+  split_forward(p, name, linear_v7.forward);
 }
 
 }  // namespace linear_split
