@@ -21,8 +21,8 @@ if OK:
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 # (B, T, H, K, V): T % 64 != 0, T = 1 with B * H = 1, K != V both ways, many chunks and token tiles, and enough
-# chunks for the producer kernels' 3-stage ring to wrap at K = 64 as well as at K = 128; at K = 256 (linear v9's
-# 2-stage ring and the token loops), T = 1, a partial chunk with several heads and value blocks, K != V, and a
+# chunks for the producer kernels' 3-stage ring to wrap at K = 64 as well as at K = 128; at K = 256 (the 2-stage
+# rings of linear v9 and delta v11, and the token loops), T = 1, a partial chunk with several heads and value blocks, K != V, and a
 # ring that wraps many times.
 SHAPES = [(2, 100, 3, 64, 64), (1, 1, 1, 128, 128), (1, 64, 2, 128, 64), (2, 130, 2, 64, 128), (1, 1000, 2, 128, 128),
           (1, 300, 2, 64, 64), (1, 1, 1, 256, 256), (2, 100, 3, 256, 128), (1, 1000, 2, 256, 64)]
@@ -203,7 +203,8 @@ def test_wrappers_match_reference(mixer, version, dtype):
     assert err_o < TOLERANCE[dtype] and err_state < TOLERANCE[dtype], (err_o, err_state)
 
 
-@pytest.mark.parametrize("mixer,K", [("simple_gla", 128), ("simple_gla", 256), ("gated_deltanet", 128)])
+@pytest.mark.parametrize("mixer,K", [("simple_gla", 128), ("simple_gla", 256), ("gated_deltanet", 128),
+                                     ("gated_deltanet", 256)])
 def test_repeated_runs_are_identical(mixer, K):
     """A race shows as outputs that differ between runs on the same inputs (the default bf16 version at K)."""
     mod = catalog.module(mixer)

@@ -202,25 +202,30 @@ def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
     assert front.takes_shape(ladder[2], 128, 64) and not front.takes_shape(ladder[2], 128, 32)
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(dtype=0), r"linear_v9_head_dim_256: bfloat16 inputs only"),
-    (dict(K=128), r"linear_v9_head_dim_256: K must be 256 \(v7 and v8 take 64 and 128\), got K=128"),
-    (dict(V=96), r"linear_v9_head_dim_256: V must be a multiple of 64, got V=96"),
+@pytest.mark.parametrize("op, version, changes, message", [
+    ("linear", 9, dict(dtype=0), r"linear_v9_head_dim_256: bfloat16 inputs only"),
+    ("linear", 9, dict(K=128), r"linear_v9_head_dim_256: K must be 256 \(v7 and v8 take 64 and 128\), got K=128"),
+    ("linear", 9, dict(V=96), r"linear_v9_head_dim_256: V must be a multiple of 64, got V=96"),
+    ("delta", 11, dict(dtype=0), r"delta_v11_head_dim_256: bfloat16 inputs only"),
+    ("delta", 11, dict(K=128), r"delta_v11_head_dim_256: K must be 256 \(v3 to v10 take 64 and 128\), got K=128"),
+    ("delta", 11, dict(V=96), r"delta_v11_head_dim_256: V must be a multiple of 64, got V=96"),
+    ("delta", 11, {}, r"delta_v11_head_dim_256: workspace must hold \d+ bytes, got 0"),
 ])
-def test_the_head_dim_256_version_refuses_other_shapes_before_any_launch(changes, message):
-    """linear v9, called by number outside its shape rule, with fake pointers: its checks stop the call first
-    (wherever the extension is built)."""
+def test_the_head_dim_256_versions_refuse_other_shapes_before_any_launch(op, version, changes, message):
+    """linear v9 and delta v11, called by number outside their shape rule (or without the WY workspace), with fake
+    pointers: their checks stop the call first (wherever the extension is built)."""
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     sizes = dict(dict(B=2, T=100, H=3, K=256, V=64, scale=1.0, dtype=1, stream=0), **changes)
+    beta = 1 if op == "delta" else 0
     with pytest.raises(ValueError, match=message):
-        cuda.forward("linear", 9, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, **sizes)
+        cuda.forward(op, version, 1, 1, 1, 0, beta, 0, 1, 1, 0, 0, **sizes)
 
 
 def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
     # Runs wherever the extension is built, GPU or not (CI compiles it): each entry's rule is what its file's
     # checks take (the token loops K <= 256, the chunked CUDA-core versions K <= 128, every bf16-only version the
-    # tensor-core shape, K = 64 or 128, but linear v9, K = 256), so that version=None at K = 256 or K = 96 runs a
-    # rung that takes it.
+    # tensor-core shape, K = 64 or 128, but linear v9 and delta v11, K = 256), so that version=None at K = 256 or
+    # K = 96 runs a rung that takes it.
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     for v in cuda.versions():
         rule = (v["max_k"], v["keys"], v["value_multiple"])
@@ -228,7 +233,7 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
             assert rule == (256, None, 4), v
         elif v["op"].endswith("_bwd") and v["version"] == 1:  # its columns are bound-checked: any V
             assert rule == (256, None, 1), v
-        elif (v["op"], v["version"]) == ("linear", 9):
+        elif (v["op"], v["version"]) in (("linear", 9), ("delta", 11)):
             assert rule == (256, [256], 64), v
         elif not v["float32"]:
             assert rule == (128, [64, 128], 64), v
@@ -238,7 +243,8 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
             assert rule == (128, None, 8), v
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(front, "_built_versions", lambda: [dict(v) for v in cuda.versions()])
-        assert front._version_info("delta", None, True, 90, 256, 256)["version"] == 1
+        assert front._version_info("delta", None, True, 90, 256, 256)["version"] == 11
+        assert front._version_info("delta", None, False, 90, 256, 256)["version"] == 1  # float32: the token loop
         assert front._version_info("linear", None, True, 90, 256, 256)["version"] == 9
         assert front._version_info("linear", None, True, 90, 128, 128)["version"] == 8
         assert front._version_info("linear", None, False, 90, 256, 256)["version"] == 1  # float32: the token loop

@@ -124,6 +124,35 @@ __device__ __forceinline__ void chunk_phase2(const ChunkTiles& c, int m0, int n0
     }
 }
 
+// Phase 2 where shared memory has no tile for Delta decayed (delta v11 at K = 256): Delta = T X as above, and the
+// decay to the chunk's end put on the keys instead, K^T diag(d) Delta = (diag(d) K)^T Delta: the chunk's k rows,
+// which phase 1 has done reading (the barrier before this phase) and only the state update reads again, scaled
+// in place by d_r = exp(G_last - G_r), 8 at a time over the `threads` threads (`thread` this one's index).
+template <int K, Loads kLoads>
+__device__ __forceinline__ void chunk_phase2_decaying_keys(const ChunkTiles& c, bf16* k, int m0, int n0, int thread,
+                                                           int threads) {
+  const float G_last = c.G[kChunk - 1];
+  float acc[1][2][4];
+  zero(acc);
+  warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, c.wy, kLdC, c.X, kLdV, m0, n0,
+                                                                                   0, (m0 >> 4) + 1);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
+      store_bf16x2(c.delta + r * kLdV + col, acc[0][j][e], acc[0][j][e + 1]);
+    }
+  for (int i = thread; i < kChunk * K / 8; i += threads) {
+    const int r = i / (K / 8), col = (i % (K / 8)) * 8;
+    const float d = __expf(G_last - c.G[r]);
+    float x[8];
+    load8(k + r * (K + 8) + col, x);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) store_bf16x2(k + r * (K + 8) + col + e, d * x[e], d * x[e + 1]);
+  }
+}
+
 // Phase 3's output (after a barrier: P and Delta are complete): R += P Delta for this warp's tile.
 template <Loads kLoads>
 __device__ __forceinline__ void chunk_output(float (&R)[1][2][4], const ChunkTiles& c, int m0, int n0) {
