@@ -139,6 +139,19 @@ inline void require_tensor_core_shape(const char* kernel, DType dtype, int K, in
   });
 }
 
+// The shape of the K = 256 tensor-core versions (kTensorCoreShape256: linear v9, delta v11); `others` names the
+// versions that take K = 64 and 128, for the message.
+inline void require_head_dim_256_shape(const char* kernel, DType dtype, int K, int V, int block_v, const char* others) {
+  const auto k = [kernel] { return std::string(kernel); };
+  require(dtype == kBFloat16, [&] { return k() + ": bfloat16 inputs only (tensor cores multiply bf16), got float32"; });
+  require(K == 256, [&] {
+    return k() + ": K must be 256 (" + others + " take 64 and 128), got K=" + std::to_string(K);
+  });
+  require(V % block_v == 0, [&] {
+    return k() + ": V must be a multiple of " + std::to_string(block_v) + ", got V=" + std::to_string(V);
+  });
+}
+
 // The checks of every tensor-core forward version (linear and delta v3 onwards): check_common, then the shape.
 inline void check_tensor_core_problem(const Problem& p, const char* kernel, bool needs_beta, int block_v) {
   check_common(p, kernel, needs_beta);

@@ -104,15 +104,20 @@ __device__ __forceinline__ void chunk_phase1(float (&R)[1][2][4], const ChunkTil
     }
 }
 
-// Phase 2 (after a barrier: X is complete), this warp's tile: Delta = T X (T lower triangular), and Delta
-// decayed to the chunk's end, both into shared memory.
+// Phase 2's product (after a barrier: X is complete), this warp's tile: Delta = T X (T lower triangular).
+template <Loads kLoads>
+__device__ __forceinline__ void delta_tile(float (&acc)[1][2][4], const ChunkTiles& c, int m0, int n0) {
+  zero(acc);
+  warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, c.wy, kLdC, c.X, kLdV, m0, n0,
+                                                                                   0, (m0 >> 4) + 1);
+}
+
+// Phase 2, this warp's tile: Delta and Delta decayed to the chunk's end, both into shared memory.
 template <Loads kLoads>
 __device__ __forceinline__ void chunk_phase2(const ChunkTiles& c, int m0, int n0) {
   const float G_last = c.G[kChunk - 1];
   float acc[1][2][4];
-  zero(acc);
-  warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, c.wy, kLdC, c.X, kLdV, m0, n0,
-                                                                                   0, (m0 >> 4) + 1);
+  delta_tile<kLoads>(acc, c, m0, n0);
 #pragma unroll
   for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -124,25 +129,17 @@ __device__ __forceinline__ void chunk_phase2(const ChunkTiles& c, int m0, int n0
     }
 }
 
-// Phase 2 where shared memory has no tile for Delta decayed (delta v11 at K = 256): Delta = T X as above, and the
-// decay to the chunk's end put on the keys instead, K^T diag(d) Delta = (diag(d) K)^T Delta: the chunk's k rows,
-// which phase 1 has done reading (the barrier before this phase) and only the state update reads again, scaled
-// in place by d_r = exp(G_last - G_r), 8 at a time over the `threads` threads (`thread` this one's index).
+// Phase 2 where shared memory has no tile for Delta decayed (delta v11 at K = 256): Delta as above, and the decay
+// to the chunk's end put on the keys instead, K^T diag(d) Delta = (diag(d) K)^T Delta: the chunk's k rows, which
+// phase 1 has done reading (the barrier before this phase) and only the state update reads again, scaled in place
+// by d_r = exp(G_last - G_r), 8 at a time over the `threads` threads (`thread` this one's index).
 template <int K, Loads kLoads>
 __device__ __forceinline__ void chunk_phase2_decaying_keys(const ChunkTiles& c, bf16* k, int m0, int n0, int thread,
                                                            int threads) {
   const float G_last = c.G[kChunk - 1];
   float acc[1][2][4];
-  zero(acc);
-  warp_mma_k_loop<kLoads, 1, 2, Stored::kRowMajor, Stored::kRowMajor, kChunk / 16>(acc, c.wy, kLdC, c.X, kLdV, m0, n0,
-                                                                                   0, (m0 >> 4) + 1);
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
-      store_bf16x2(c.delta + r * kLdV + col, acc[0][j][e], acc[0][j][e + 1]);
-    }
+  delta_tile<kLoads>(acc, c, m0, n0);
+  store_tile_bf16(acc, c.delta, kLdV, m0, n0);
   for (int i = thread; i < kChunk * K / 8; i += threads) {
     const int r = i / (K / 8), col = (i % (K / 8)) * 8;
     const float d = __expf(G_last - c.G[r]);

@@ -22,16 +22,7 @@ constexpr const char* kName = "delta_v11_head_dim_256";
 
 void forward(const Problem& p) {
   check_common(p, kName, true);
-  require(p.dtype == kBFloat16, [] {
-    return std::string(kName) + ": bfloat16 inputs only (tensor cores multiply bf16), got float32";
-  });
-  require(p.K == 256, [&] {
-    return std::string(kName) + ": K must be 256 (v3 to v10 take 64 and 128), got K=" + std::to_string(p.K);
-  });
-  require(p.V % wide::kBlockV == 0, [&] {
-    return std::string(kName) + ": V must be a multiple of " + std::to_string(wide::kBlockV) + ", got V=" +
-           std::to_string(p.V);
-  });
+  require_head_dim_256_shape(kName, p.dtype, p.K, p.V, wide::kBlockV, "v3 to v10");
   check_workspace(p, kName, delta_wide::workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
   auto* wy = static_cast<__nv_bfloat16*>(p.workspace);
   constexpr auto kProducts = wy_blocked::WaveProducts::kTensorCores;

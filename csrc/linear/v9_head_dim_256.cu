@@ -36,16 +36,7 @@ void chunk_pass_256(const Problem& p) {
 
 void forward_head_dim_256(const Problem& p) {
   check_common(p, kName, false);
-  require(p.dtype == kBFloat16, [&] {
-    return std::string(kName) + ": bfloat16 inputs only (tensor cores multiply bf16), got float32";
-  });
-  require(p.K == 256, [&] {
-    return std::string(kName) + ": K must be 256 (v7 and v8 take 64 and 128), got K=" + std::to_string(p.K);
-  });
-  require(p.V % kBlockV == 0, [&] {
-    return std::string(kName) + ": V must be a multiple of " + std::to_string(kBlockV) + ", got V=" +
-           std::to_string(p.V);
-  });
+  require_head_dim_256_shape(kName, p.dtype, p.K, p.V, kBlockV, "v7 and v8");
   linear_split::split_forward(p, kName, chunk_pass_256);
 }
 }  // namespace
