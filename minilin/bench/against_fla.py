@@ -23,7 +23,7 @@ that drift on a shared machine hits both alike. Two times per side, each the med
 benchmarks/ops/registry.py SHAPE_CONFIGS) and one long sequence, an initial state given to both sides; `--grid
 all` adds K = V = 64 and K = 128 with V = 64 and 256 at each (B, T, H). It prints one table, a row per shape
 and a column per mixer (minilin / FLA device time, minilin's version), and --json writes every comparison.
-A shape minilin's kernels do not take (K above 128) is reported as such and not timed. `--grid layouts` runs
+A shape minilin's kernels do not take is reported as such and not timed. `--grid layouts` runs
 LAYOUTS: packed sequences (cu_seqlens) and grouped value heads.
 """
 from __future__ import annotations
@@ -242,9 +242,9 @@ def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float
                      else row["note"])
             print(f"  [{i * len(mixers) + j + 1}/{total}] {mixer} {label}: {state}", file=sys.stderr, flush=True)
             rows.append(row)
+            if args.json:  # after every cell, so that a run cut short keeps what it measured
+                write_json(args.json, {"against": "fla", "grid": args.grid, "machine": info,
+                                       "copy_bandwidth_gbs": copy_gbs, "rows": rows})
     print(format_grid(rows, mixers))
-    if args.json:
-        write_json(args.json, {"against": "fla", "grid": args.grid, "machine": info, "copy_bandwidth_gbs": copy_gbs,
-                               "rows": rows})
     failed = [r for r in rows if "ratio" not in r and not r.get("note", "").startswith("minilin: not supported")]
     return 1 if failed else 0
