@@ -1,7 +1,9 @@
-// What the tensor-core backward kernels (csrc/linear_bwd/v2_chunked_mma.cu, csrc/delta_bwd/v2_chunked_wy_mma.cu)
-// share: groups of 8 warps over 64-token chunks and 64-column value blocks, a chunk's rows and gates copied on
-// chip, rows of a warp's accumulator tile scaled, and dg formed inside a chunk (a reverse sum over its 64 tokens
-// of per-token terms, plus one term at the chunk's last token).
+// What the tensor-core backward kernels (csrc/linear_bwd/v2_chunked_mma.cu, csrc/delta_bwd/v2_chunked_wy_mma.cu,
+// and with a decay per key channel csrc/gla_bwd/v2_chunked_mma.cu, csrc/kda_bwd/v2_chunked_wy_mma.cu) share:
+// groups of 8 warps over 64-token chunks and 64-column value blocks, a chunk's rows and gates copied on chip, rows
+// of a warp's accumulator tile scaled, and dg formed inside a chunk (a reverse sum over its 64 tokens of per-token
+// terms, plus one term at the chunk's last token); for the per-channel gate, the sub-chunk references and dg's
+// steps the two kernels take alike.
 //
 // A warp's tiles in the 8-warp kernels: rows m0 .. m0 + 15 (m0 = 16 (warp / 2)) of every product with 64 rows,
 // and of its columns the half warp % 2 (32 of 64, K / 2 of K), so the two warps 2i and 2i + 1 share their rows;
@@ -174,6 +176,155 @@ __device__ __forceinline__ void add_decayed(float (&out)[1][NT][4], const float 
     for (int e = 0; e < 4; ++e)
       out[0][j][e] = fmaf(acc[0][j][e], decay_of<kLdG>(G, m0 + acc_row(0, e), k0 + acc_col(j, e), ref, sign),
                           out[0][j][e]);
+}
+
+// ---- the chunk's gradients with a decay per key channel: the steps gla_bwd v2 and kda_bwd v2 share ------------
+// Both kernels split the chunk into sub-chunks of 16 tokens (warp w: sub-chunk a = w / 2, rows m0 = 16 a) and keep,
+// in shared memory, q and k [64, kLdK] bf16, G [64, kLdG] fp32 and the layout's Kref(a), Qref_rows(a), terms(),
+// state_dot() and inter_dot(group) (their headers derive each term).
+constexpr int kSub = 16;  // tokens per sub-chunk
+
+// G in place: the chunk-local cumulative sum of the log-gates, one thread per key channel.
+template <int K, int kLdG>
+__device__ __forceinline__ void channel_cumsum(float* G) {
+  for (int f = threadIdx.x; f < K; f += kThreads) {
+    float running = 0.0f;
+    for (int r = 0; r < kChunk; ++r) {
+      running += G[r * kLdG + f];
+      G[r * kLdG + f] = running;
+    }
+  }
+}
+
+// This thread's part of sum_c X[r][c] Y[r][c] over two [kRows, 64] bf16 shared tiles (row stride kLdV), added into
+// acc: kThreads / kRows threads per row, thread t on row t / (kThreads / kRows).
+template <int kRows>
+__device__ __forceinline__ void accumulate_row_dot(float& acc, const bf16* X, const bf16* Y) {
+  constexpr int kRowThreads = kThreads / kRows, kColumns = kBlockV / kRowThreads;
+  static_assert(kRowThreads >= 1 && kColumns % 8 == 0, "rows must split the block's threads in 8-column parts");
+  const int row = threadIdx.x / kRowThreads, col0 = (threadIdx.x % kRowThreads) * kColumns;
+#pragma unroll
+  for (int col = 0; col < kColumns; col += 8) {
+    float x[8], y[8];
+    load8(X + row * kLdV + col0 + col, x);
+    load8(Y + row * kLdV + col0 + col, y);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(x[e], y[e], acc);
+  }
+}
+
+// accumulate_row_dot's parts added over each row's threads (adjacent lanes), the sum stored into out[row].
+template <int kRows>
+__device__ __forceinline__ void store_row_dot(float acc, float* out) {
+  constexpr int kRowThreads = kThreads / kRows;
+#pragma unroll
+  for (int offset = 1; offset < kRowThreads; offset <<= 1) acc += __shfl_xor_sync(kFullMask, acc, offset);
+  if (threadIdx.x % kRowThreads == 0) out[threadIdx.x / kRowThreads] = acc;
+}
+
+// A warp's [16, 32] tile (rows m0, columns n0) of a causal 64 x 64 score gradient, times factor, into dst (bf16, row
+// stride kLdC): zero above the diagonal (kStrict: on it too).
+template <bool kStrict>
+__device__ __forceinline__ void store_lower_scores(const float (&acc)[1][4][4], float factor, bf16* dst, int m0,
+                                                   int n0) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
+      const bool keep0 = kStrict ? col < r : col <= r, keep1 = kStrict ? col + 1 < r : col + 1 <= r;
+      store_bf16x2(dst + r * kLdC + col, keep0 ? factor * acc[0][j][e] : 0.0f, keep1 ? factor * acc[0][j][e + 1] : 0.0f);
+    }
+}
+
+// The sub-chunk references, two channels per thread, r the last token of sub-chunk a - 1 (Kref) or of a (Qref):
+//   Kref_a,j = k_j exp(G_r - G_j)  (a = 1, 2, 3; j < 16 a),   Qref_a,i = q_i exp(G_i - G_r)  (a = 0, 1, 2; i >= 16 (a + 1))
+// every exponent <= 0; for each Qref pair, more(a, i, f, e) with e its two exp(G_i - G_r) (kda_bwd v2's Kup).
+template <int K, class Layout, class More>
+__device__ __forceinline__ void store_sub_chunk_references(const Layout& L, const float* G, More more) {
+  constexpr int kLdK = Layout::kLdK, kLdG = Layout::kLdG;
+  for (int idx = threadIdx.x; idx < Layout::kRefRows * K / 2; idx += kThreads) {
+    const int row = idx / (K / 2), f = 2 * (idx % (K / 2));
+    {
+      const int a = row < 16 ? 1 : row < 48 ? 2 : 3, j = row - (a == 1 ? 0 : a == 2 ? 16 : 48), r = kSub * a - 1;
+      const float2 k2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + j * kLdK + f));
+      store_bf16x2(L.Kref(a) + j * kLdK + f, k2.x * __expf(G[r * kLdG + f] - G[j * kLdG + f]),
+                   k2.y * __expf(G[r * kLdG + f + 1] - G[j * kLdG + f + 1]));
+    }
+    {
+      const int a = row < 48 ? 0 : row < 80 ? 1 : 2, i = kSub * (a + 1) + row - (a == 0 ? 0 : a == 1 ? 48 : 80);
+      const int r = kSub * a + kSub - 1;
+      const float2 e = make_float2(__expf(G[i * kLdG + f] - G[r * kLdG + f]),
+                                   __expf(G[i * kLdG + f + 1] - G[r * kLdG + f + 1]));
+      const float2 q2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.q() + i * kLdK + f));
+      store_bf16x2(L.Qref_rows(a) + i * kLdK + f, q2.x * e.x, q2.y * e.y);
+      more(a, i, f, e);
+    }
+  }
+}
+
+// sum_j X_j[f] acc_j[f] over the warp's 16 rows, per key column f of its tile (columns k0 ..; X bf16 rows of stride
+// ld): lanes 0 .. 3 write it into out[f].
+template <int NT>
+__device__ __forceinline__ void store_column_dots(const float (&acc)[1][NT][4], const bf16* X, int ld, int m0, int k0,
+                                                  float* out) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    float column[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int f = k0 + acc_col(j, u);
+      column[u] = acc[0][j][u] * __bfloat162float(X[(m0 + acc_row(0, 0)) * ld + f]) +
+                  acc[0][j][u + 2] * __bfloat162float(X[(m0 + acc_row(0, 2)) * ld + f]);
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) column[u] += __shfl_xor_sync(kFullMask, column[u], offset);
+    }
+    if (lane < 4) {
+      out[k0 + acc_col(j, 0)] = column[0];
+      out[k0 + acc_col(j, 1)] = column[1];
+    }
+  }
+}
+
+// dg's per-token, per-channel terms q * dq + k_sign (k * Y) for the elements of the warp's tiles, into L.terms()
+// [64][kLdG] (gla_bwd v2: Y = dk, k_sign = -1).
+template <int NT, class Layout>
+__device__ __forceinline__ void store_channel_gate_terms(const Layout& L, const float (&dq)[1][NT][4],
+                                                         const float (&Y)[1][NT][4], float k_sign, int m0, int k0) {
+  constexpr int kLdK = Layout::kLdK, kLdG = Layout::kLdG;
+  float* terms = L.terms();
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int r = m0 + acc_row(0, e), f = k0 + acc_col(j, e);
+      const float2 q2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.q() + r * kLdK + f));
+      const float2 k2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + r * kLdK + f));
+      *reinterpret_cast<float2*>(terms + r * kLdG + f) =
+          make_float2(q2.x * dq[0][j][e] + k_sign * (k2.x * Y[0][j][e]),
+                      q2.y * dq[0][j][e + 1] + k_sign * (k2.y * Y[0][j][e + 1]));
+    }
+}
+
+// dg of one chunk, channel by channel (after a barrier over store_channel_gate_terms):
+//   dg_t[f] = sum_{t <= s < t0 + 64} terms_s[f] + exp(G_L[f]) state_dot[f] + sum over the 4 row groups inter_dot[f]
+// (rows past T not written).
+template <int K, class Layout>
+__device__ __forceinline__ void store_channel_gate_gradient(const Layout& L, const BackwardProblem& p, int b, int h,
+                                                            int t0) {
+  constexpr int kLdG = Layout::kLdG;
+  const float* G = L.G();
+  const float* terms = L.terms();
+  for (int f = threadIdx.x; f < K; f += kThreads) {
+    float running = __expf(G[(kChunk - 1) * kLdG + f]) * L.state_dot()[f];
+#pragma unroll
+    for (int group = 0; group < 4; ++group) running += L.inter_dot(group)[f];
+    for (int r = kChunk - 1; r >= 0; --r) {
+      running += terms[r * kLdG + f];
+      if (t0 + r < p.T) p.dg[token_index(p, b, t0 + r, h) * K + f] = running;
+    }
+  }
 }
 
 // Shared scratch for store_gate_gradient in a block of kBlockWarps warps whose tiles split their columns into

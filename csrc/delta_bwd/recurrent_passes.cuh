@@ -126,7 +126,7 @@ template <typename Elem, int ROWS, bool kPerChannel>
 __global__ void __launch_bounds__(kThreads) reverse(const BackwardProblem p, const Workspace w) {
   constexpr int kRowSums = kPerChannel ? 3 : 2;    // dq, dk (and dg per key row)
   __shared__ float rows[kRowSums][kBwdWarps][kBwdMaxK];  // per warp: its parts of this token's row gradients
-  __shared__ float scalars[kBwdWarps][2];                // per warp: dbeta's part (and dg's, for one gate)
+  __shared__ float scalars[kBwdWarps][kPerChannel ? 1 : 2];  // per warp: dbeta's part (and dg's, for one gate)
   const int vb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, col0 = vb * kBwdBlockColumns + warp * kColumns;
   const int K = p.K, V = p.V;
@@ -224,13 +224,14 @@ __global__ void __launch_bounds__(kThreads) reverse(const BackwardProblem p, con
           rows[1][warp][lane + 32 * r] = dk[r];
           if constexpr (kPerChannel) rows[kRowSums - 1][warp][lane + 32 * r] = dg[r];
         }
-      float dg_sum = 0.0f;  // one gate: <D', S'> over the warp's slice
-      if constexpr (!kPerChannel) {
+      if (lane == 0) scalars[warp][0] = dbeta;
+      if constexpr (!kPerChannel) {  // one gate: <D', S'> over the warp's slice
+        float dg_sum = 0.0f;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) dg_sum += dg[r];
         dg_sum = warp_sum(dg_sum);
+        if (lane == 0) scalars[warp][1] = dg_sum;
       }
-      if (lane == 0) scalars[warp][0] = dbeta, scalars[warp][1] = dg_sum;
       __syncthreads();
       for (int f = tid; f < K; f += kThreads) {
         float sums[kRowSums] = {};
@@ -243,11 +244,16 @@ __global__ void __launch_bounds__(kThreads) reverse(const BackwardProblem p, con
         if constexpr (kPerChannel) dg_part[bth * K + f] = sums[kRowSums - 1];
       }
       if (tid == 0) {
-        float sb = 0.0f, sg = 0.0f;
+        float sb = 0.0f;
 #pragma unroll
-        for (int x = 0; x < kBwdWarps; ++x) sb += scalars[x][0], sg += scalars[x][1];
+        for (int x = 0; x < kBwdWarps; ++x) sb += scalars[x][0];
         dbeta_part[bth] = sb;
-        if constexpr (!kPerChannel) dg_part[bth] = sg;
+        if constexpr (!kPerChannel) {
+          float sg = 0.0f;
+#pragma unroll
+          for (int x = 0; x < kBwdWarps; ++x) sg += scalars[x][1];
+          dg_part[bth] = sg;
+        }
       }
       __syncthreads();
     }

@@ -46,8 +46,6 @@ using namespace chunk_bwd;
 using gla_prepared::PreparedTiles;
 using gla_prepared::prepared_tiles;
 
-constexpr int kSub = 16;  // tokens per sub-chunk
-
 size_t prepared_section(int B, int T, int H, int K) { return gla_prepared::prepared_bytes(B, T, H, K, false); }
 // One bf16 [K, V] matrix per (batch, head, chunk), for the states and again for the adjoints.
 size_t states_bytes(int B, int T, int H, int K, int V) {
@@ -198,11 +196,9 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = GradLayout<K>::kLdK, kLdG = GradLayout<K>::kLdG;
   constexpr int kKeyTiles = K / 16;              // 8-column tiles of a warp's half of a 64 x K gradient
-  constexpr int kDotThreads = kThreads / K;      // threads per key row of <D_c, S_{c-1}>
-  constexpr int kDotColumns = kBlockV / kDotThreads;
   const GradLayout<K> L{smem};
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * kChunk;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int a = warp >> 1;              // this warp's sub-chunk
   const int m0 = kSub * a;              // its 16 rows of every product
   const int n0 = 32 * (warp & 1);       // its 32 columns of the 64 x 64 ones (dA, dv)
@@ -222,22 +218,14 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
   __syncthreads();
 
   float* G = L.G();
-  // G: the chunk-local cumulative sum, channel by channel; nothing reads G before the barrier after dA's store
-  for (int f = threadIdx.x; f < K; f += kThreads) {
-    float running = 0.0f;
-    for (int r = 0; r < kChunk; ++r) {
-      running += G[r * kLdG + f];
-      G[r * kLdG + f] = running;
-    }
-  }
+  channel_cumsum<K, kLdG>(G);  // nothing reads G before the barrier after dA's store
 
   // Over the value blocks: dA = dO V^T, dq = dO S_{c-1}^T, dk = V D_c^T (all summed over value columns), dv, and
-  // <D_c, S_{c-1}> per key row (thread t: row t / kDotThreads, its kDotColumns columns of each value block).
+  // <D_c, S_{c-1}> per key row.
   float dA[1][4][4], dq[1][kKeyTiles][4], dk[1][kKeyTiles][4];
   zero(dA);
   zero(dq);
   zero(dk);
-  const int dot_row = threadIdx.x / kDotThreads, dot_col = (threadIdx.x % kDotThreads) * kDotColumns;
   float state_dot = 0.0f;
   for (int v0 = 0; v0 < p.V; v0 += kBlockV) {
     if (v0 > 0) {
@@ -247,14 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
       cp_async_wait<0>();
       __syncthreads();
     }
-#pragma unroll
-    for (int col = 0; col < kDotColumns; col += 8) {
-      float x[8], y[8];
-      load8(L.S() + dot_row * kLdV + dot_col + col, x);
-      load8(L.D() + dot_row * kLdV + dot_col + col, y);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) state_dot = fmaf(x[e], y[e], state_dot);
-    }
+    accumulate_row_dot<K>(state_dot, L.S(), L.D());
     if (below) warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dA, L.dO(), kLdV, L.v(), kLdV, m0, n0, 0, kBlockV);
     warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dq, L.dO(), kLdV, L.S(), kLdV, m0, k0, 0, kBlockV);
     warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(dk, L.v(), kLdV, L.D(), kLdV, m0, k0, 0, kBlockV);
@@ -265,62 +246,18 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
     warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(dv, L.Ke(), kLdK, L.D(), kLdV, m0, n0, 0, K);
     store_output_tile(dv, static_cast<bf16*>(p.dv), p.T, p.H, p.V, b, h, t0, v0, m0, n0, 1.0f);
   }
-#pragma unroll
-  for (int offset = 1; offset < kDotThreads; offset <<= 1) state_dot += __shfl_xor_sync(kFullMask, state_dot, offset);
-  if (threadIdx.x % kDotThreads == 0) L.state_dot()[dot_row] = state_dot;
-
-  // dA = scale dO V^T for j <= i, 0 above
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
-      store_bf16x2(L.dA() + r * kLdC + col, col <= r ? p.scale * dA[0][j][e] : 0.0f,
-                   col + 1 <= r ? p.scale * dA[0][j][e + 1] : 0.0f);
-    }
+  store_row_dot<K>(state_dot, L.state_dot());
+  store_lower_scores<false>(dA, p.scale, L.dA(), m0, n0);  // dA = scale dO V^T for j <= i, 0 above
   __syncthreads();  // dA is complete; every read of the value blocks is done (their space takes the references)
 
-  // The sub-chunk references, two channels per thread: Kref_a,j = k_j exp(G_r - G_j) (j < 16 a) and
-  // Qref_a,i = q_i exp(G_i - G_r) (i >= 16 (a + 1)), with r the last token of sub-chunk a - 1, or of a for Qref.
-  for (int idx = threadIdx.x; idx < GradLayout<K>::kRefRows * K / 2; idx += kThreads) {
-    const int row = idx / (K / 2), f = 2 * (idx % (K / 2));
-    {
-      const int ka = row < 16 ? 1 : row < 48 ? 2 : 3, j = row - (ka == 1 ? 0 : ka == 2 ? 16 : 48), r = kSub * ka - 1;
-      const __nv_bfloat162 k2 = *reinterpret_cast<const __nv_bfloat162*>(L.k() + j * kLdK + f);
-      store_bf16x2(L.Kref(ka) + j * kLdK + f,
-                   __low2float(k2) * __expf(G[r * kLdG + f] - G[j * kLdG + f]),
-                   __high2float(k2) * __expf(G[r * kLdG + f + 1] - G[j * kLdG + f + 1]));
-    }
-    {
-      const int qa = row < 48 ? 0 : row < 80 ? 1 : 2, i = kSub * (qa + 1) + row - (qa == 0 ? 0 : qa == 1 ? 48 : 80);
-      const int r = kSub * qa + kSub - 1;
-      const __nv_bfloat162 q2 = *reinterpret_cast<const __nv_bfloat162*>(L.q() + i * kLdK + f);
-      store_bf16x2(L.Qref_rows(qa) + i * kLdK + f,
-                   __low2float(q2) * __expf(G[i * kLdG + f] - G[r * kLdG + f]),
-                   __high2float(q2) * __expf(G[i * kLdG + f + 1] - G[r * kLdG + f + 1]));
-    }
-  }
+  // The sub-chunk references Kref_a (j < 16 a) and Qref_a (i >= 16 (a + 1)), every exponent <= 0
+  store_sub_chunk_references<K>(L, G, [](int, int, int, float2) {});
 
   // The inter-chunk terms: dq = scale exp(G) * (dO S^T); dk = exp(G_L - G) * (V D^T), whose sum_j k_j dk_j^inter
   // per key channel dg's last token needs (this warp's column sums, then the 8 row lanes'; by row group)
   scale_decayed<kKeyTiles, kLdG>(dq, G, m0, k0, -1, 1.0f, p.scale);
   scale_decayed<kKeyTiles, kLdG>(dk, G, m0, k0, kChunk - 1, -1.0f, 1.0f);
-#pragma unroll
-  for (int j = 0; j < kKeyTiles; ++j) {
-    float column[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int f = k0 + acc_col(j, u);
-      column[u] = dk[0][j][u] * __bfloat162float(L.k()[(m0 + acc_row(0, 0)) * kLdK + f]) +
-                  dk[0][j][u + 2] * __bfloat162float(L.k()[(m0 + acc_row(0, 2)) * kLdK + f]);
-#pragma unroll
-      for (int offset = 4; offset < 32; offset <<= 1) column[u] += __shfl_xor_sync(kFullMask, column[u], offset);
-    }
-    if (lane < 4) {
-      L.inter_dot(a)[k0 + acc_col(j, 0)] = column[0];
-      L.inter_dot(a)[k0 + acc_col(j, 1)] = column[1];
-    }
-  }
+  store_column_dots(dk, L.k(), kLdK, m0, k0, L.inter_dot(a));
   __syncthreads();  // the references are complete
 
   {  // the pairs in different sub-chunks, through the boundary between them
@@ -354,25 +291,21 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
         const float2 Gs = *reinterpret_cast<const float2*>(G + s * kLdG + f);
         const float2 ks = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + s * kLdK + f));
         const float2 qs = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.q() + s * kLdK + f));
-        const float2 Gt = *reinterpret_cast<const float2*>(G + top * kLdG + f);
-        const float2 Gb = *reinterpret_cast<const float2*>(G + bottom * kLdG + f);
-        // s <= row: the dq term (exponent G_row - G_s <= 0); s >= row: the dk term (G_s - G_row <= 0)
-        if (s <= top) {
-          dq[0][j][0] = fmaf(dA_top_s * ks.x, __expf(Gt.x - Gs.x), dq[0][j][0]);
-          dq[0][j][1] = fmaf(dA_top_s * ks.y, __expf(Gt.y - Gs.y), dq[0][j][1]);
-        }
-        if (s >= top) {
-          dk[0][j][0] = fmaf(dA_s_top * qs.x, __expf(Gs.x - Gt.x), dk[0][j][0]);
-          dk[0][j][1] = fmaf(dA_s_top * qs.y, __expf(Gs.y - Gt.y), dk[0][j][1]);
-        }
-        if (s <= bottom) {
-          dq[0][j][2] = fmaf(dA_bottom_s * ks.x, __expf(Gb.x - Gs.x), dq[0][j][2]);
-          dq[0][j][3] = fmaf(dA_bottom_s * ks.y, __expf(Gb.y - Gs.y), dq[0][j][3]);
-        }
-        if (s >= bottom) {
-          dk[0][j][2] = fmaf(dA_s_bottom * qs.x, __expf(Gs.x - Gb.x), dk[0][j][2]);
-          dk[0][j][3] = fmaf(dA_s_bottom * qs.y, __expf(Gs.y - Gb.y), dk[0][j][3]);
-        }
+        // elements e, e + 1 (row `row`, channels f, f + 1): s <= row the dq term (exponent G_row - G_s <= 0),
+        // s >= row the dk term (G_s - G_row <= 0)
+        const auto add_row = [&](int e, int row, float dA_row_s, float dA_s_row) {
+          const float2 Gr = *reinterpret_cast<const float2*>(G + row * kLdG + f);
+          if (s <= row) {
+            dq[0][j][e] = fmaf(dA_row_s * ks.x, __expf(Gr.x - Gs.x), dq[0][j][e]);
+            dq[0][j][e + 1] = fmaf(dA_row_s * ks.y, __expf(Gr.y - Gs.y), dq[0][j][e + 1]);
+          }
+          if (s >= row) {
+            dk[0][j][e] = fmaf(dA_s_row * qs.x, __expf(Gs.x - Gr.x), dk[0][j][e]);
+            dk[0][j][e + 1] = fmaf(dA_s_row * qs.y, __expf(Gs.y - Gr.y), dk[0][j][e + 1]);
+          }
+        };
+        add_row(0, top, dA_top_s, dA_s_top);
+        add_row(2, bottom, dA_bottom_s, dA_s_bottom);
       }
     }
   }
@@ -380,28 +313,10 @@ __global__ void __launch_bounds__(kThreads, 1) gla_bwd_v2_gradients(const Backwa
   store_output_tile(dk, static_cast<bf16*>(p.dk), p.T, p.H, K, b, h, t0, 0, m0, k0, 1.0f);
 
   __syncthreads();  // every read of the references is done: dg's terms take their space
-  float* terms = L.terms();
-#pragma unroll
-  for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m0 + acc_row(0, e), f = k0 + acc_col(j, e);
-      const float2 q2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.q() + r * kLdK + f));
-      const float2 k2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + r * kLdK + f));
-      *reinterpret_cast<float2*>(terms + r * kLdG + f) =
-          make_float2(q2.x * dq[0][j][e] - k2.x * dk[0][j][e], q2.y * dq[0][j][e + 1] - k2.y * dk[0][j][e + 1]);
-    }
+  store_channel_gate_terms(L, dq, dk, -1.0f, m0, k0);  // q_s . dq_s - k_s . dk_s
   __syncthreads();
   // dg_t[f] = sum_{t <= s < t0 + 64} term_s[f] + exp(G_L[f]) <D_c, S_{c-1}>[f] + sum_j k_j[f] dk_j^inter[f]
-  for (int f = threadIdx.x; f < K; f += kThreads) {
-    float running = __expf(G[(kChunk - 1) * kLdG + f]) * L.state_dot()[f];
-#pragma unroll
-    for (int group = 0; group < 4; ++group) running += L.inter_dot(group)[f];
-    for (int r = kChunk - 1; r >= 0; --r) {
-      running += terms[r * kLdG + f];
-      if (t0 + r < p.T) p.dg[token_index(p, b, t0 + r, h) * K + f] = running;
-    }
-  }
+  store_channel_gate_gradient<K>(L, p, b, h, t0);
 }
 
 template <int K>

@@ -47,7 +47,6 @@ namespace {
 using namespace chunk_bwd;
 using kda_prepared::PreparedTiles;
 
-constexpr int kSub = 16;  // tokens per sub-chunk
 
 struct Workspace {
   bf16 *states, *adjoints, *deltas, *corrections_adjoint;
@@ -308,12 +307,9 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = GradLayout<K>::kLdK, kLdG = GradLayout<K>::kLdG;
   constexpr int kKeyTiles = K / 16;          // 8-column tiles of a warp's half of a 64 x K gradient
-  constexpr int kDotThreads = kThreads / K;  // threads per key row of <D+, S>
-  constexpr int kDotColumns = kBlockV / kDotThreads;
-  constexpr int kRowThreads = kThreads / kChunk;  // threads per token row of rowsum(V R)
   const GradLayout<K> L{smem};
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = c * kChunk;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int a = warp >> 1;              // this warp's sub-chunk
   const int m0 = kSub * a;              // its 16 rows of every product
   const int n0 = 32 * (warp & 1);       // its 32 columns of the 64 x 64 ones (dP, dA)
@@ -332,14 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
 
   float* G = L.G();
   const float* beta = L.beta();
-  // G: the chunk-local cumulative sum, channel by channel; nothing reads G before the barrier after dP's store
-  for (int f = threadIdx.x; f < K; f += kThreads) {
-    float running = 0.0f;
-    for (int r = 0; r < kChunk; ++r) {
-      running += G[r * kLdG + f];
-      G[r * kLdG + f] = running;
-    }
-  }
+  channel_cumsum<K, kLdG>(G);  // nothing reads G before the barrier after dP's store
 
   // Over the value blocks: dP = dO Delta^T and dA = R Delta^T (below the diagonal), dq = dO S^T,
   // dk- = Delta D+^T, rs = R S^T (all summed over value columns); <D+, S> per key row and rowsum(V R) per token.
@@ -349,8 +338,6 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
   zero(dq);
   zero(dk_minus);
   zero(rs);
-  const int dot_row = threadIdx.x / kDotThreads, dot_col = (threadIdx.x % kDotThreads) * kDotColumns;
-  const int vr_row = threadIdx.x / kRowThreads, vr_col = (kBlockV / kRowThreads) * (threadIdx.x % kRowThreads);
   float state_dot = 0.0f, v_r = 0.0f;
   for (int v0 = 0; v0 < p.V; v0 += kBlockV) {
     if (v0 > 0) {
@@ -360,22 +347,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
       cp_async_wait<0>();
       __syncthreads();
     }
-#pragma unroll
-    for (int col = 0; col < kDotColumns; col += 8) {
-      float x[8], y[8];
-      load8(L.S() + dot_row * kLdV + dot_col + col, x);
-      load8(L.D() + dot_row * kLdV + dot_col + col, y);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) state_dot = fmaf(x[e], y[e], state_dot);
-    }
-#pragma unroll
-    for (int col = 0; col < kBlockV / kRowThreads; col += 8) {
-      float x[8], y[8];
-      load8(L.v() + vr_row * kLdV + vr_col + col, x);
-      load8(L.ra() + vr_row * kLdV + vr_col + col, y);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v_r = fmaf(x[e], y[e], v_r);
-    }
+    accumulate_row_dot<K>(state_dot, L.S(), L.D());
+    accumulate_row_dot<kChunk>(v_r, L.v(), L.ra());
     if (below) {
       warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dP, L.dO(), kLdV, L.delta(), kLdV, m0, n0, 0, kBlockV);
       warp_mma<1, 4, Stored::kRowMajor, Stored::kTransposed>(dA, L.ra(), kLdV, L.delta(), kLdV, m0, n0, 0, kBlockV);
@@ -385,46 +358,18 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
                                                                    kBlockV);
     warp_mma<1, kKeyTiles, Stored::kRowMajor, Stored::kTransposed>(rs, L.ra(), kLdV, L.S(), kLdV, m0, k0, 0, kBlockV);
   }
-#pragma unroll
-  for (int offset = 1; offset < kDotThreads; offset <<= 1) state_dot += __shfl_xor_sync(kFullMask, state_dot, offset);
-  if (threadIdx.x % kDotThreads == 0) L.state_dot()[dot_row] = state_dot;
-#pragma unroll
-  for (int offset = 1; offset < kRowThreads; offset <<= 1) v_r += __shfl_xor_sync(kFullMask, v_r, offset);
-  if (threadIdx.x % kRowThreads == 0) L.dbeta_part(0)[vr_row] = v_r;
-
-  // dP = scale dO Delta^T for j <= i, dA = -R Delta^T for j < i, 0 elsewhere
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m0 + acc_row(0, e), col = n0 + acc_col(j, e);
-      store_bf16x2(L.dP() + r * kLdC + col, col <= r ? p.scale * dP[0][j][e] : 0.0f,
-                   col + 1 <= r ? p.scale * dP[0][j][e + 1] : 0.0f);
-      store_bf16x2(L.dA() + r * kLdC + col, col < r ? -dA[0][j][e] : 0.0f, col + 1 < r ? -dA[0][j][e + 1] : 0.0f);
-    }
+  store_row_dot<K>(state_dot, L.state_dot());
+  store_row_dot<kChunk>(v_r, L.dbeta_part(0));
+  store_lower_scores<false>(dP, p.scale, L.dP(), m0, n0);  // dP = scale dO Delta^T for j <= i, 0 above
+  store_lower_scores<true>(dA, -1.0f, L.dA(), m0, n0);     // dA = -R Delta^T for j < i, 0 elsewhere
   __syncthreads();  // dP and dA are complete; every read of the value blocks is done (their space takes the references)
 
-  // The sub-chunk references, two channels per thread, with r the last token of sub-chunk a - 1 (Kref) or of a:
-  //   Kref_a,j = k_j exp(G_r - G_j) (j < 16 a),  Qref_a,i = q_i exp(G_i - G_r),  Kup_a,i = beta_i k_i exp(G_i - G_r)
-  //   (i >= 16 (a + 1))
-  for (int idx = threadIdx.x; idx < GradLayout<K>::kRefRows * K / 2; idx += kThreads) {
-    const int row = idx / (K / 2), f = 2 * (idx % (K / 2));
-    {
-      const int ka = row < 16 ? 1 : row < 48 ? 2 : 3, j = row - (ka == 1 ? 0 : ka == 2 ? 16 : 48), r = kSub * ka - 1;
-      const float2 k2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + j * kLdK + f));
-      store_bf16x2(L.Kref(ka) + j * kLdK + f, k2.x * __expf(G[r * kLdG + f] - G[j * kLdG + f]),
-                   k2.y * __expf(G[r * kLdG + f + 1] - G[j * kLdG + f + 1]));
-    }
-    {
-      const int qa = row < 48 ? 0 : row < 80 ? 1 : 2, i = kSub * (qa + 1) + row - (qa == 0 ? 0 : qa == 1 ? 48 : 80);
-      const int r = kSub * qa + kSub - 1;
-      const float e0 = __expf(G[i * kLdG + f] - G[r * kLdG + f]), e1 = __expf(G[i * kLdG + f + 1] - G[r * kLdG + f + 1]);
-      const float2 q2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.q() + i * kLdK + f));
-      const float2 k2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + i * kLdK + f));
-      store_bf16x2(L.Qref_rows(qa) + i * kLdK + f, q2.x * e0, q2.y * e1);
-      store_bf16x2(L.Kup_rows(qa) + i * kLdK + f, beta[i] * k2.x * e0, beta[i] * k2.y * e1);
-    }
-  }
+  // The sub-chunk references (gla_bwd v2's Kref_a, Qref_a) and a third kind beside Qref:
+  //   Kup_a,i = beta_i k_i exp(G_i - G_r)  (i >= 16 (a + 1), r the last token of sub-chunk a)
+  store_sub_chunk_references<K>(L, G, [&](int qa, int i, int f, float2 e) {
+    const float2 k2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + i * kLdK + f));
+    store_bf16x2(L.Kup_rows(qa) + i * kLdK + f, beta[i] * k2.x * e.x, beta[i] * k2.y * e.y);
+  });
 
   // The inter-chunk terms: dq = scale exp(G) * (dO S^T); dk- starts as exp(G_L - G) * (Delta D+^T), whose
   // sum_j k_j dk-_j per key channel dg's last token needs (this warp's column sums, then the 8 row lanes'; by row
@@ -432,22 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
   // part of dbeta.
   scale_decayed<kKeyTiles, kLdG>(dq, G, m0, k0, -1, 1.0f, p.scale);
   scale_decayed<kKeyTiles, kLdG>(dk_minus, G, m0, k0, kChunk - 1, -1.0f, 1.0f);
-#pragma unroll
-  for (int j = 0; j < kKeyTiles; ++j) {
-    float column[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int f = k0 + acc_col(j, u);
-      column[u] = dk_minus[0][j][u] * __bfloat162float(L.k()[(m0 + acc_row(0, 0)) * kLdK + f]) +
-                  dk_minus[0][j][u + 2] * __bfloat162float(L.k()[(m0 + acc_row(0, 2)) * kLdK + f]);
-#pragma unroll
-      for (int offset = 4; offset < 32; offset <<= 1) column[u] += __shfl_xor_sync(kFullMask, column[u], offset);
-    }
-    if (lane < 4) {
-      L.inter_dot(a)[k0 + acc_col(j, 0)] = column[0];
-      L.inter_dot(a)[k0 + acc_col(j, 1)] = column[1];
-    }
-  }
+  store_column_dots(dk_minus, L.k(), kLdK, m0, k0, L.inter_dot(a));
   scale_decayed<kKeyTiles, kLdG>(rs, G, m0, k0, -1, 1.0f, 1.0f);
   {
     const float2 k_rs = row_dots(rs, L.k(), kLdK, m0, k0);
@@ -500,33 +430,25 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
         const float2 Gs = *reinterpret_cast<const float2*>(G + s * kLdG + f);
         const float2 ks = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + s * kLdK + f));
         const float2 qs = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.q() + s * kLdK + f));
-        const float2 Gt = *reinterpret_cast<const float2*>(G + top * kLdG + f);
-        const float2 Gb = *reinterpret_cast<const float2*>(G + bottom * kLdG + f);
-        // s <= row: the row grams (exponent G_row - G_s <= 0); s >= row: the column grams (G_s - G_row <= 0)
-        if (s <= top) {
-          const float ex = __expf(Gt.x - Gs.x), ey = __expf(Gt.y - Gs.y);
-          dq[0][j][0] = fmaf(dP_top_s * ks.x, ex, dq[0][j][0]);
-          dq[0][j][1] = fmaf(dP_top_s * ks.y, ey, dq[0][j][1]);
-          Y[0][j][0] = fmaf(dA_top_s * ks.x, ex, Y[0][j][0]);
-          Y[0][j][1] = fmaf(dA_top_s * ks.y, ey, Y[0][j][1]);
-        }
-        if (s >= top) {
-          const float ex = __expf(Gs.x - Gt.x), ey = __expf(Gs.y - Gt.y);
-          dk_minus[0][j][0] = fmaf(fmaf(dP_s_top, qs.x, dA_s_top * ks.x), ex, dk_minus[0][j][0]);
-          dk_minus[0][j][1] = fmaf(fmaf(dP_s_top, qs.y, dA_s_top * ks.y), ey, dk_minus[0][j][1]);
-        }
-        if (s <= bottom) {
-          const float ex = __expf(Gb.x - Gs.x), ey = __expf(Gb.y - Gs.y);
-          dq[0][j][2] = fmaf(dP_bottom_s * ks.x, ex, dq[0][j][2]);
-          dq[0][j][3] = fmaf(dP_bottom_s * ks.y, ey, dq[0][j][3]);
-          Y[0][j][2] = fmaf(dA_bottom_s * ks.x, ex, Y[0][j][2]);
-          Y[0][j][3] = fmaf(dA_bottom_s * ks.y, ey, Y[0][j][3]);
-        }
-        if (s >= bottom) {
-          const float ex = __expf(Gs.x - Gb.x), ey = __expf(Gs.y - Gb.y);
-          dk_minus[0][j][2] = fmaf(fmaf(dP_s_bottom, qs.x, dA_s_bottom * ks.x), ex, dk_minus[0][j][2]);
-          dk_minus[0][j][3] = fmaf(fmaf(dP_s_bottom, qs.y, dA_s_bottom * ks.y), ey, dk_minus[0][j][3]);
-        }
+        // elements e, e + 1 (row `row`, channels f, f + 1): s <= row the row grams (exponent G_row - G_s <= 0),
+        // s >= row the column grams (G_s - G_row <= 0)
+        const auto add_row = [&](int e, int row, float dP_row_s, float dA_row_s, float dP_s_row, float dA_s_row) {
+          const float2 Gr = *reinterpret_cast<const float2*>(G + row * kLdG + f);
+          if (s <= row) {
+            const float ex = __expf(Gr.x - Gs.x), ey = __expf(Gr.y - Gs.y);
+            dq[0][j][e] = fmaf(dP_row_s * ks.x, ex, dq[0][j][e]);
+            dq[0][j][e + 1] = fmaf(dP_row_s * ks.y, ey, dq[0][j][e + 1]);
+            Y[0][j][e] = fmaf(dA_row_s * ks.x, ex, Y[0][j][e]);
+            Y[0][j][e + 1] = fmaf(dA_row_s * ks.y, ey, Y[0][j][e + 1]);
+          }
+          if (s >= row) {
+            const float ex = __expf(Gs.x - Gr.x), ey = __expf(Gs.y - Gr.y);
+            dk_minus[0][j][e] = fmaf(fmaf(dP_s_row, qs.x, dA_s_row * ks.x), ex, dk_minus[0][j][e]);
+            dk_minus[0][j][e + 1] = fmaf(fmaf(dP_s_row, qs.y, dA_s_row * ks.y), ey, dk_minus[0][j][e + 1]);
+          }
+        };
+        add_row(0, top, dP_top_s, dA_top_s, dP_s_top, dA_s_top);
+        add_row(2, bottom, dP_bottom_s, dA_bottom_s, dP_s_bottom, dA_s_bottom);
       }
     }
   }
@@ -558,29 +480,14 @@ __global__ void __launch_bounds__(kThreads, 1) kda_bwd_v2_gradients(const Backwa
     for (int i = 0; i < GradLayout<K>::kDbetaParts; ++i) sum += L.dbeta_part(i)[r];
     p.dbeta[token_index(p, b, t0 + r, h)] = sum;
   }
-  float* terms = L.terms();
 #pragma unroll
   for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int r = m0 + acc_row(0, e), f = k0 + acc_col(j, e);
-      const float2 q2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.q() + r * kLdK + f));
-      const float2 k2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(L.k() + r * kLdK + f));
-      *reinterpret_cast<float2*>(terms + r * kLdG + f) =
-          make_float2(q2.x * dq[0][j][e] + k2.x * (dk_plus[0][j][e] - dk_minus[0][j][e]),
-                      q2.y * dq[0][j][e + 1] + k2.y * (dk_plus[0][j][e + 1] - dk_minus[0][j][e + 1]));
-    }
+    for (int e = 0; e < 4; ++e) Y[0][j][e] = dk_plus[0][j][e] - dk_minus[0][j][e];
+  store_channel_gate_terms(L, dq, Y, 1.0f, m0, k0);  // q_s . dq_s + k_s . (dk+_s - dk-_s)
   __syncthreads();
   // dg_t[f] = sum_{t <= s < t0 + 64} term_s[f] + d[f] <D+, S>[f] + sum_j k_j[f] (exp(G_L - G_j) (Delta D+^T)_j)[f]
-  for (int f = threadIdx.x; f < K; f += kThreads) {
-    float running = __expf(G[(kChunk - 1) * kLdG + f]) * L.state_dot()[f];
-#pragma unroll
-    for (int group = 0; group < 4; ++group) running += L.inter_dot(group)[f];
-    for (int r = kChunk - 1; r >= 0; --r) {
-      running += terms[r * kLdG + f];
-      if (t0 + r < p.T) p.dg[token_index(p, b, t0 + r, h) * K + f] = running;
-    }
-  }
+  store_channel_gate_gradient<K>(L, p, b, h, t0);
 }
 
 template <int K>
