@@ -187,6 +187,29 @@ def test_grid_runs_every_mixer_at_every_shape_with_an_initial_state(monkeypatch,
     assert against_fla.main_grid(argparse.Namespace(grid="fla", json=None), ["deltanet"], 20, info, 4000.0) == 1
 
 
+def test_grid_keeps_the_cells_measured_before_a_run_is_cut_short(monkeypatch, tmp_path):
+    import argparse
+    import json
+
+    from minilin.bench import against_fla
+
+    calls = []
+
+    def cut_at_third(mixer, T, repeats, problem=None, with_state=False):
+        calls.append(mixer)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a time limit's signal would stop the run
+        return dict(problem, mixer=mixer, T=T, minilin_version=8, minilin_ms=1.0, fla_ms=2.0, ratio=0.5)
+
+    monkeypatch.setattr(against_fla, "compare", cut_at_third)
+    out = tmp_path / "grid.json"
+    info = {"gpu": "a GPU", "date": "today", "fla": "0.6.0", "cupy": "14"}
+    with pytest.raises(KeyboardInterrupt):
+        against_fla.main_grid(argparse.Namespace(grid="fla", json=str(out)), ["simple_gla", "deltanet"], 20, info, 4000.0)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mixer"] for r in rows] == ["simple_gla", "deltanet"] and rows[0]["label"] == "1, 8192, 96, 128, 128"
+
+
 def test_grid_layouts_are_packed_sequences_and_grouped_heads():
     from minilin.bench import against_fla
 
