@@ -210,6 +210,49 @@ def test_grid_keeps_the_cells_measured_before_a_run_is_cut_short(monkeypatch, tm
     assert [r["mixer"] for r in rows] == ["simple_gla", "deltanet"] and rows[0]["label"] == "1, 8192, 96, 128, 128"
 
 
+def test_grid_resume_times_only_the_cells_the_file_lacks(monkeypatch, tmp_path, capsys):
+    import argparse
+    import json
+
+    from minilin.bench import against_fla
+
+    calls = []
+
+    def fake_compare(mixer, T, repeats, problem=None, with_state=False):
+        calls.append((mixer, T, problem["B"], problem["K"]))
+        return dict(problem, mixer=mixer, T=T, minilin_version=8, minilin_ms=1.0, fla_ms=2.0, ratio=0.5)
+
+    monkeypatch.setattr(against_fla, "compare", fake_compare)
+    info = {"gpu": "a GPU", "date": "today", "fla": "0.6.0", "cupy": "14"}
+    labels = [label for label, _, _ in against_fla.grid_problems("fla")]
+    kept = [dict(label=labels[0], mixer="simple_gla", minilin_ms=3.0, fla_ms=4.0, ratio=0.75, minilin_version=8),
+            dict(label=labels[0], mixer="deltanet", note="WRONG (tolerance 0.01): not timed"),  # timed again
+            dict(label=labels[1], mixer="deltanet", minilin_ms=5.0, fla_ms=6.0, ratio=0.83, minilin_version=10)]
+    out = tmp_path / "grid.json"
+    out.write_text(json.dumps({"grid": "fla", "machine": {"gpu": "a GPU", "date": "yesterday"}, "rows": kept}))
+    args = argparse.Namespace(grid="fla", json=str(out), resume=True)
+    assert against_fla.main_grid(args, ["simple_gla", "deltanet"], 20, info, 4000.0) == 0
+    assert len(calls) == 2 * len(labels) - 2  # the two timed cells are not timed again; the failed one is
+    assert ("deltanet", 8192, 1, 128) in calls and ("simple_gla", 8192, 1, 128) not in calls
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["label"], r["mixer"]) for r in rows] == [(label, m) for label in labels for m in ("simple_gla", "deltanet")]
+    assert rows[0]["ratio"] == 0.75 and "date" not in rows[0] and rows[1]["date"] == "today"
+    assert "2 cells kept from" in capsys.readouterr().out
+
+    out.write_text(json.dumps({"grid": "all", "machine": {"gpu": "a GPU"}, "rows": kept}))  # another grid: refused
+    calls.clear()
+    assert against_fla.main_grid(args, ["simple_gla"], 20, info, 4000.0) == 2 and not calls
+    assert "holds grid 'all' timed on 'a GPU'; this run is grid 'fla'" in capsys.readouterr().err
+
+
+def test_resume_needs_a_grid_against_fla_and_a_json_file(capsys):
+    from minilin.cli import main
+
+    assert main(["bench", "--against", "fla", "--grid", "--resume"]) == 2
+    assert "--resume finishes a grid that --json PATH holds" in capsys.readouterr().err
+    assert main(["bench", "--backward", "--grid", "--json", "x.json", "--resume"]) == 2
+
+
 def test_grid_layouts_are_packed_sequences_and_grouped_heads():
     from minilin.bench import against_fla
 

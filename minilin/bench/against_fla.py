@@ -24,7 +24,9 @@ benchmarks/ops/registry.py SHAPE_CONFIGS) and one long sequence, an initial stat
 all` adds K = V = 64 and K = 128 with V = 64 and 256 at each (B, T, H). It prints one table, a row per shape
 and a column per mixer (minilin / FLA device time, minilin's version), and --json writes every comparison.
 A shape minilin's kernels do not take is reported as such and not timed. `--grid layouts` runs
-LAYOUTS: packed sequences (cu_seqlens) and grouped value heads.
+LAYOUTS: packed sequences (cu_seqlens) and grouped value heads. The JSON is written after every cell, each row
+with its date; `--resume` keeps the cells an earlier run's --json file holds (the same grid on the same GPU model,
+failed cells timed again) and times the rest, so that a run its time limit cut short can be finished.
 """
 from __future__ import annotations
 
@@ -226,25 +228,58 @@ def main(args) -> int:
     return 1 if any("ratio" not in r for r in rows) else 0
 
 
+def resumed_rows(path: str, grid: str, info: dict) -> list[dict]:
+    """--resume: the rows of an earlier `--grid` run's JSON at `path` (none if there is no such file yet). The file
+    must hold the same grid timed on the same GPU model, or ValueError says what it holds instead."""
+    import json
+    import os
+
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        earlier = json.load(f)
+    held = (earlier.get("grid"), earlier.get("machine", {}).get("gpu"))
+    if held != (grid, info["gpu"]):
+        raise ValueError(f"--resume: {path} holds grid {held[0]!r} timed on {held[1]!r}; this run is grid {grid!r} "
+                         f"on {info['gpu']!r} (give another --json PATH to start afresh)")
+    return [r for r in earlier.get("rows", []) if not _failed(r)]  # a failed cell is timed again
+
+
+def _failed(row: dict) -> bool:
+    """A cell that was checked and not timed for a reason other than minilin not taking the shape."""
+    return "ratio" not in row and not row.get("note", "").startswith("minilin: not supported")
+
+
 def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float) -> int:
-    """--grid: every mixer at every grid shape, initial state given, one table (rows: shapes)."""
+    """--grid: every mixer at every grid shape, initial state given, one table (rows: shapes). With --resume, the
+    cells that --json's file already holds are kept and not timed again."""
     problems = grid_problems(args.grid)
+    try:
+        rows = resumed_rows(args.json, args.grid, info) if getattr(args, "resume", False) else []
+    except ValueError as error:
+        print(f"minilin bench {error}", file=sys.stderr)
+        return 2
+    done = {(r["label"], r["mixer"]) for r in rows}
     print(f"minilin bench --against fla --grid {args.grid}: {info['gpu']}, {info['date']}, FLA {info['fla']}, "
           f"torch {info.get('torch')}, CuPy {info['cupy']}; {DTYPE}, initial state given; device time, per round "
           f"the median of {repeats} queued runs, reported the median over {ROUNDS} alternating rounds; cells: "
-          f"minilin / FLA (bold above {GOAL})", flush=True)
-    rows = []
+          f"minilin / FLA (bold above {GOAL})" + (f"; {len(rows)} cells kept from {args.json}" if rows else ""),
+          flush=True)
     total = len(problems) * len(mixers)
+    order = {(label, mixer): i * len(mixers) + j for i, (label, _, _) in enumerate(problems)
+             for j, mixer in enumerate(mixers)}
     for i, (label, T, problem) in enumerate(problems):
         for j, mixer in enumerate(mixers):
-            row = {"label": label, **compare(mixer, T, repeats, problem=problem, with_state=True)}
+            if (label, mixer) in done:
+                continue
+            row = {"label": label, **compare(mixer, T, repeats, problem=problem, with_state=True), "date": info["date"]}
             state = (f"{row['minilin_ms']:.3f} vs {row['fla_ms']:.3f} ms ({row['ratio']:.2f})" if "ratio" in row
                      else row["note"])
             print(f"  [{i * len(mixers) + j + 1}/{total}] {mixer} {label}: {state}", file=sys.stderr, flush=True)
             rows.append(row)
+            rows.sort(key=lambda r: order.get((r["label"], r["mixer"]), total))  # the grid's order, kept cells too
             if args.json:  # after every cell, so that a run cut short keeps what it measured
                 write_json(args.json, {"against": "fla", "grid": args.grid, "machine": info,
                                        "copy_bandwidth_gbs": copy_gbs, "rows": rows})
     print(format_grid(rows, mixers))
-    failed = [r for r in rows if "ratio" not in r and not r.get("note", "").startswith("minilin: not supported")]
-    return 1 if failed else 0
+    return 1 if any(_failed(r) for r in rows) else 0
