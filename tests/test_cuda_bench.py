@@ -236,7 +236,7 @@ def test_grid_resume_times_only_the_cells_the_file_lacks(monkeypatch, tmp_path, 
     assert ("deltanet", 8192, 1, 128) in calls and ("simple_gla", 8192, 1, 128) not in calls
     rows = json.loads(out.read_text())["rows"]
     assert [(r["label"], r["mixer"]) for r in rows] == [(label, m) for label in labels for m in ("simple_gla", "deltanet")]
-    assert rows[0]["ratio"] == 0.75 and "date" not in rows[0] and rows[1]["date"] == "today"
+    assert rows[0]["ratio"] == 0.75 and rows[0]["date"] == "yesterday" and rows[1]["date"] == "today"
     assert "2 cells kept from" in capsys.readouterr().out
 
     out.write_text(json.dumps({"grid": "all", "machine": {"gpu": "a GPU"}, "rows": kept}))  # another grid: refused

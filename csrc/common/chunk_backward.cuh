@@ -181,7 +181,8 @@ __device__ __forceinline__ void add_decayed(float (&out)[1][NT][4], const float 
 // ---- the chunk's gradients with a decay per key channel: the steps gla_bwd v2 and kda_bwd v2 share ------------
 // Both kernels split the chunk into sub-chunks of 16 tokens (warp w: sub-chunk a = w / 2, rows m0 = 16 a) and keep,
 // in shared memory, q and k [64, kLdK] bf16, G [64, kLdG] fp32 and the layout's Kref(a), Qref_rows(a), terms(),
-// state_dot() and inter_dot(group) (their headers derive each term).
+// state_dot() and inter_dot(group) (their headers derive each term). Unlike the copy helpers above, these take a
+// block of exactly kThreads threads (threadIdx.x is the thread's index).
 constexpr int kSub = 16;  // tokens per sub-chunk
 
 // G in place: the chunk-local cumulative sum of the log-gates, one thread per key channel.

@@ -242,7 +242,8 @@ def resumed_rows(path: str, grid: str, info: dict) -> list[dict]:
     if held != (grid, info["gpu"]):
         raise ValueError(f"--resume: {path} holds grid {held[0]!r} timed on {held[1]!r}; this run is grid {grid!r} "
                          f"on {info['gpu']!r} (give another --json PATH to start afresh)")
-    return [r for r in earlier.get("rows", []) if not _failed(r)]  # a failed cell is timed again
+    date = earlier.get("machine", {}).get("date")  # the file's rows carry their run's date; the file's own is rewritten
+    return [{"date": date, **r} for r in earlier.get("rows", []) if not _failed(r)]  # a failed cell is timed again
 
 
 def _failed(row: dict) -> bool:
@@ -268,14 +269,14 @@ def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float
     total = len(problems) * len(mixers)
     order = {(label, mixer): i * len(mixers) + j for i, (label, _, _) in enumerate(problems)
              for j, mixer in enumerate(mixers)}
-    for i, (label, T, problem) in enumerate(problems):
-        for j, mixer in enumerate(mixers):
+    for label, T, problem in problems:
+        for mixer in mixers:
             if (label, mixer) in done:
                 continue
             row = {"label": label, **compare(mixer, T, repeats, problem=problem, with_state=True), "date": info["date"]}
             state = (f"{row['minilin_ms']:.3f} vs {row['fla_ms']:.3f} ms ({row['ratio']:.2f})" if "ratio" in row
                      else row["note"])
-            print(f"  [{i * len(mixers) + j + 1}/{total}] {mixer} {label}: {state}", file=sys.stderr, flush=True)
+            print(f"  [{order[label, mixer] + 1}/{total}] {mixer} {label}: {state}", file=sys.stderr, flush=True)
             rows.append(row)
             rows.sort(key=lambda r: order.get((r["label"], r["mixer"]), total))  # the grid's order, kept cells too
             if args.json:  # after every cell, so that a run cut short keeps what it measured
