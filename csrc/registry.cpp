@@ -5,6 +5,8 @@
 // families), "linear_bwd", "delta_bwd", "gla_bwd" and "kda_bwd" (a whole sequence, backward):
 //   linear v8      split_sequence: v7 on segments of each sequence at once, the segments' start states put back
 //                  by a short pass and added to the outputs, so that few (batch, head) pairs still fill the card.
+//   delta v12      split_sequence: v10 on segments of each sequence at once, each segment's start state found
+//                  first from the segments' K x K transitions, so that few (batch, head) pairs still fill the card.
 //   gla v1         recurrent: linear v1 with a decay per key channel, g [B, T, H, K] staged a row per token.
 //   gla v2         chunked: 64-token chunks on CUDA cores, the decays through references inside the chunk so that
 //                  only non-positive numbers are exponentiated.
@@ -53,14 +55,14 @@ namespace minilin {
 extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7, linear_v8,
     linear_v9;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
-    delta_v9, delta_v10, delta_v11;
+    delta_v9, delta_v10, delta_v11, delta_v12;
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
 extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6, kda_v7, kda_v8;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1, gla_bwd_v2,
     kda_bwd_v1, kda_bwd_v2;
 
-// The wgmma versions (delta v10) are listed only when the build holds sm_90a code for them (setup.py's
+// The wgmma versions (delta v10, v12) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
 
 const std::vector<Version>& versions() {
@@ -72,6 +74,9 @@ const std::vector<Version>& versions() {
                                                 delta_v10,
 #endif
                                                 delta_v11,
+#ifdef MINILIN_SM90A
+                                                delta_v12,
+#endif
                                                 gla_v1,    gla_v2,    gla_v3,    gla_v4,    gla_v5,
                                                 kda_v1,    kda_v2,    kda_v3,    kda_v4,    kda_v5,    kda_v6,    kda_v7,    kda_v8,
                                                 decode_v1,

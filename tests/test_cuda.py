@@ -116,6 +116,28 @@ def test_split_sequence_matches_reference(mixer, shape, with_state):
         assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
 
 
+# (B, T, H, K, V) where delta v12 splits each sequence on an H100 or H200 (132 SMs): P = 8 (segments of 1024 tokens),
+# P = 4 at K = V = 128, and K != V both ways (the identity's columns one or two value blocks, the values' the other).
+DELTA_SPLIT_SHAPES = [(1, 8192, 1, 64, 64), (1, 4096, 2, 128, 128), (2, 4096, 1, 128, 64), (1, 4096, 1, 64, 128)]
+
+
+@pytest.mark.parametrize("shape", DELTA_SPLIT_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("mixer", ["deltanet", "gated_deltanet"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["no_h0", "h0"])
+def test_delta_split_sequence_matches_reference(mixer, shape, with_state):
+    """delta v12 where it does split (a workspace beyond v10's WY tiles for the transitions and the starts),
+    against float64, and v10 beside it."""
+    if (12, "bfloat16") not in version_cases(mixer):
+        pytest.skip("delta v12 needs sm_90a code and compute capability 9.0")
+    ext = mcuda.extension()
+    assert ext.workspace_bytes("delta", 12, *shape) > ext.workspace_bytes("delta", 10, *shape), \
+        f"v12 does not split at {shape}"
+    for version in (12, 10):
+        err_o, err_state = run_case(mixer, shape, version, "bfloat16", with_state, seed=7)
+        assert err_o < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: output error {err_o:.2e}"
+        assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
+
+
 GROUPED_MIXERS = ["linear_attention", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda"]
 
 

@@ -297,13 +297,15 @@ def test_sources_are_every_kernel_file(setup_module_, monkeypatch):
     assert set(kernels) | {"csrc/common/mma.cuh", "csrc/linear/chunk_mma_wide.cuh", "csrc/minilin_cuda.h"} <= set(ext.depends)
 
 
-def test_the_built_extension_lists_the_wgmma_version_exactly_when_it_holds_sm90a_code():
+def test_the_built_extension_lists_the_wgmma_versions_exactly_when_it_holds_sm90a_code():
     # Runs wherever the extension is built, GPU or not (CI compiles it): if MINILIN_SM90A stopped reaching the
-    # host compile, v10 would silently drop out of the ladder and every GPU test would pass on v9.
+    # host compile, v10 and v12 would silently drop out of the ladder and every GPU test would pass on v9.
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     delta = {v["version"]: v for v in cuda.versions() if v["op"] == "delta"}
-    assert (10 in delta) == ("sm_90a" in cuda.cuda_arch.split(",")), (cuda.cuda_arch, sorted(delta))
-    if 10 in delta:
-        assert delta[10]["min_compute_capability"] == delta[10]["max_compute_capability"] == 90
-        assert not delta[10]["float32"] and delta[10]["bfloat16"]
-    assert all(v["max_compute_capability"] == 0 for n, v in delta.items() if n != 10)
+    wgmma = {10, 12}
+    for number in wgmma:
+        assert (number in delta) == ("sm_90a" in cuda.cuda_arch.split(",")), (cuda.cuda_arch, sorted(delta))
+        if number in delta:
+            assert delta[number]["min_compute_capability"] == delta[number]["max_compute_capability"] == 90
+            assert not delta[number]["float32"] and delta[number]["bfloat16"]
+    assert all(v["max_compute_capability"] == 0 for n, v in delta.items() if n not in wgmma)

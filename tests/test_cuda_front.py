@@ -207,7 +207,7 @@ def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
     ("linear", 9, dict(K=128), r"linear_v9_head_dim_256: K must be 256 \(v7 and v8 take 64 and 128\), got K=128"),
     ("linear", 9, dict(V=96), r"linear_v9_head_dim_256: V must be a multiple of 64, got V=96"),
     ("delta", 11, dict(dtype=0), r"delta_v11_head_dim_256: bfloat16 inputs only"),
-    ("delta", 11, dict(K=128), r"delta_v11_head_dim_256: K must be 256 \(v3 to v10 take 64 and 128\), got K=128"),
+    ("delta", 11, dict(K=128), r"delta_v11_head_dim_256: K must be 256 \(v3 to v10 and v12 take 64 and 128\), got K=128"),
     ("delta", 11, dict(V=96), r"delta_v11_head_dim_256: V must be a multiple of 64, got V=96"),
     ("delta", 11, {}, r"delta_v11_head_dim_256: workspace must hold \d+ bytes, got 0"),
 ])

@@ -23,6 +23,9 @@
 //             0, 3: Delta = T X's columns 0-31 / 32-63 (n32), and Delta decayed, diag(exp(G_last - G)) Delta
 //   phase 3:  1: O = R + P Delta (n64), stored
 //             2, 3: S^T <- exp(G_last) S^T + (Delta decayed)^T K on their key columns (A from registers)
+// The same kernel with kTransitions runs v12's first pass (v12_split_sequence.cu): the state alone (no q, P, R or
+// O), over the V value columns from zero and K more from the identity with v = 0, the segment's final state into
+// v12's workspace; the launches v12 shares with v10 are in namespace delta_wgmma at the end of this file.
 #include "../common/producer.cuh"
 #include "../common/wgmma.cuh"
 #include "chunk_wy_mma_wide.cuh"  // delta_wide::check_problem, workspace_bytes
@@ -103,7 +106,8 @@ __device__ __forceinline__ void producer_copy_rows_sw128(bf16* dst, const bf16* 
 constexpr int kProducerWarps = 4, kCopyingWarps = 3;
 [[maybe_unused]] constexpr int kScalarWarp = kCopyingWarps;  // the gates-and-betas warp (unused without sm_90a)
 constexpr int kBlockThreads = kComputeThreads + 32 * kProducerWarps;
-template <int K>
+// kTransitions (v12's first pass): no q, and no v for the identity's columns (v0 >= V).
+template <int K, bool kTransitions>
 __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, const SequenceRows& seq, int h, int v0,
                         int chunks, int producer_warp) {
   const int lane = threadIdx.x & 31, qk_heads = qk_heads_of(p);
@@ -129,15 +133,17 @@ __device__ void produce(const Layout<K>& L, const Problem& p, const bf16* wy, co
     const long long first_qk = (seq.first + n * kChunk) * qk_heads + qk_head;
     wait_empty(L, n);
     if (producer_warp == 0) {
-      producer_copy_rows_sw128<K>(L.q(s), static_cast<const bf16*>(p.q) + first_qk * K, qk_heads * K, valid, lane);
+      if (!kTransitions)
+        producer_copy_rows_sw128<K>(L.q(s), static_cast<const bf16*>(p.q) + first_qk * K, qk_heads * K, valid, lane);
     } else if (producer_warp == 1) {
       producer_copy_rows_sw128<K>(L.k(s), static_cast<const bf16*>(p.k) + first_qk * K, qk_heads * K, valid, lane);
     } else {
-      producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first_token(n) * p.V + v0,
-                                  token_stride * p.V, valid, lane);
+      if (!kTransitions || v0 < p.V)
+        producer_copy_rows<kBlockV>(L.v(s), kLdV, static_cast<const bf16*>(p.v) + first_token(n) * p.V + v0,
+                                    token_stride * p.V, valid, lane);
       producer_copy_rows_sw128<kChunk>(L.wy(s), wy + wy_tile_offset(p, seq, h, n), kChunk, kChunk, lane);
     }
-    cp_async_arrive(L.full(s));
+    cp_async_arrive(L.full(s));  // a lane without copies arrives at once
   }
 }
 
@@ -174,6 +180,17 @@ __device__ __forceinline__ void load_state_transposed(float (&S)[1][NT][4], cons
   });
 }
 
+// kTransitions: this thread's slice of S^T for the identity's columns c0.. (S[f][V + c] = 1 where f = c), and its
+// bf16 copy.
+template <int NT>
+__device__ __forceinline__ void load_identity_transposed(float (&S)[1][NT][4], int c0, int m0, int f0, bf16* ST) {
+  for_each_state_pair<NT>(0, 0, 0, m0, f0, [&](int j, int e, int row, int col, long long) {
+    S[0][j][e] = col == c0 + row ? 1.0f : 0.0f;
+    S[0][j][e + 1] = col + 1 == c0 + row ? 1.0f : 0.0f;
+    store_bf16x2_sw128(ST, kBlockV, row, col, S[0][j][e], S[0][j][e + 1]);
+  });
+}
+
 // The final state: this thread's slice of S^T, fp32, into ht [K, V].
 template <int NT>
 __device__ __forceinline__ void store_state_transposed(const float (&S)[1][NT][4], float* ht, long long state_base,
@@ -187,8 +204,12 @@ __device__ __forceinline__ void store_state_transposed(const float (&S)[1][NT][4
 // The warpgroups, named by their phase-1 role (the header's table gives every phase's).
 enum Group : int { kKeys = 0, kQueries = 1, kScoresLow = 2, kScoresHigh = 3 };
 
-template <int K>
-__global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const Problem p, const bf16* wy) {
+// kTransitions (v12's first pass): blockIdx.z counts the first `segments` - 1 segments of every sequence of p (the
+// [B P, T / P] view), blockIdx.x the V value columns' blocks and then the identity's K / 64; the final state goes to
+// transitions [B (P - 1), H, K, V + K] (L_p, then A_p).
+template <int K, bool kTransitions>
+__global__ void __launch_bounds__(kBlockThreads, 1)
+    delta_chunked_wy_wgmma(const Problem p, const bf16* wy, float* transitions, int segments) {
 #if MINILIN_WGMMA
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kKeySteps = K / 16, kTokenSteps = kChunk / 16;
@@ -196,13 +217,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
 
   const Layout<K> L{align_1024(smem)};
   const int H = p.H, V = p.V;
-  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z;
+  const int v0 = blockIdx.x * kBlockV, h = blockIdx.y;
+  const int b = kTransitions ? blockIdx.z / (segments - 1) * segments + blockIdx.z % (segments - 1) : blockIdx.z;
+  const bool identity = kTransitions && v0 >= V;  // this block's columns carry the identity, with v = 0
   const SequenceRows seq = sequence_rows(p, b);
   const int chunks = ceil_div(seq.length, kChunk);
   const int warp = threadIdx.x >> 5;
   init_ring(L, kCopyingWarps);
   if (warp >= kComputeWarps) {
-    produce<K>(L, p, wy, seq, h, v0, chunks, warp - kComputeWarps);
+    produce<K, kTransitions>(L, p, wy, seq, h, v0, chunks, warp - kComputeWarps);
     return;  // the compute warps meet on their own named barrier from here on
   }
 
@@ -219,7 +242,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
   auto& R = held;
   auto& S = reinterpret_cast<float(&)[1][kStateNT][4]>(held);
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
-  if (holds_state) load_state_transposed(S, p.h0, state_base, V, v0, m0, f0, L.ST());
+  if (holds_state) {
+    if (identity) load_identity_transposed(S, v0 - V, m0, f0, L.ST());
+    else load_state_transposed(S, kTransitions ? nullptr : p.h0, state_base, V, v0, m0, f0, L.ST());
+  }
   fence_async_shared();
 
   bf16* o = static_cast<bf16*>(p.o);
@@ -255,12 +281,13 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int c = acc_col(j, e);
-          const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v + r * kLdV + c));
+          const float2 v2 = identity ? make_float2(0.0f, 0.0f)
+                                     : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v + r * kLdV + c));
           store_bf16x2(X + sw128_thread_offset(kChunk, m0, c) + (e ? kLowerHalf : 0),
                        beta_r * (v2.x - decay * KS[0][j][e]), beta_r * (v2.y - decay * KS[0][j][e + 1]));
         }
       }
-    } else if (group != kQueries) {  // P's columns half_col..: (Q K^T) exp(G_i - G_j) for j <= i, else 0
+    } else if (!kTransitions && group != kQueries) {  // P's columns half_col..: (Q K^T) exp(G_i - G_j), j <= i, else 0
       float QK[1][4][4];
       const auto keys_from_half = [&](int s) { return keys(s) + row_offset(half_col); };  // B^T: K's rows half_col..
       wgmma_ss_product<false, kKeySteps>(QK, queries, keys_from_half, false);
@@ -285,14 +312,16 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
     // one product fewer to serve).
     const float G_last = G[kChunk - 1];
     if (group == kQueries) {
-      wgmma_ss_product<false, kKeySteps>(R, queries, state_rows, false);
+      if (!kTransitions) {
+        wgmma_ss_product<false, kKeySteps>(R, queries, state_rows, false);
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const float decay = exp_ftz(G[m0 + acc_row(0, e)]);
+        for (int e = 0; e < 4; e += 2) {
+          const float decay = exp_ftz(G[m0 + acc_row(0, e)]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          R[0][j][e] *= decay;
-          R[0][j][e + 1] *= decay;
+          for (int j = 0; j < 8; ++j) {
+            R[0][j][e] *= decay;
+            R[0][j][e + 1] *= decay;
+          }
         }
       }
     } else if (group == kKeys || group == kScoresHigh) {
@@ -317,10 +346,12 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
 
     // Phase 3.
     if (group == kQueries) {  // O = R + P Delta
-      wgmma_ss_product<true, kTokenSteps>(
-          R, [&](int s) { return P_rows + k_major_offset(16 * s, kChunk); },
-          [&](int s) { return delta_cols + mn_major_offset(16 * s, 0, kChunk); }, true);
-      store_output_tile(R, o, seq, H, V, h, t0, v0, m0, 0, p.scale);
+      if (!kTransitions) {
+        wgmma_ss_product<true, kTokenSteps>(
+            R, [&](int s) { return P_rows + k_major_offset(16 * s, kChunk); },
+            [&](int s) { return delta_cols + mn_major_offset(16 * s, 0, kChunk); }, true);
+        store_output_tile(R, o, seq, H, V, h, t0, v0, m0, 0, p.scale);
+      }
     } else if (holds_state) {  // S^T <- exp(G_last) S^T + (Delta decayed)^T K, on key columns f0..
       const uint64_t k_cols = sw128_descriptor(L.k(stage), kTileMN) + mn_major_offset(0, f0, kChunk);
       unsigned a[kTokenSteps][4];  // A = (Delta decayed)^T: ldmatrix.trans of the swizzled tile
@@ -345,20 +376,55 @@ __global__ void __launch_bounds__(kBlockThreads, 1) delta_chunked_wy_wgmma(const
     release_stage(L, n);
   }
 
-  if (holds_state) store_state_transposed(S, p.ht, state_base, V, v0, m0, f0);
+  if (holds_state) {
+    if (kTransitions)
+      store_state_transposed(S, transitions, (static_cast<long long>(blockIdx.z) * H + h) * K * (V + K), V + K, v0, m0,
+                             f0);
+    else
+      store_state_transposed(S, p.ht, state_base, V, v0, m0, f0);
+  }
 #else
   __trap();  // compiled without sm_90a features: forward() refuses to launch this (require_sm90a)
 #endif
 }
+
+}  // namespace
+
+// The launches v12 shares with v10 (v12_split_sequence.cu declares them): the WY prepare, the chunk pass, and the
+// chunk pass's kTransitions form over the [B P, T / P] view `view` (`segments` = P).
+namespace delta_wgmma {
+
+void prepare(const Problem& p, bf16* wy) {
+  launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(p, wy, "delta_v10_wy_prepare_tensor_solve");
+}
+
+void chunk_pass(const Problem& p, const bf16* wy) {
+  launch_per_value_block(p, "delta_v10_chunked_wy_wgmma", kBlockV, kBlockThreads, delta_chunked_wy_wgmma<64, false>,
+                         Layout<64>::kBytes, delta_chunked_wy_wgmma<128, false>, Layout<128>::kBytes, wy,
+                         static_cast<float*>(nullptr), 0);
+}
+
+void transitions_pass(const Problem& view, const bf16* wy, float* transitions, int segments) {
+  const dim3 grid((view.V + view.K) / kBlockV, view.H, view.B / segments * (segments - 1));
+  if (view.K == 64)
+    launch_checked(view, "delta_v12_transitions", delta_chunked_wy_wgmma<64, true>, grid, kBlockThreads,
+                   Layout<64>::kBytes, wy, transitions, segments);
+  else
+    launch_checked(view, "delta_v12_transitions", delta_chunked_wy_wgmma<128, true>, grid, kBlockThreads,
+                   Layout<128>::kBytes, wy, transitions, segments);
+}
+
+}  // namespace delta_wgmma
+
+namespace {
 
 void forward(const Problem& p) {
   const std::string name = "delta_v10_chunked_wy_wgmma";
   delta_wide::check_problem(p, name);
   require_sm90a(name);
   auto* wy = static_cast<bf16*>(p.workspace);
-  launch_wy_prepare_blocked<wy_blocked::WaveProducts::kTensorCores>(p, wy, "delta_v10_wy_prepare_tensor_solve");
-  launch_per_value_block(p, name.c_str(), kBlockV, kBlockThreads, delta_chunked_wy_wgmma<64>, Layout<64>::kBytes,
-                         delta_chunked_wy_wgmma<128>, Layout<128>::kBytes, wy);
+  delta_wgmma::prepare(p, wy);
+  delta_wgmma::chunk_pass(p, wy);
 }
 
 }  // namespace

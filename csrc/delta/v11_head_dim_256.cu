@@ -22,7 +22,7 @@ constexpr const char* kName = "delta_v11_head_dim_256";
 
 void forward(const Problem& p) {
   check_common(p, kName, true);
-  require_head_dim_256_shape(kName, p.dtype, p.K, p.V, wide::kBlockV, "v3 to v10");
+  require_head_dim_256_shape(kName, p.dtype, p.K, p.V, wide::kBlockV, "v3 to v10 and v12");
   check_workspace(p, kName, delta_wide::workspace_bytes(p.B, p.T, p.H, p.K, p.V, false));
   auto* wy = static_cast<__nv_bfloat16*>(p.workspace);
   constexpr auto kProducts = wy_blocked::WaveProducts::kTensorCores;

@@ -1,0 +1,232 @@
+// delta v12 (split sequence, sm_90a): v10 run on P segments of every sequence at once, each segment's start state
+// found first by a pass over the segments' transitions, because v10 gives each (batch, head, value block) one
+// block that walks the whole sequence: at B = 1, H = 16, K = V = 128 that is 32 blocks for 132 SMs, and v10 ran
+// 1.01-1.20x FLA's time there (csrc/NOTES.md).
+//
+// The delta rule's state is affine in its start (CONVENTIONS.md, S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
+// beta_t k_t v_t^T): over segment p, S_end = A_p S_start + L_p, where A_p [K, K] is the product of the segment's
+// exp(g_t) (I - beta_t k_t k_t^T) and L_p [K, V] is the state the segment reaches from zero. Each column of S
+// evolves alone, so A_p is what the identity's K columns become when carried through the segment as value columns
+// with v = 0. Three passes (linear v8 puts the start back into the outputs afterwards; here the outputs depend on
+// the start through A_t of every token, so the start comes first):
+//   1. transitions: v10's chunk kernel without q or outputs (its kTransitions form), on the [B P, T / P] view of
+//      the same arrays, segments 0 .. P - 2, from [0 | I] over V + K columns: [L_p | A_p] into the workspace;
+//   2. combine: S_0 = h0 and S_{p+1} = A_p S_p + L_p in fp32, one block per (batch, head, 64 value columns);
+//   3. v10's chunk kernel on the view from the starts S_p, its final states into the workspace, the last
+//      segment's copied to ht.
+// The WY prepare runs once, before pass 1 (the view's chunks are the sequence's). P is chosen per shape
+// (choose_segments): P = 1 (plain v10) unless the predicted time of the three passes is lower. Packed sequences
+// run as plain v10, grouped value heads as v10 reads them.
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "../common/device.cuh"
+#include "../common/launch.cuh"
+#include "../common/sequences.cuh"
+#include "../common/split_segments.cuh"
+#include "chunk_wy_mma_wide.cuh"  // delta_wide::check_problem, workspace_bytes
+
+namespace minilin {
+
+namespace delta_wgmma {  // v10_chunked_wy_wgmma.cu
+void prepare(const Problem& p, __nv_bfloat16* wy);
+void chunk_pass(const Problem& p, const __nv_bfloat16* wy);
+void transitions_pass(const Problem& view, const __nv_bfloat16* wy, float* transitions, int segments);
+}  // namespace delta_wgmma
+
+namespace delta_split {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kBlockV = 64;         // v10's value block
+constexpr int kMinSegment = 1024;   // no shorter segments: the added passes would cost more than they save
+constexpr int kMaxSegments = 16;
+constexpr int kCombineThreads = 256;
+// The cost model's constants (H100, 2026-12-07): v10's chunk pass takes ~2.9 us per chunk and block (1.48 ms for
+// chains of 512 chunks at B = 1, H = 16); its kTransitions form, with half the products, is taken at ~2.0 (to be
+// measured); the combine ~10 us per segment; the added launches ~15 us.
+constexpr double kChunkUs = 2.9, kTransitionUs = 2.0, kCombineUs = 10.0, kAddedLaunchesUs = 15.0;
+
+// ---- the choice of P ---------------------------------------------------------------------------------------
+// v10's kernel holds one block per SM (its launch bounds and ~200 KB of shared memory), both forms.
+inline int one_block_per_sm(int) { return 1; }
+
+// With `sms` SMs: P = 1 takes ceil(blocks / sms) waves of chains of T / 64 chunks; P > 1 takes pass 1's
+// ceil(B H (V + K) / 64 (P - 1) / sms) waves and pass 3's ceil(blocks P / sms), each of chains of T / (64 P), plus
+// the combine and the added launches. The fastest P, a power of 2 whose segments are whole chunks and at least
+// kMinSegment long, wins.
+inline int fastest_segments(int sms, int B, int T, int H, int K, int V) {
+  const long long blocks = static_cast<long long>(B) * H * (V / kBlockV);
+  const long long transition_blocks = static_cast<long long>(B) * H * ((V + K) / kBlockV);
+  const auto waves = [&](long long n) { return static_cast<double>((n + sms - 1) / sms); };
+  const auto time_us = [&](int P) {
+    const double chain = T / P / kChunk;
+    if (P == 1) return waves(blocks) * chain * kChunkUs;
+    return waves(transition_blocks * (P - 1)) * chain * kTransitionUs + waves(blocks * P) * chain * kChunkUs +
+           (P - 1) * kCombineUs + kAddedLaunchesUs;
+  };
+  int best = 1;
+  for (int P = 2; P <= kMaxSegments; P *= 2) {
+    if (T % (P * kChunk) != 0 || T / P < kMinSegment) break;
+    if (static_cast<long long>(B) * P > 65535) break;  // grid.z
+    if (time_us(P) < time_us(best)) best = P;
+  }
+  return best;
+}
+
+inline int choose_segments(int B, int T, int H, int K, int V) {
+  if ((K != 64 && K != 128) || V % kBlockV != 0 || B <= 0 || H <= 0) return 1;  // v10 refuses these; it says why
+  if (T % (2 * kChunk) != 0 || T / 2 < kMinSegment) return 1;
+  const SplitCard& card = split_card<one_block_per_sm>("delta_v12_split_sequence", K);
+  return fastest_segments(card.sms, B, T, H, K, V);
+}
+
+// ---- the workspace: the WY tiles, then [L_p | A_p], the starts S_p and pass 3's final states, each 256-aligned
+struct Workspace {
+  bf16* wy;            // v10's: [H][chunk rows][64][64]
+  float* transitions;  // [B (P - 1), H, K, V + K]
+  float* starts;       // [B P, H, K, V]
+  float* finals;       // [B P, H, K, V]
+};
+
+inline size_t wy_bytes(int B, int T, int H) {
+  return workspace_aligned(delta_wide::workspace_bytes(B, T, H, 0, 0, false));
+}
+inline size_t transitions_bytes(int P, int B, int H, int K, int V) {
+  return workspace_aligned(static_cast<size_t>(B) * (P - 1) * H * K * (V + K) * sizeof(float));
+}
+inline size_t states_bytes(int P, int B, int H, int K, int V) {
+  return workspace_aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
+}
+inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
+  return wy_bytes(B, T, H) + transitions_bytes(P, B, H, K, V) + 2 * states_bytes(P, B, H, K, V);
+}
+
+size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
+  if (packed || B <= 0 || T <= 0 || H <= 0 || K <= 0 || V <= 0)
+    return delta_wide::workspace_bytes(B, T, H, K, V, packed);  // packed: plain v10
+  const int P = choose_segments(B, T, H, K, V);
+  return P == 1 ? delta_wide::workspace_bytes(B, T, H, K, V, false) : split_bytes(P, B, T, H, K, V);
+}
+
+inline Workspace carve(const Problem& p, int P) {
+  auto* base = static_cast<unsigned char*>(p.workspace);
+  const size_t transitions_at = wy_bytes(p.B, p.T, p.H);
+  const size_t starts_at = transitions_at + transitions_bytes(P, p.B, p.H, p.K, p.V);
+  const size_t finals_at = starts_at + states_bytes(P, p.B, p.H, p.K, p.V);
+  return {reinterpret_cast<bf16*>(base), reinterpret_cast<float*>(base + transitions_at),
+          reinterpret_cast<float*>(base + starts_at), reinterpret_cast<float*>(base + finals_at)};
+}
+
+// ---- 2. combine: S_0 = h0, S_{p+1} = A_p S_p + L_p -------------------------------------------------------------
+// One block per (64 value columns, head, batch). S_p's columns [K][64] and A_p [K][K] in shared memory (fp32: 96 KB
+// at K = 128); thread t owns column t % 64 and rows t / 64 + 4 m, so a warp reads one row of A at a time (a
+// broadcast) and 32 consecutive columns of S (no bank conflicts).
+template <int K>
+struct CombineLayout {
+  static constexpr size_t kBytes = (K * K + K * kBlockV) * sizeof(float);
+};
+
+template <int K>
+__global__ void __launch_bounds__(kCombineThreads) combine(const Problem p, int P, Workspace w) {
+  constexpr int kRowGroups = kCombineThreads / kBlockV, kRows = K / kRowGroups;
+  extern __shared__ __align__(16) float shared[];
+  float* A = shared;           // [K][K]
+  float* S = shared + K * K;   // [K][kBlockV]
+  const int c0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, V = p.V;
+  const int c = threadIdx.x % kBlockV, r0 = threadIdx.x / kBlockV;
+  const long long KV = static_cast<long long>(K) * V;
+  const auto start_of = [&](int segment) { return w.starts + ((static_cast<long long>(b) * P + segment) * p.H + h) * KV; };
+
+  const float* h0 = p.h0 ? p.h0 + (static_cast<long long>(b) * p.H + h) * KV : nullptr;
+  for (int m = 0; m < kRows; ++m) {
+    const int i = r0 + kRowGroups * m;
+    const float x = h0 ? h0[i * V + c0 + c] : 0.0f;
+    S[i * kBlockV + c] = x;
+    start_of(0)[i * V + c0 + c] = x;
+  }
+  for (int segment = 0; segment + 1 < P; ++segment) {
+    const float* LA = w.transitions + ((static_cast<long long>(b) * (P - 1) + segment) * p.H + h) * K * (V + K);
+    __syncthreads();  // S_p is whole; the previous step's reads of A are done
+    for (int e = threadIdx.x * 4; e < K * K; e += kCombineThreads * 4) {
+      const int i = e / K, j = e % K;
+      *reinterpret_cast<float4*>(A + e) = *reinterpret_cast<const float4*>(LA + static_cast<long long>(i) * (V + K) + V + j);
+    }
+    __syncthreads();
+    float acc[kRows];
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) acc[m] = LA[static_cast<long long>(r0 + kRowGroups * m) * (V + K) + c0 + c];
+#pragma unroll 4
+    for (int j = 0; j < K; j += 4) {
+      const float s0 = S[j * kBlockV + c], s1 = S[(j + 1) * kBlockV + c], s2 = S[(j + 2) * kBlockV + c],
+                  s3 = S[(j + 3) * kBlockV + c];
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        const float4 a = *reinterpret_cast<const float4*>(A + (r0 + kRowGroups * m) * K + j);
+        acc[m] = fmaf(a.x, s0, fmaf(a.y, s1, fmaf(a.z, s2, fmaf(a.w, s3, acc[m]))));
+      }
+    }
+    __syncthreads();  // every thread has read S_p
+    float* next = start_of(segment + 1);
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      const int i = r0 + kRowGroups * m;
+      S[i * kBlockV + c] = acc[m];
+      next[i * V + c0 + c] = acc[m];
+    }
+  }
+}
+
+template <int K>
+void launch_combine(const Problem& p, int P, const Workspace& w) {
+  launch_checked(p, "delta_v12_combine", combine<K>, dim3(p.V / kBlockV, p.H, p.B), kCombineThreads,
+                 CombineLayout<K>::kBytes, P, w);
+}
+
+void forward(const Problem& p) {
+  const std::string name = "delta_v12_split_sequence";
+  check_tensor_core_problem(p, name.c_str(), true, kBlockV);
+  require_sm90a(name);
+  // Packed sequences run as plain v10: one chain per sequence already spreads a packed batch over the SMs, and a
+  // segment must not straddle two sequences.
+  const int P = p.cu_seqlens ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
+  if (P == 1) {
+    check_workspace(p, name.c_str(), delta_wide::workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr));
+    auto* wy = static_cast<bf16*>(p.workspace);
+    delta_wgmma::prepare(p, wy);
+    return delta_wgmma::chunk_pass(p, wy);
+  }
+  check_workspace(p, name.c_str(), split_bytes(P, p.B, p.T, p.H, p.K, p.V));  // P as chosen above
+  const Workspace w = carve(p, P);
+  delta_wgmma::prepare(p, w.wy);  // the view's chunk rows are the sequence's, so its tiles serve both passes
+
+  Problem view = p;  // the [B P, T / P] view: the same arrays, segments are contiguous runs of rows
+  view.B = p.B * P;
+  view.T = p.T / P;
+  view.workspace = nullptr;
+  view.workspace_size = 0;
+  delta_wgmma::transitions_pass(view, w.wy, w.transitions, P);
+  p.K == 64 ? launch_combine<64>(p, P, w) : launch_combine<128>(p, P, w);
+  view.h0 = w.starts;
+  view.ht = w.finals;
+  delta_wgmma::chunk_pass(view, w.wy);
+  if (p.ht) {  // the last segment's final state is the sequence's
+    const size_t bytes = static_cast<size_t>(p.H) * p.K * p.V * sizeof(float);
+    for (int b = 0; b < p.B; ++b)
+      check_cuda(cudaMemcpyAsync(p.ht + static_cast<long long>(b) * p.H * p.K * p.V,
+                                 w.finals + (static_cast<long long>(b) * P + P - 1) * p.H * p.K * p.V, bytes,
+                                 cudaMemcpyDeviceToDevice, stream_of(p)),
+                 name.c_str(), "cudaMemcpyAsync(final state)");
+  }
+}
+
+}  // namespace delta_split
+
+extern const Version delta_v12 = {
+    "delta", 12, "split_sequence",
+    "v10 on P segments of each sequence at once, each segment's start state first found from the segments' K x K transitions (the identity carried through each segment by v10's kernel without outputs): with few (batch, head) pairs v10 leaves most SMs idle (P chosen per shape by a cost model; P = 1 is v10).",
+    false, true, kTensorCoreShape, 90, delta_split::workspace_bytes, delta_split::forward, 90, nullptr, nullptr,
+    kReadsPacked};
+
+}  // namespace minilin
