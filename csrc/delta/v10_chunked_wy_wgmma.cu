@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int at = sw128_thread_offset(kChunk, m0, delta_col + acc_col(j, e)) + (e ? kLowerHalf : 0);
-          store_bf16x2(delta + at, D[0][j][e], D[0][j][e + 1]);
+          if (!kTransitions) store_bf16x2(delta + at, D[0][j][e], D[0][j][e + 1]);  // only O reads it
           store_bf16x2(delta_decayed + at, d * D[0][j][e], d * D[0][j][e + 1]);
         }
       }

@@ -211,14 +211,11 @@ void forward(const Problem& p) {
   view.h0 = w.starts;
   view.ht = w.finals;
   delta_wgmma::chunk_pass(view, w.wy);
-  if (p.ht) {  // the last segment's final state is the sequence's
-    const size_t bytes = static_cast<size_t>(p.H) * p.K * p.V * sizeof(float);
-    for (int b = 0; b < p.B; ++b)
-      check_cuda(cudaMemcpyAsync(p.ht + static_cast<long long>(b) * p.H * p.K * p.V,
-                                 w.finals + (static_cast<long long>(b) * P + P - 1) * p.H * p.K * p.V, bytes,
-                                 cudaMemcpyDeviceToDevice, stream_of(p)),
-                 name.c_str(), "cudaMemcpyAsync(final state)");
-  }
+  // The last segment's final state is the sequence's: B rows of H K V floats, P of them apart in finals.
+  const size_t row_bytes = static_cast<size_t>(p.H) * p.K * p.V * sizeof(float);
+  check_cuda(cudaMemcpy2DAsync(p.ht, row_bytes, w.finals + static_cast<size_t>(P - 1) * p.H * p.K * p.V, P * row_bytes,
+                               row_bytes, p.B, cudaMemcpyDeviceToDevice, stream_of(p)),
+             name.c_str(), "cudaMemcpy2DAsync(final state)");
 }
 
 }  // namespace delta_split
