@@ -79,6 +79,28 @@ def test_continuation_from_returned_state(name):
         assert err < TOL, f"{name}.{form}: continued final state relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "kda"])
+def test_delta_state_is_affine_in_its_start(name):
+    """What the CUDA split of the delta rule (csrc/delta/v12_split_sequence.cu) stands on: the final state is
+    A S_0 + L for every start S_0, where [L | A] is the final state of the same run with K more value columns, v = 0
+    there, from the start [0 | I] (each column of the state evolves alone, so the identity's columns become A)."""
+    B, T, H, K, V = 2, 75, 2, 6, 5
+    mod = catalog.module(name)
+    args, kwargs = mod.example_inputs(B, T, H, K, V, seed=13)
+    q, k, v, *gates = args
+    if len(gates) == 2:  # the example gates forget the start within these 75 tokens: decay 50 times slower
+        gates[0] = gates[0] * 0.02
+    args = (q, k, v, *gates)
+    widened = np.concatenate([v, np.zeros(v.shape[:-1] + (K,))], axis=-1)
+    start = np.concatenate([np.zeros((B, H, K, V)), np.broadcast_to(np.eye(K), (B, H, K, K))], axis=-1)
+    _, carried = mod.chunked(q, k, widened, *gates, **kwargs, initial_state=start, chunk_size=16)
+    L, A = carried[..., :V], carried[..., V:]
+    S0 = np.random.default_rng(14).standard_normal((B, H, K, V))
+    _, state = mod.chunked(*args, **kwargs, initial_state=S0, chunk_size=16)
+    assert state_err(L, state) > 1e-3  # the start still shows in the final state, so A is tested
+    assert state_err(A @ S0 + L, state) < TOL
+
+
 @pytest.mark.parametrize("name", [n for n in MIXERS if stateful(n)])
 def test_step_loop_equals_recurrent(name):
     B, T, H, K, V = 2, 23, 3, 5, 7
