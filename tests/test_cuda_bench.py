@@ -245,12 +245,69 @@ def test_grid_resume_times_only_the_cells_the_file_lacks(monkeypatch, tmp_path, 
     assert "holds grid 'all' timed on 'a GPU'; this run is grid 'fla'" in capsys.readouterr().err
 
 
-def test_resume_needs_a_grid_against_fla_and_a_json_file(capsys):
+def test_resume_needs_a_grid_and_a_json_file(capsys):
     from minilin.cli import main
 
     assert main(["bench", "--against", "fla", "--grid", "--resume"]) == 2
     assert "--resume finishes a grid that --json PATH holds" in capsys.readouterr().err
-    assert main(["bench", "--backward", "--grid", "--json", "x.json", "--resume"]) == 2
+    assert main(["bench", "--backward", "--json", "x.json", "--resume"]) == 2  # no grid
+    assert "it needs --grid with --against fla or --backward" in capsys.readouterr().err
+    assert main(["bench", "--backward", "--grid", "--json", "-", "--resume"]) == 2  # not a file
+    assert "--resume finishes a grid" in capsys.readouterr().err
+
+
+def test_backward_grid_resume_times_only_the_rows_the_file_lacks(monkeypatch, tmp_path, capsys):
+    """--backward --grid --resume: the rows an earlier run's --json holds are kept (with their date and their
+    gradient checks) and not timed or checked again; the rest are, in the grid's order; a file from a run without
+    FLA, or of another grid, is refused. No GPU needed (check and bench stand in)."""
+    import argparse
+    import json
+
+    from minilin.bench import against_fla, gpu, gpu_backward
+
+    checked, timed = [], []
+
+    def fake_check(mixer, K=128, V=128):
+        checked.append((mixer, K, V))
+        return {"dq": 1e-3}
+
+    def fake_bench(mixer, shape, repeats, against, with_state=False):
+        timed.append((mixer, tuple(shape)))
+        return dict(zip("BTHKV", shape), mixer=mixer, forward_ms=1.0, forward_backward_ms=3.0, ratio=3.0,
+                    forward_version=10, backward_version=2, fla_forward_ms=1.5, fla_forward_backward_ms=4.0,
+                    against_fla=0.75)
+
+    monkeypatch.setattr(gpu_backward, "check", fake_check)
+    monkeypatch.setattr(gpu_backward, "bench", fake_bench)
+    monkeypatch.setattr(mcuda, "available", lambda: (True, ""))
+    monkeypatch.setattr(gpu, "machine", lambda: {"gpu": "a GPU", "date": "today"})
+    shapes = [tuple(s) for s in against_fla.grid_shapes("fla")]
+    at_64 = [s for s in shapes if s[3] == 64]
+    kept = [dict(zip("BTHKV", s), mixer="deltanet", forward_ms=2.0, forward_backward_ms=6.0, ratio=3.0,
+                 forward_version=10, backward_version=2, fla_forward_ms=3.0, fla_forward_backward_ms=9.0, against_fla=0.67) for s in (shapes[1], *at_64)]
+    out = tmp_path / "bwd.json"
+    earlier = {"backward": True, "grid": "fla", "against": "fla", "machine": {"gpu": "a GPU", "date": "yesterday"},
+               "checks": {"deltanet K=64, V=64": {"dq": 2e-3}}, "rows": kept}
+    out.write_text(json.dumps(earlier))
+    args = argparse.Namespace(grid="fla", mixers=["deltanet"], lengths=None, quick=False, repeats=5, against="fla",
+                              json=str(out), resume=True)
+    assert gpu_backward.main(args) == 0
+    assert sorted(timed) == sorted(("deltanet", s) for s in shapes if s not in kept_shapes(kept))
+    assert ("deltanet", 64, 64) not in checked  # every K = V = 64 shape was kept, and its check with it
+    written = json.loads(out.read_text())
+    assert [gpu_backward.shape_of(r) for r in written["rows"]] == shapes  # the grid's order, kept rows in place
+    assert written["rows"][1]["date"] == "yesterday" and written["rows"][0]["date"] == "today"
+    assert written["checks"]["deltanet K=64, V=64"] == {"dq": 2e-3} and written["against"] == "fla"
+    assert f"{len(kept)} rows kept from" in capsys.readouterr().out
+
+    timed.clear()
+    out.write_text(json.dumps(dict(earlier, against=None)))  # timed without FLA: refused
+    assert gpu_backward.main(args) == 2 and not timed
+    assert "without FLA on 'a GPU'; this run is grid 'fla' with FLA" in capsys.readouterr().err
+
+
+def kept_shapes(rows):
+    return {tuple(r[d] for d in "BTHKV") for r in rows}
 
 
 def test_grid_layouts_are_packed_sequences_and_grouped_heads():

@@ -50,8 +50,9 @@ def register(subparsers) -> None:
                         "--lengths (bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256; "
                         "'layouts' (--against fla only): packed sequences and grouped value heads")
     p.add_argument("--resume", action="store_true",
-                   help="with --against fla --grid and --json PATH: keep the cells PATH already holds (the same grid, "
-                        "timed on the same GPU model) and time only the rest, so that a run cut short can be finished")
+                   help="with --grid (--against fla, or --backward) and --json PATH: keep the cells PATH already holds "
+                        "(the same grid, timed on the same GPU model) and time only the rest, so that a run cut short "
+                        "can be finished")
     p.add_argument("--floor", action="store_true",
                    help="CPU only: time the matrix products of chunked linear attention and Gated DeltaNet "
                         "alone against their token loops (a bound on the chunked speed-up)")
@@ -100,9 +101,10 @@ def _run(args) -> int:
         return _refuse("--grid layouts times the forward only: drop --backward, or use --grid / --grid all")
     if args.grid and args.device == "cpu":
         return _refuse("--grid times the CUDA kernels at FLA's shapes: it runs on the GPU (drop --device cpu)")
-    if getattr(args, "resume", False) and not (args.against == "fla" and args.grid and args.json and args.json != "-"):
-        return _refuse("--resume finishes a grid that --json PATH holds: it needs --against fla, --grid and "
-                       "--json PATH (a file)")
+    if getattr(args, "resume", False) and not ((args.against == "fla" or args.backward) and args.grid and args.json
+                                               and args.json != "-"):
+        return _refuse("--resume finishes a grid that --json PATH holds: it needs --grid with --against fla or "
+                       "--backward, and --json PATH (a file)")
     if args.grid and args.lengths:
         return _refuse("--grid has its own shapes: drop --lengths")
     if args.chunk_sizes and not args.floor:

@@ -17,6 +17,10 @@ and the forward followed by the backward at its default version (the training st
 recomputes the states, so the forward saves nothing). With --against fla, also FLA's chunk kernel forward and
 its forward + backward through torch autograd on the same values; where FLA refuses to run (its gated chunk
 backward refuses Triton 3.4-3.7.0 on Hopper), the row says why.
+
+--json is written after every row, each row dated. With --grid, `--resume` keeps the rows an earlier run's --json
+file holds (the same grid, with or without FLA as this run, on the same GPU model) and times only the rest: FLA
+tunes its backward kernels at every new shape, so a grid with FLA beside it takes several time-limited GPU jobs.
 """
 from __future__ import annotations
 
@@ -226,18 +230,30 @@ def main(args) -> int:
         problem = ", ".join(f"{k}={v}" for k, v in PROBLEM.items())
     repeats = args.repeats or (5 if args.quick else 20)
     info = machine()
-    print(f"minilin bench --backward: {info['gpu']}, {info['date']}; bf16, {problem}; device time, median of "
-          f"{ROUNDS} alternating rounds", flush=True)
+    against = args.against == "fla"
     checks, rows, failed = {}, [], []
+    if getattr(args, "resume", False):
+        try:
+            rows, checks = resumed(args.json, grid, against, info)
+        except ValueError as error:
+            print(f"minilin bench --backward {error}", file=sys.stderr)
+            return 2
+    done = {(r["mixer"], shape_of(r)) for r in rows}
+    print(f"minilin bench --backward: {info['gpu']}, {info['date']}; bf16, {problem}; device time, median of "
+          f"{ROUNDS} alternating rounds" + (f"; {len(rows)} rows kept from {args.json}" if rows else ""), flush=True)
+    order = {(m, tuple(s)): i * len(shapes) + j for i, m in enumerate(mixers) for j, s in enumerate(shapes)}
 
     def report(complete: bool) -> dict:  # --json's contents, written after every row and once more at the end
-        return {"backward": True, "grid": grid, "machine": info, "shapes": shapes, "tolerance": TOLERANCE,
-                "checks": checks, "rows": rows, "complete": complete}
+        return {"backward": True, "grid": grid, "against": args.against, "machine": info, "shapes": shapes,
+                "tolerance": TOLERANCE, "checks": checks, "rows": rows, "complete": complete}
 
     head_dims = list(dict.fromkeys((K, V) for *_, K, V in shapes))
     for mixer in mixers:
         wrong = set()  # the (K, V) whose gradients missed the tolerance: not timed
+        left = [s for s in shapes if (mixer, tuple(s)) not in done]
         for K, V in head_dims:
+            if not any(tuple(s[3:]) == (K, V) for s in left):
+                continue  # every shape at this K, V was kept from --resume's file, its check with it
             label = mixer if len(head_dims) == 1 else f"{mixer} K={K}, V={V}"
             try:
                 errors = check(mixer, K, V)
@@ -250,19 +266,47 @@ def main(args) -> int:
                 wrong.add((K, V))
                 failed.append(label)
                 print(f"  {label}: gradients outside tolerance {bad}; not timed", file=sys.stderr, flush=True)
-        for shape in shapes:
+        for shape in left:
             if tuple(shape[3:]) in wrong:
                 continue
-            row = bench(mixer, shape, repeats, args.against == "fla", with_state=bool(grid))
+            row = dict(bench(mixer, shape, repeats, against, with_state=bool(grid)), date=info["date"])
             print(f"  {mixer} B={shape[0]} T={shape[1]} H={shape[2]} K={shape[3]} V={shape[4]}: {progress(row)}",
                   file=sys.stderr, flush=True)
             rows.append(row)
+            rows.sort(key=lambda r: order.get((r["mixer"], shape_of(r)), len(order)))  # kept rows in place too
             if args.json:  # after every row, so that a run cut short keeps what it measured ("complete": false)
                 write_json(args.json, report(complete=False))
     print(format_table(rows, checks))
     if args.json:
         write_json(args.json, report(complete=True))
     return 1 if failed else 0
+
+
+def shape_of(row: dict) -> tuple:
+    """A row's (B, T, H, K, V)."""
+    return tuple(row[d] for d in "BTHKV")
+
+
+def resumed(path: str, grid: str | None, against: bool, info: dict) -> tuple[list[dict], dict]:
+    """--resume: the rows and gradient checks of an earlier --backward run's JSON at `path` (none if there is no
+    such file yet), each row with its run's date. The file must hold the same grid, with FLA beside it exactly when
+    this run has it, timed on the same GPU model, or ValueError says what it holds instead."""
+    import json
+    import os
+
+    if not os.path.exists(path):
+        return [], {}
+    with open(path) as f:
+        earlier = json.load(f)
+    held = (earlier.get("backward"), earlier.get("grid"), earlier.get("against") == "fla",
+            earlier.get("machine", {}).get("gpu"))
+    if held != (True, grid, against, info["gpu"]):
+        fla = lambda x: "with FLA" if x else "without FLA"  # noqa: E731
+        raise ValueError(f"--resume: {path} holds {'a --backward run' if held[0] else 'no --backward run'} of grid "
+                         f"{held[1]!r} {fla(held[2])} on {held[3]!r}; this run is grid {grid!r} {fla(against)} on "
+                         f"{info['gpu']!r} (give another --json PATH to start afresh)")
+    date = earlier.get("machine", {}).get("date")
+    return [{"date": date, **r} for r in earlier.get("rows", [])], dict(earlier.get("checks", {}))
 
 
 def progress(row: dict) -> str:
