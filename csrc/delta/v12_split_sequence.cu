@@ -24,13 +24,14 @@
 
 #include <string>
 
-#include "../common/device.cuh"
 #include "../common/launch.cuh"
 #include "../common/sequences.cuh"
 #include "../common/split_segments.cuh"
 #include "chunk_wy_mma_wide.cuh"  // delta_wide::check_problem, workspace_bytes
 
 namespace minilin {
+
+extern const Version delta_v10;
 
 namespace delta_wgmma {  // v10_chunked_wy_wgmma.cu
 void prepare(const Problem& p, __nv_bfloat16* wy);
@@ -42,7 +43,7 @@ namespace delta_split {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kBlockV = 64;         // v10's value block
+using wide::kBlockV;                // v10's value block
 constexpr int kMinSegment = 1024;   // no shorter segments: the added passes would cost more than they save
 constexpr int kMaxSegments = 16;
 constexpr int kCombineThreads = 256;
@@ -197,13 +198,9 @@ void forward(const Problem& p) {
   // workspace, sized without qk_heads, is then larger than plain v10 needs).
   const bool grouped = p.qk_heads != 0 && p.qk_heads != p.H;
   const int P = p.cu_seqlens || grouped ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
-  if (P == 1) {
-    check_workspace(p, name.c_str(), delta_wide::workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr));
-    auto* wy = static_cast<bf16*>(p.workspace);
-    delta_wgmma::prepare(p, wy);
-    return delta_wgmma::chunk_pass(p, wy);
-  }
-  check_workspace(p, name.c_str(), split_bytes(P, p.B, p.T, p.H, p.K, p.V));  // P as chosen above
+  check_workspace(p, name.c_str(), P == 1 ? delta_wide::workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr)
+                                          : split_bytes(P, p.B, p.T, p.H, p.K, p.V));  // P as chosen above
+  if (P == 1) return delta_v10.forward(p);
   const Workspace w = carve(p, P);
   delta_wgmma::prepare(p, w.wy);  // the view's chunk rows are the sequence's, so its tiles serve both passes
 
