@@ -167,3 +167,17 @@ def write_json(destination: str, results: dict) -> None:
     else:
         with open(destination, "w") as f:
             f.write(payload + "\n")
+
+
+def read_earlier_json(path: str) -> dict:
+    """`--resume`: what an earlier run's `--json` file at `path` holds ({} where there is no such file yet), each
+    of its rows dated with that run's date unless the row carries its own (the file's machine record, date
+    included, is rewritten by the run that resumes it)."""
+    import os
+
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        earlier = json.load(f)
+    date = earlier.get("machine", {}).get("date")
+    return dict(earlier, rows=[{"date": date, **r} for r in earlier.get("rows", [])])

@@ -34,7 +34,7 @@ import sys
 
 import numpy as np
 
-from . import gpu, write_json
+from . import gpu, read_earlier_json, write_json
 from .gpu_timing import SINGLE_CALLS, alternating_medians, copy_bandwidth_gbs
 
 MIXERS = ("simple_gla", "deltanet", "gated_deltanet")  # the default
@@ -231,19 +231,14 @@ def main(args) -> int:
 def resumed_rows(path: str, grid: str, info: dict) -> list[dict]:
     """--resume: the rows of an earlier `--grid` run's JSON at `path` (none if there is no such file yet). The file
     must hold the same grid timed on the same GPU model, or ValueError says what it holds instead."""
-    import json
-    import os
-
-    if not os.path.exists(path):
+    earlier = read_earlier_json(path)
+    if not earlier:
         return []
-    with open(path) as f:
-        earlier = json.load(f)
     held = (earlier.get("grid"), earlier.get("machine", {}).get("gpu"))
     if held != (grid, info["gpu"]):
         raise ValueError(f"--resume: {path} holds grid {held[0]!r} timed on {held[1]!r}; this run is grid {grid!r} "
                          f"on {info['gpu']!r} (give another --json PATH to start afresh)")
-    date = earlier.get("machine", {}).get("date")  # the file's rows carry their run's date; the file's own is rewritten
-    return [{"date": date, **r} for r in earlier.get("rows", []) if not _failed(r)]  # a failed cell is timed again
+    return [r for r in earlier["rows"] if not _failed(r)]  # a failed cell is timed again
 
 
 def _failed(row: dict) -> bool:

@@ -29,7 +29,7 @@ import sys
 import numpy as np
 
 from .. import catalog
-from . import write_json
+from . import read_earlier_json, write_json
 from .gpu_timing import alternating_medians
 
 MIXERS = ("linear_attention", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda")
@@ -291,13 +291,9 @@ def resumed(path: str, grid: str | None, against: bool, info: dict) -> tuple[lis
     """--resume: the rows and gradient checks of an earlier --backward run's JSON at `path` (none if there is no
     such file yet), each row with its run's date. The file must hold the same grid, with FLA beside it exactly when
     this run has it, timed on the same GPU model, or ValueError says what it holds instead."""
-    import json
-    import os
-
-    if not os.path.exists(path):
+    earlier = read_earlier_json(path)
+    if not earlier:
         return [], {}
-    with open(path) as f:
-        earlier = json.load(f)
     held = (earlier.get("backward"), earlier.get("grid"), earlier.get("against") == "fla",
             earlier.get("machine", {}).get("gpu"))
     if held != (True, grid, against, info["gpu"]):
@@ -305,8 +301,7 @@ def resumed(path: str, grid: str | None, against: bool, info: dict) -> tuple[lis
         raise ValueError(f"--resume: {path} holds {'a --backward run' if held[0] else 'no --backward run'} of grid "
                          f"{held[1]!r} {fla(held[2])} on {held[3]!r}; this run is grid {grid!r} {fla(against)} on "
                          f"{info['gpu']!r} (give another --json PATH to start afresh)")
-    date = earlier.get("machine", {}).get("date")
-    return [{"date": date, **r} for r in earlier.get("rows", [])], dict(earlier.get("checks", {}))
+    return earlier["rows"], dict(earlier.get("checks", {}))
 
 
 def progress(row: dict) -> str:
