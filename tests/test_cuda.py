@@ -61,10 +61,15 @@ def as_float32(o):
     return mcuda.from_bf16(o) if mcuda.bf16.is_bf16(o.dtype) else o
 
 
-def run_case(mixer, shape, version, dtype, with_state, seed=0):
+def run_case(mixer, shape, version, dtype, with_state, seed=0, group=1):
+    """Errors of one version's output and final state against the float64 recurrent form; H is the value heads,
+    and group > 1 gives q and k H / group heads, each shared by `group` value heads."""
     B, T, H, K, V = shape
     mod = catalog.module(mixer)
     args, kwargs = mod.example_inputs(B, T, H, K, V, seed=seed)
+    if group > 1:
+        names = list(mod.SIGNATURE.names)
+        args = tuple(np.ascontiguousarray(a[:, :, ::group]) if n in ("q", "k") else a for n, a in zip(names, args))
     if mcuda.OPS[mixer] == "delta":  # unit keys that stay within |k| <= 1 once rounded to bf16 (the reference checks)
         args = (args[0], args[1] * mcuda.bf16.UNIT_KEY_SCALE, *args[2:])
     sequence = {0, 1, 2} if mixer != "mamba2" else {0, 3, 4}  # the tensors that are bf16 when dtype is
@@ -116,12 +121,14 @@ def test_split_sequence_matches_reference(mixer, shape, with_state):
         assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
 
 
-# (B, T, H, K, V) where delta v12 splits each sequence on an H100 or H200 (132 SMs): P = 8 (segments of 1024 tokens),
-# P = 4 at K = V = 128, and K != V both ways (the identity's columns one or two value blocks, the values' the other).
-DELTA_SPLIT_SHAPES = [(1, 8192, 1, 64, 64), (1, 4096, 2, 128, 128), (2, 4096, 1, 128, 64), (1, 4096, 1, 64, 128)]
+# (B, T, H, K, V, group) where delta v12 splits each sequence on an H100 or H200 (132 SMs): P = 8 (segments of 1024
+# tokens), P = 4 at K = V = 128, K != V both ways (the identity's columns one or two value blocks, the values' the
+# other), and grouped value heads (H value heads, H / group q/k heads).
+DELTA_SPLIT_SHAPES = [(1, 8192, 1, 64, 64, 1), (1, 4096, 2, 128, 128, 1), (2, 4096, 1, 128, 64, 1),
+                      (1, 4096, 1, 64, 128, 1), (1, 4096, 4, 128, 64, 2)]
 
 
-@pytest.mark.parametrize("shape", DELTA_SPLIT_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("shape", DELTA_SPLIT_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}G{}".format(*s))
 @pytest.mark.parametrize("mixer", ["deltanet", "gated_deltanet"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["no_h0", "h0"])
 def test_delta_split_sequence_matches_reference(mixer, shape, with_state):
@@ -129,11 +136,12 @@ def test_delta_split_sequence_matches_reference(mixer, shape, with_state):
     against float64, and v10 beside it."""
     if (12, "bfloat16") not in version_cases(mixer):
         pytest.skip("delta v12 needs sm_90a code and compute capability 9.0")
+    *shape, group = shape
     ext = mcuda.extension()
     assert ext.workspace_bytes("delta", 12, *shape) > ext.workspace_bytes("delta", 10, *shape), \
         f"v12 does not split at {shape}"
     for version in (12, 10):
-        err_o, err_state = run_case(mixer, shape, version, "bfloat16", with_state, seed=7)
+        err_o, err_state = run_case(mixer, tuple(shape), version, "bfloat16", with_state, seed=7, group=group)
         assert err_o < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: output error {err_o:.2e}"
         assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
 

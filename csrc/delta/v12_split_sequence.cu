@@ -19,7 +19,7 @@
 //      segment's copied to ht.
 // The WY prepare runs once, before pass 1 (the view's chunks are the sequence's). P is chosen per shape
 // (choose_segments): P = 1 (plain v10) unless the predicted time of the three passes is lower. Packed sequences
-// and grouped value heads run as plain v10 (the split is checked on the plain layout only).
+// run as plain v10; grouped value heads split as the plain layout does.
 #include <cuda_bf16.h>
 
 #include <string>
@@ -194,10 +194,9 @@ void forward(const Problem& p) {
   check_tensor_core_problem(p, name.c_str(), true, kBlockV);
   require_sm90a(name);
   // Packed sequences run as plain v10: one chain per sequence already spreads a packed batch over the SMs, and a
-  // segment must not straddle two sequences. Grouped value heads too, until the split is checked with them (the
-  // workspace, sized without qk_heads, is then larger than plain v10 needs).
-  const bool grouped = p.qk_heads != 0 && p.qk_heads != p.H;
-  const int P = p.cu_seqlens || grouped ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
+  // segment must not straddle two sequences. Grouped value heads split as the plain layout does: the view keeps
+  // qk_heads, and every pass reads q and k of value head h from q/k head h / (H / qk_heads) as v10 does.
+  const int P = p.cu_seqlens ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
   check_workspace(p, name.c_str(), P == 1 ? delta_wide::workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr)
                                           : split_bytes(P, p.B, p.T, p.H, p.K, p.V));  // P as chosen above
   if (P == 1) return delta_v10.forward(p);
