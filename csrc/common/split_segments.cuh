@@ -1,4 +1,4 @@
-// How many segments a split-sequence version (linear v8 and v9, gla v5) cuts each sequence into: its chunk pass, one block
+// How many segments a split-sequence version (linear v8 and v9, gla v5, delta v12, kda v9) cuts each sequence into: its chunk pass, one block
 // per (batch, head, value block) walking its chunks one after another, leaves SMs idle when B H is small; on P
 // segments at once it runs P times the blocks on chains P times shorter, and a correction pass then adds each
 // segment's start state to its outputs.
@@ -40,6 +40,20 @@ inline int fastest_split(const SplitCosts& c, long long slots, long long blocks,
     if (T % (P * kChunk) != 0 || T / P < c.min_segment) break;
     const long long runs = (T / P / kChunk + c.run_chunks - 1) / c.run_chunks;
     if (static_cast<long long>(B) * P * runs > 65535) break;
+    if (time_us(P) < time_us(best)) best = P;
+  }
+  return best;
+}
+
+// The same search for a split version whose segments' start states come first from a pass over their
+// transitions (delta v12, kda v9): time_us(P) its predicted time with P segments (P = 1 unsplit); the fastest P, a
+// power of 2 whose segments are whole chunks and at least min_segment long, wins (B P <= 65535, the grid's z).
+template <class TimeUs>
+inline int fastest_affine_split(int B, int T, int min_segment, int max_segments, TimeUs time_us) {
+  int best = 1;
+  for (int P = 2; P <= max_segments; P *= 2) {
+    if (T % (P * kChunk) != 0 || T / P < min_segment) break;
+    if (static_cast<long long>(B) * P > 65535) break;
     if (time_us(P) < time_us(best)) best = P;
   }
   return best;

@@ -4,7 +4,8 @@
 // 1.01-1.20x FLA's time there (csrc/NOTES.md).
 // Measured on an H100 (2026-12-07, bf16, an initial state, device time, 5 alternating rounds): at B = 1, T = 32768,
 // H = 16, K = V = 128 (P = 4) Gated DeltaNet 0.983 ms against v10's 1.504 (0.65x), DeltaNet 0.966 against 1.480;
-// errors against float64 equal to v10's (3.3e-3, 4.0e-3).
+// errors against float64 equal to v10's (3.3e-3, 4.0e-3). The same day: K = V = 64 Gated DeltaNet 0.496 against
+// 1.449 (0.34x), grouped value heads (H_qk = 16, H_v = 32, K = V = 128) 1.414 against 1.618.
 //
 // The delta rule's state is affine in its start (CONVENTIONS.md, S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
 // beta_t k_t v_t^T): over segment p, S_end = A_p S_start + L_p, where A_p [K, K] is the product of the segment's
@@ -14,7 +15,7 @@
 // the start through A_t of every token, so the start comes first):
 //   1. transitions: v10's chunk kernel without q or outputs (its kTransitions form), on the [B P, T / P] view of
 //      the same arrays, segments 0 .. P - 2, from [0 | I] over V + K columns: [L_p | A_p] into the workspace;
-//   2. combine: S_0 = h0 and S_{p+1} = A_p S_p + L_p in fp32, one block per (batch, head, 64 value columns);
+//   2. combine (common/affine_combine.cuh): S_0 = h0 and S_{p+1} = A_p S_p + L_p in fp32;
 //   3. v10's chunk kernel on the view from the starts S_p, its final states into the workspace, the last
 //      segment's copied to ht.
 // The WY prepare runs once, before pass 1 (the view's chunks are the sequence's). P is chosen per shape
@@ -24,6 +25,7 @@
 
 #include <string>
 
+#include "../common/affine_combine.cuh"  // pass 2
 #include "../common/launch.cuh"
 #include "../common/sequences.cuh"
 #include "../common/split_segments.cuh"
@@ -46,7 +48,6 @@ using bf16 = __nv_bfloat16;
 using wide::kBlockV;                // v10's value block
 constexpr int kMinSegment = 1024;   // no shorter segments: the added passes would cost more than they save
 constexpr int kMaxSegments = 16;
-constexpr int kCombineThreads = 256;
 // The cost model's constants (H100, 2026-12-07): v10's chunk pass takes ~2.9 us per chunk and block (1.48 ms for
 // chains of 512 chunks at B = 1, H = 16); its kTransitions form, with half the products, is taken at ~2.0, a guess
 // (the form was not timed alone), the combine at ~10 us per segment and the added launches at ~15 us: at B = 1,
@@ -59,25 +60,17 @@ inline int one_block_per_sm(int) { return 1; }
 
 // With `sms` SMs: P = 1 takes ceil(blocks / sms) waves of chains of T / 64 chunks; P > 1 takes pass 1's
 // ceil(B H (V + K) / 64 (P - 1) / sms) waves and pass 3's ceil(blocks P / sms), each of chains of T / (64 P), plus
-// the combine and the added launches. The fastest P, a power of 2 whose segments are whole chunks and at least
-// kMinSegment long, wins.
+// the combine and the added launches; fastest_affine_split (common/split_segments.cuh) picks the fastest P.
 inline int fastest_segments(int sms, int B, int T, int H, int K, int V) {
   const long long blocks = static_cast<long long>(B) * H * (V / kBlockV);
   const long long transition_blocks = static_cast<long long>(B) * H * ((V + K) / kBlockV);
   const auto waves = [&](long long n) { return static_cast<double>((n + sms - 1) / sms); };
-  const auto time_us = [&](int P) {
+  return fastest_affine_split(B, T, kMinSegment, kMaxSegments, [&](int P) {
     const double chain = T / P / kChunk;
     if (P == 1) return waves(blocks) * chain * kChunkUs;
     return waves(transition_blocks * (P - 1)) * chain * kTransitionUs + waves(blocks * P) * chain * kChunkUs +
            (P - 1) * kCombineUs + kAddedLaunchesUs;
-  };
-  int best = 1;
-  for (int P = 2; P <= kMaxSegments; P *= 2) {
-    if (T % (P * kChunk) != 0 || T / P < kMinSegment) break;
-    if (static_cast<long long>(B) * P > 65535) break;  // grid.z
-    if (time_us(P) < time_us(best)) best = P;
-  }
-  return best;
+  });
 }
 
 inline int choose_segments(int B, int T, int H, int K, int V) {
@@ -124,71 +117,6 @@ inline Workspace carve(const Problem& p, int P) {
           reinterpret_cast<float*>(base + starts_at), reinterpret_cast<float*>(base + finals_at)};
 }
 
-// ---- 2. combine: S_0 = h0, S_{p+1} = A_p S_p + L_p -------------------------------------------------------------
-// One block per (64 value columns, head, batch). S_p's columns [K][64] and A_p [K][K] in shared memory (fp32: 96 KB
-// at K = 128); thread t owns column t % 64 and rows t / 64 + 4 m, so a warp reads one row of A at a time (a
-// broadcast) and 32 consecutive columns of S (no bank conflicts).
-template <int K>
-struct CombineLayout {
-  static constexpr size_t kBytes = (K * K + K * kBlockV) * sizeof(float);
-};
-
-template <int K>
-__global__ void __launch_bounds__(kCombineThreads) combine(const Problem p, int P, Workspace w) {
-  constexpr int kRowGroups = kCombineThreads / kBlockV, kRows = K / kRowGroups;
-  extern __shared__ __align__(16) float shared[];
-  float* A = shared;           // [K][K]
-  float* S = shared + K * K;   // [K][kBlockV]
-  const int c0 = blockIdx.x * kBlockV, h = blockIdx.y, b = blockIdx.z, V = p.V;
-  const int c = threadIdx.x % kBlockV, r0 = threadIdx.x / kBlockV;
-  const long long KV = static_cast<long long>(K) * V;
-  const auto start_of = [&](int segment) { return w.starts + ((static_cast<long long>(b) * P + segment) * p.H + h) * KV; };
-
-  const float* h0 = p.h0 ? p.h0 + (static_cast<long long>(b) * p.H + h) * KV : nullptr;
-  for (int m = 0; m < kRows; ++m) {
-    const int i = r0 + kRowGroups * m;
-    const float x = h0 ? h0[i * V + c0 + c] : 0.0f;
-    S[i * kBlockV + c] = x;
-    start_of(0)[i * V + c0 + c] = x;
-  }
-  for (int segment = 0; segment + 1 < P; ++segment) {
-    const float* LA = w.transitions + ((static_cast<long long>(b) * (P - 1) + segment) * p.H + h) * K * (V + K);
-    __syncthreads();  // S_p is whole; the previous step's reads of A are done
-    for (int e = threadIdx.x * 4; e < K * K; e += kCombineThreads * 4) {
-      const int i = e / K, j = e % K;
-      *reinterpret_cast<float4*>(A + e) = *reinterpret_cast<const float4*>(LA + static_cast<long long>(i) * (V + K) + V + j);
-    }
-    __syncthreads();
-    float acc[kRows];
-#pragma unroll
-    for (int m = 0; m < kRows; ++m) acc[m] = LA[static_cast<long long>(r0 + kRowGroups * m) * (V + K) + c0 + c];
-#pragma unroll 4
-    for (int j = 0; j < K; j += 4) {
-      const float s0 = S[j * kBlockV + c], s1 = S[(j + 1) * kBlockV + c], s2 = S[(j + 2) * kBlockV + c],
-                  s3 = S[(j + 3) * kBlockV + c];
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        const float4 a = *reinterpret_cast<const float4*>(A + (r0 + kRowGroups * m) * K + j);
-        acc[m] = fmaf(a.x, s0, fmaf(a.y, s1, fmaf(a.z, s2, fmaf(a.w, s3, acc[m]))));
-      }
-    }
-    __syncthreads();  // every thread has read S_p
-    float* next = start_of(segment + 1);
-#pragma unroll
-    for (int m = 0; m < kRows; ++m) {
-      const int i = r0 + kRowGroups * m;
-      S[i * kBlockV + c] = acc[m];
-      next[i * V + c0 + c] = acc[m];
-    }
-  }
-}
-
-template <int K>
-void launch_combine(const Problem& p, int P, const Workspace& w) {
-  launch_checked(p, "delta_v12_combine", combine<K>, dim3(p.V / kBlockV, p.H, p.B), kCombineThreads,
-                 CombineLayout<K>::kBytes, P, w);
-}
-
 void forward(const Problem& p) {
   const std::string name = "delta_v12_split_sequence";
   check_tensor_core_problem(p, name.c_str(), true, kBlockV);
@@ -209,7 +137,7 @@ void forward(const Problem& p) {
   view.workspace = nullptr;
   view.workspace_size = 0;
   delta_wgmma::transitions_pass(view, w.wy, w.transitions, P);
-  p.K == 64 ? launch_combine<64>(p, P, w) : launch_combine<128>(p, P, w);
+  affine_combine::launch(p, P, w.transitions, w.starts, "delta_v12_combine");
   view.h0 = w.starts;
   view.ht = w.finals;
   delta_wgmma::chunk_pass(view, w.wy);
