@@ -29,6 +29,8 @@
 //                  last two products side by side: a shorter chain of dependent products per chunk.
 //   kda v8         two_state_copies: v7 with two bf16 copies of S, chunk n reading one and writing the other:
 //                  three barriers a chunk instead of four.
+//   kda v9         split_sequence: v8's pass on P segments of each sequence at once, the segments' start states
+//                  first from their K x K transitions (delta v12's split): few (batch, head) pairs fill the card.
 //   decode v1      register_tiles: one block per (sequence, head, 32 value columns), its state slice in registers,
 //                  read and written once with 16-byte accesses.
 //   linear_bwd v1  recurrent: a forward token loop for dq and a backward one for the state's adjoint, dk and dv;
@@ -57,7 +59,7 @@ extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, line
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10, delta_v11, delta_v12;
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5;
-extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6, kda_v7, kda_v8;
+extern const Version kda_v1, kda_v2, kda_v3, kda_v4, kda_v5, kda_v6, kda_v7, kda_v8, kda_v9;
 extern const Version decode_v1;
 extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1, gla_bwd_v2,
     kda_bwd_v1, kda_bwd_v2;
@@ -79,6 +81,7 @@ const std::vector<Version>& versions() {
 #endif
                                                 gla_v1,    gla_v2,    gla_v3,    gla_v4,    gla_v5,
                                                 kda_v1,    kda_v2,    kda_v3,    kda_v4,    kda_v5,    kda_v6,    kda_v7,    kda_v8,
+                                                kda_v9,
                                                 decode_v1,
                                                 linear_bwd_v1,
                                                 linear_bwd_v2,

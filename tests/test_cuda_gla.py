@@ -304,6 +304,43 @@ def test_gla_v5_splits_one_long_sequence_and_matches_the_reference(T, H, K, V, g
     assert err_o < TOLERANCE["bfloat16"] and err_state < TOLERANCE["bfloat16"], (err_o, err_state)
 
 
+# (B, T, H, K, V, group) where kda v9 splits each sequence on an H100 or H200 (132 SMs): P = 8 (segments of 1024
+# tokens), P = 4 at K = V = 128, K != V both ways (the identity's columns two or four blocks of 32, the values'
+# the rest), grouped value heads (H value heads, H / group q/k heads), and P = 8 with the transitions pass on blocks
+# of 64 columns (its cost model's choice at (1, 8192, 4, 128, 128); every other shape here takes 32).
+KDA_SPLIT_SHAPES = [(1, 8192, 1, 64, 64, 1), (1, 4096, 2, 128, 128, 1), (2, 4096, 1, 128, 64, 1),
+                    (1, 4096, 1, 64, 128, 1), (1, 4096, 4, 128, 64, 2), (1, 8192, 4, 128, 128, 1)]
+
+
+@gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("with_state", [False, True], ids=["no_h0", "h0"])
+@pytest.mark.parametrize("shape", KDA_SPLIT_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}G{}".format(*s))
+def test_kda_v9_splits_one_long_sequence_and_matches_the_reference(shape, with_state):
+    """kda v9 where it does split (its workspace holds the transitions and the segments' states beyond v8's tiles),
+    against the float64 recurrent form, strong gates beside weak ones, with and without an initial state; v8 beside
+    it on the same input, and v9 no less accurate than v8 (the split's combine is fp32, so the two should agree to
+    within their bf16 roundings)."""
+    if not any(version == 9 for version, _ in cuda_version_cases("kda")):
+        pytest.skip("kda v9 does not run on this GPU")
+    *dims, group = shape
+    B, T, H, K, V = dims
+    cuda = mcuda.extension()
+    assert cuda.workspace_bytes("kda", 9, *dims) > cuda.workspace_bytes("kda", 8, *dims), f"v9 does not split at {dims}"
+    args = inputs("kda", tuple(dims), seed=43, strong=True)
+    args[0], args[1] = args[0][:, :, ::group].copy(), args[1][:, :, ::group].copy()
+    on_gpu, host = to_device(args, "bfloat16")
+    state0 = (0.5 * np.random.default_rng(44).standard_normal((B, H, K, V))).astype(np.float32) if with_state else None
+    ref_o, ref_state = kda.recurrent(*host, initial_state=None if state0 is None else state0.astype(np.float64))
+    errors = {}
+    for version in (9, 8):
+        o, state = mcuda.kda(*on_gpu, initial_state=None if state0 is None else cupy.asarray(state0), version=version)
+        errors[version] = (rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o),
+                           rel_err(cupy.asnumpy(state).astype(np.float64), ref_state))
+        assert max(errors[version]) < TOLERANCE["bfloat16"], (version, errors[version])
+    assert errors[9][0] <= 1.5 * errors[8][0] and errors[9][1] <= 1.5 * errors[8][1], errors
+
+
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_kda_versions_agree():
@@ -453,12 +490,12 @@ def test_hgrn2_runs_on_every_gla_version(version, dtype):
 
 @gpu
 def test_default_versions():
-    """The last tensor-core rungs in bfloat16 (gla v5, kda v8 at K = 64 and 128; the token loop at K = 256) and the
+    """The last tensor-core rungs in bfloat16 (gla v5, kda v9 at K = 64 and 128; the token loop at K = 256) and the
     recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS, csrc/NOTES.md)."""
     assert front.default_version("gla", True) == 5 and front.default_version("gla", False) == 1
-    assert front.default_version("kda", True) == 8 and front.default_version("kda", False) == 1
-    assert front.default_version("kda", True, 128, 128) == 8 and front.default_version("kda", True, 256, 128) == 1
-    assert front.default_version("kda", True, 64, 64) == 8  # v8 measured faster than v3 there (front.SLOWER_RUNGS)
+    assert front.default_version("kda", True) == 9 and front.default_version("kda", False) == 1
+    assert front.default_version("kda", True, 128, 128) == 9 and front.default_version("kda", True, 256, 128) == 1
+    assert front.default_version("kda", True, 64, 64) == 9  # v8's prepare and pass, faster than v3's there
 
 
 @gpu
@@ -536,17 +573,18 @@ def test_the_extension_lists_the_channel_ops():
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
     assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("gla", 5), ("kda", 1), ("kda", 2),
                               ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6), ("kda", 7),
-                              ("kda", 8)]
+                              ("kda", 8), ("kda", 9)]
     assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "prepared_chunks",
                                                                "split_sequence", "recurrent", "chunked",
                                                                "prepared_chunks", "sliced_prepare",
                                                                "narrow_value_blocks", "half_sub_chunks",
-                                                               "output_with_memory", "two_state_copies"]
+                                                               "output_with_memory", "two_state_copies",
+                                                               "split_sequence"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
-    # v3's chunk kernel's 193 KB of shared memory, which v4 to v8 run too (v8's 211 KB)
-    assert all(ladder[("kda", n)]["min_compute_capability"] == 90 for n in (3, 4, 5, 6, 7, 8))
+    # v3's chunk kernel's 193 KB of shared memory, which v4 to v9 run too (v8's and v9's 211 KB)
+    assert all(ladder[("kda", n)]["min_compute_capability"] == 90 for n in (3, 4, 5, 6, 7, 8, 9))
     tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5), ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6), ("kda", 7),
-                    ("kda", 8)]
+                    ("kda", 8), ("kda", 9)]
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) not in tensor_cores[1:])
     # gla v4's prepared tiles, per chunk row and head: Qr and Ke [64, K] and P [64, 64] in bf16, the decay [K] in
@@ -623,7 +661,9 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("kda", 7, dict(dtype=1), r"kda_v7_output_with_memory: needs a workspace of 494592 bytes, got 0"),
     ("kda", 8, dict(dtype=0), r"kda_v8_two_state_copies: bfloat16 inputs only"),
     ("kda", 8, dict(dtype=1), r"kda_v8_two_state_copies: needs a workspace of 494592 bytes, got 0"),
-    ("kda", 9, {}, r"kda has versions 1, 2, 3, 4, 5, 6, 7, 8, got 9"),
+    ("kda", 9, dict(dtype=0), r"kda_v9_split_sequence: bfloat16 inputs only"),
+    ("kda", 9, dict(dtype=1), r"kda_v9_split_sequence: needs a workspace of 494592 bytes, got 0"),
+    ("kda", 10, {}, r"kda has versions 1, 2, 3, 4, 5, 6, 7, 8, 9, got 10"),
 ])
 def test_the_extension_checks_a_channel_call_before_any_cuda_call(op, version, changes, message):
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")

@@ -161,6 +161,22 @@ __device__ __forceinline__ void load_state(float (&S)[1][NT][4], const float* h0
     }
 }
 
+// S <- the identity's columns c0 .. of this warp's slice (S[f][c] = 1 where f = c0 + c), and its bf16 copy: the
+// start of a split version's transitions pass, which carries the identity through a segment as value columns.
+template <int NT>
+__device__ __forceinline__ void load_identity_state(float (&S)[1][NT][4], int c0, int s_m0, int s_n0,
+                                                    __nv_bfloat16* S_copy, int ld) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int row = s_m0 + acc_row(0, e), col = s_n0 + acc_col(j, e);
+      S[0][j][e] = row == c0 + col ? 1.0f : 0.0f;
+      S[0][j][e + 1] = row == c0 + col + 1 ? 1.0f : 0.0f;
+      store_bf16x2(S_copy + row * ld + col, S[0][j][e], S[0][j][e + 1]);
+    }
+}
+
 // A warp's accumulator tile at (m0, n0) into bf16 rows of stride ld (shared or global memory).
 template <int NT>
 __device__ __forceinline__ void store_tile_bf16(const float (&acc)[1][NT][4], __nv_bfloat16* dst, int ld, int m0,

@@ -68,6 +68,10 @@ __device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h,
 // blocks per SM at 32 columns and this K (64 or 128), the same for every rung.
 void check_problem(const Problem& p, const char* name);
 void launch_chunks(const Problem& p, int columns = 64, int rung = 3);
+// kda v9's first pass (kda/v9_split_sequence.cu): rung 8's pass in its transitions form over the [B P, T / P] view
+// `view` of a problem (`segments` = P), segments 0 .. P - 2 of each sequence, V + K columns from [0 | I] in blocks of
+// `columns` (32 or 64), the final states [L_p | A_p] into `transitions` [B (P - 1), H, K, V + K] fp32.
+void launch_transitions(const Problem& view, int columns, float* transitions, int segments);
 int narrow_chunks_blocks_per_sm(int K);
 // The pass's value block width for p (kda/v5_narrow_value_blocks.cu): 32 where every (sequence, head, 32 columns)
 // block is resident on the card at once, else 64; `name`, the calling version's, names a failed device query.

@@ -206,18 +206,19 @@ static_assert(ChunkLayout<128, kBlockV, 2>::kBytes <= 227 * 1024 && ChunkLayout<
 static_assert(ChunkLayout<64, 32>::kBytes > 227 * 1024 / 2, "narrow_chunks_blocks_per_sm speaks for every rung");
 
 // Chunk n's prepared tiles and value columns [v0, v0 + kColumns) into stage s (values past the sequence's end zero).
-template <int K, int kColumns, int kStateCopies>
+// kTransitions (kda v9's first pass) reads no Qr or P, and a block carrying the identity (`identity`) no values.
+template <int K, int kColumns, int kStateCopies, bool kTransitions = false>
 __device__ __forceinline__ void copy_chunk(const ChunkLayout<K, kColumns, kStateCopies>& L, int s, const Problem& p,
-                                           const SequenceRows& seq, int h, int n, int v0) {
+                                           const SequenceRows& seq, int h, int n, int v0, bool identity = false) {
   constexpr int kLdK = ChunkLayout<K, kColumns>::kLdK, kLdV = ChunkLayout<K, kColumns>::kLdV;
   const PreparedTiles in = prepared_tiles<K>(p, h, seq.chunk0 + n);
   const int t0 = n * kChunk;
-  cp_async_tile<kThreads, kChunk, K>(L.Qr(s), kLdK, in.qr, K);
+  if constexpr (!kTransitions) cp_async_tile<kThreads, kChunk, K>(L.Qr(s), kLdK, in.qr, K);
   cp_async_tile<kThreads, kChunk, K>(L.Kg(s), kLdK, in.kg, K);
   cp_async_tile<kThreads, kChunk, K>(L.Ke(s), kLdK, in.ke, K);
-  cp_async_tile<kThreads, kChunk, kChunk>(L.P(s), kLdC, in.scores, kChunk);
+  if constexpr (!kTransitions) cp_async_tile<kThreads, kChunk, kChunk>(L.P(s), kLdC, in.scores, kChunk);
   cp_async_tile<kThreads, kChunk, kChunk>(L.Tb(s), kLdC, in.solve, kChunk);
-  cp_async_value_tile<kThreads, kColumns>(L.v(s), kLdV, p, seq, h, t0, v0);
+  if (!identity) cp_async_value_tile<kThreads, kColumns>(L.v(s), kLdV, p, seq, h, t0, v0);
   cp_async_tile<kThreads, 1, K>(L.decay(s), K, in.decay, K);
   cp_async_commit();
 }
@@ -230,18 +231,27 @@ __device__ __forceinline__ void copy_chunk(const ChunkLayout<K, kColumns, kState
 //   8   kda v8: v7 with two bf16 copies of S, chunk n reading copy n % 2 and writing the next one, so the barrier
 //       before the copy's write goes: three barriers a chunk instead of four, the next chunk's tiles copied after
 //       the chunk's first barrier (the one that also says every warp is done with chunk n - 1).
-template <int K, int kColumns, int kRung>
-__global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
+// kTransitions (kda v9's first pass, v9_split_sequence.cu; rung 8's order): the state alone, no Qr S, P Delta or
+// outputs. blockIdx.z counts the first `segments` - 1 segments of every sequence of p (the [B P, T / P] view), and
+// blockIdx.x runs over V + K columns: the first V / kColumns blocks take v from zero, the rest carry the identity's
+// columns with v = 0, so each block's final state is its columns of [L_p | A_p], stored into `transitions`
+// [B (P - 1), H, K, V + K].
+template <int K, int kColumns, int kRung, bool kTransitions = false>
+__global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p, float* transitions, int segments) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr bool kOutputWithMemory = kRung >= 7, kTwoStateCopies = kRung >= 8;
-  using Layout = ChunkLayout<K, kColumns, kTwoStateCopies ? 2 : 1>;
+  static_assert(!kTransitions || kRung == 8, "the transitions form follows rung 8's order of work");
+  constexpr bool kOutputWithMemory = kRung >= 7 && !kTransitions, kTwoStateCopies = kRung >= 8;
+  constexpr int kCopies = kTwoStateCopies ? 2 : 1;
+  using Layout = ChunkLayout<K, kColumns, kCopies>;
   constexpr int kLdK = Layout::kLdK, kLdV = Layout::kLdV;
   constexpr int kStateTiles = narrow::kStateTiles<K, kColumns>;  // the state split (narrow::warp_tiles)
   constexpr int NT = narrow::kTileNT<kColumns>;                  // 8-column tiles of a warp's tile of X, Delta, O
 
   const Layout L{smem};
   const int H = p.H, V = p.V;
-  const int v0 = blockIdx.x * kColumns, h = blockIdx.y, b = blockIdx.z;
+  const int v0 = blockIdx.x * kColumns, h = blockIdx.y;
+  const int b = kTransitions ? blockIdx.z / (segments - 1) * segments + blockIdx.z % (segments - 1) : blockIdx.z;
+  const bool identity = kTransitions && v0 >= V;  // this block's columns carry the identity, with v = 0
   const SequenceRows seq = sequence_rows(p, b);
   const int chunks = chunk_count(seq.length);
   const int warp = threadIdx.x >> 5;
@@ -249,17 +259,19 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
 
   float S[1][kStateTiles][4];
   const long long state_base = (static_cast<long long>(b) * H + h) * K * V;
-  load_state(S, p.h0, state_base, V, v0, s_m0, s_n0, L.S(0), kLdV);
+  if (identity) load_identity_state(S, v0 - V, s_m0, s_n0, L.S(0), kLdV);
+  else load_state(S, kTransitions ? nullptr : p.h0, state_base, V, v0, s_m0, s_n0, L.S(0), kLdV);
 
   bf16* o = static_cast<bf16*>(p.o);
-  if (chunks > 0) copy_chunk(L, 0, p, seq, h, 0, v0);
+  if (chunks > 0) copy_chunk<K, kColumns, kCopies, kTransitions>(L, 0, p, seq, h, 0, v0, identity);
   for (int n = 0; n < chunks; ++n) {
     const int s = n & 1;
     const bf16* S_copy = L.S(kTwoStateCopies ? s : 0);  // S entering chunk n, in bf16
     if constexpr (kTwoStateCopies) {
       cp_async_wait<0>();
       __syncthreads();  // stage s and S's copy s visible; every warp is past chunk n - 1, so stage s ^ 1 is free
-      if (n + 1 < chunks) copy_chunk(L, s ^ 1, p, seq, h, n + 1, v0);
+      if (n + 1 < chunks)
+        copy_chunk<K, kColumns, kCopies, kTransitions>(L, s ^ 1, p, seq, h, n + 1, v0, identity);
     } else {
       // The other stage was last read in chunk n - 1, before its closing barrier.
       if (n + 1 < chunks) {
@@ -286,7 +298,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int r = m0 + acc_row(0, e), c = n0 + acc_col(j, e);
-          const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v_s + r * kLdV + c));
+          const float2 v2 = identity ? make_float2(0.0f, 0.0f)
+                                     : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v_s + r * kLdV + c));
           store_bf16x2(L.X() + r * kLdV + c, v2.x - acc[0][j][e], v2.y - acc[0][j][e + 1]);
         }
     }
@@ -301,7 +314,14 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
     // O = scale (Qr S + P Delta); P is 0 above the diagonal, so P Delta stops at this warp's diagonal block.
     // S <- diag(d) S + Ke^T Delta in registers.
     const float* decay = L.decay(s);
-    if constexpr (kOutputWithMemory) {
+    if constexpr (kTransitions) {
+#pragma unroll
+      for (int j = 0; j < kStateTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[0][j][e] *= decay[s_m0 + acc_row(0, e)];
+      warp_mma_unrolled<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor, kChunk / 16>(
+          S, L.Ke(s), kLdK, L.delta(), kLdV, s_m0, s_n0, 0);
+    } else if constexpr (kOutputWithMemory) {
 #pragma unroll
       for (int j = 0; j < kStateTiles; ++j)
 #pragma unroll
@@ -330,7 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p) {
     }
   }
 
-  store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
+  if constexpr (kTransitions)
+    store_state(S, transitions, (static_cast<long long>(blockIdx.z) * H + h) * K * (V + K), V + K, v0, s_m0, s_n0);
+  else
+    store_state(S, p.ht, state_base, V, v0, s_m0, s_n0);
 }
 
 void forward(const Problem& p) {
@@ -344,7 +367,14 @@ template <int K, int kColumns, int kRung>
 void launch_chunks_k(const Problem& p) {
   constexpr const char* kName = kRung == 8 ? "kda_v8_chunks" : kRung == 7 ? "kda_v7_chunks" : "kda_v3_chunks";
   launch_checked(p, kName, kda_v3_chunks<K, kColumns, kRung>, dim3(p.V / kColumns, p.H, p.B), kThreads,
-                 ChunkLayout<K, kColumns, kRung >= 8 ? 2 : 1>::kBytes);
+                 ChunkLayout<K, kColumns, kRung >= 8 ? 2 : 1>::kBytes, static_cast<float*>(nullptr), 0);
+}
+
+template <int K, int kColumns>
+void launch_transitions_k(const Problem& view, float* transitions, int segments) {
+  const dim3 grid((view.V + view.K) / kColumns, view.H, view.B / segments * (segments - 1));
+  launch_checked(view, "kda_v9_transitions", kda_v3_chunks<K, kColumns, 8, true>, grid, kThreads,
+                 ChunkLayout<K, kColumns, 2>::kBytes, transitions, segments);
 }
 
 template <int kRung>
@@ -378,6 +408,18 @@ void kda_prepared::launch_chunks(const Problem& p, int columns, int rung) {
   if (rung == 8) launch_chunks_of<8>(p, columns);
   else if (rung == 7) launch_chunks_of<7>(p, columns);
   else launch_chunks_of<3>(p, columns);
+}
+
+void kda_prepared::launch_transitions(const Problem& view, int columns, float* transitions, int segments) {
+  require(columns == 32 || columns == kBlockV, [&] {
+    return "kda_v9_transitions: a value block of 32 or 64 columns, got " + std::to_string(columns);
+  });
+  if (columns == 32)
+    view.K == 64 ? launch_transitions_k<64, 32>(view, transitions, segments)
+                 : launch_transitions_k<128, 32>(view, transitions, segments);
+  else
+    view.K == 64 ? launch_transitions_k<64, kBlockV>(view, transitions, segments)
+                 : launch_transitions_k<128, kBlockV>(view, transitions, segments);
 }
 
 int kda_prepared::narrow_chunks_blocks_per_sm(int K) {
