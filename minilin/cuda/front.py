@@ -124,7 +124,7 @@ def _capability_range(info: dict) -> str:
 # kda v6 to v8 run the same prepare but measured faster than v3 at K = V = 64 too (v8 0.752 against v3's 0.886 ms
 # at B=4, T=8192, H=16; 1.344 against 1.949 at B=1, T=32768; 0.112 against 0.123 at B=8, T=1024, H=8: H100,
 # 2026-12-06), so v8 is the default at both key widths where v9 does not split a sequence (v9 runs v8 there).
-# Where a faster rung does not run (kda v3 to v8 below compute capability 9.0, or at K = 256) the default falls to
+# Where a faster rung does not run (kda v3 to v9 below compute capability 9.0, or at K = 256) the default falls to
 # the next rung down that is not passed over.
 SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,), 5: (64,)}, ("kda", False): {2: None},
                 ("gla", False): {2: None}}
