@@ -29,6 +29,8 @@
 // reads packed sequences and grouped heads (Problem). q and k arrive L2-normalized when the caller asked for it (the
 // front's pre-pass). The chunk kernel's 193 KB of shared memory at K = 128 needs compute capability 9.0 (an 8.x SM
 // gives a block at most 163 KB).
+// The pass over chunks with kTransitions runs kda v9's first pass (v9_split_sequence.cu): the state alone, from
+// [0 | I] over V + K columns, for the segments of a split sequence.
 #include "../common/chunk_tiles.cuh"
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
