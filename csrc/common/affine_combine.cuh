@@ -3,10 +3,10 @@
 // first pass, from [0 | I]). From S_0 = h0 (zeros without one) the start of every segment follows in order,
 //     S_{p+1} = A_p S_p + L_p,   p = 0 .. P - 2,
 // in fp32, written to starts [B P, H, K, V] (segment p of sequence b at row b P + p) for the chunk pass that then
-// runs every segment from its start.
+// runs every segment from its start; copy_last_final_states then hands the last segment's final states to ht.
 #pragma once
 
-#include "launch.cuh"  // launch_checked
+#include "launch.cuh"  // launch_checked, check_cuda, stream_of
 
 namespace minilin {
 namespace affine_combine {
@@ -80,6 +80,15 @@ inline void launch(const Problem& p, int P, const float* transitions, float* sta
   else
     launch_checked(p, name, combine<128>, dim3(p.V / kBlockV, p.H, p.B), kThreads, Layout<128>::kBytes, P,
                    transitions, starts);
+}
+
+// After the chunk pass from the starts: the last segment's final state is the sequence's. finals [B P, H, K, V]
+// holds every segment's, so ht takes B rows of H K V floats, P of them apart.
+inline void copy_last_final_states(const Problem& p, int P, const float* finals, const char* name) {
+  const size_t row_bytes = static_cast<size_t>(p.H) * p.K * p.V * sizeof(float);
+  check_cuda(cudaMemcpy2DAsync(p.ht, row_bytes, finals + static_cast<size_t>(P - 1) * p.H * p.K * p.V, P * row_bytes,
+                               row_bytes, p.B, cudaMemcpyDeviceToDevice, stream_of(p)),
+             name, "cudaMemcpy2DAsync(final state)");
 }
 
 }  // namespace affine_combine

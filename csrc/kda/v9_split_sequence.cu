@@ -157,11 +157,7 @@ void forward(const Problem& p) {
   view.h0 = w.starts;
   view.ht = w.finals;
   kda_prepared::launch_chunks(view, plan.output_columns, /*rung=*/8);
-  // The last segment's final state is the sequence's: B rows of H K V floats, P of them apart in finals.
-  const size_t row_bytes = static_cast<size_t>(p.H) * p.K * p.V * sizeof(float);
-  check_cuda(cudaMemcpy2DAsync(p.ht, row_bytes, w.finals + static_cast<size_t>(P - 1) * p.H * p.K * p.V, P * row_bytes,
-                               row_bytes, p.B, cudaMemcpyDeviceToDevice, stream_of(p)),
-             name.c_str(), "cudaMemcpy2DAsync(final state)");
+  affine_combine::copy_last_final_states(p, P, w.finals, name.c_str());
 }
 
 }  // namespace kda_split
