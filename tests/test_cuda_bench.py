@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -562,3 +563,63 @@ def test_against_fla_compares_the_channel_mixers_by_name(monkeypatch, capsys):
     assert against_fla.main(argparse.Namespace(mixers=["rwkv7"], lengths=[8192], repeats=5, grid=None, json=None)) == 2
     assert "FLA is compared for ['simple_gla', 'deltanet', 'gated_deltanet', 'gla', 'kda'], got ['rwkv7']" in \
         capsys.readouterr().err
+
+
+def test_shape_sets_the_problem_over_the_default_and_names_a_bad_item():
+    from minilin.bench import parse_shape
+
+    assert parse_shape([]) == dict(B=4, H=16, K=128, V=128)
+    assert parse_shape(["B=1", "K=64", "V=64"]) == dict(B=1, H=16, K=64, V=64)
+    assert parse_shape(["B=1", "HV=32"]) == dict(B=1, H=16, K=128, V=128, HV=32)
+    assert parse_shape(["HV=16"]) == dict(B=4, H=16, K=128, V=128)  # one value head per q/k head: the plain layout
+    for items, message in [(["T=100"], "NAME one of B, H, K, V, HV, got 'T=100'"), (["B"], "got 'B'"),
+                           (["K=x"], "K must be a positive integer, got 'x'"), (["V=0"], "got '0'"),
+                           (["K=6.5"], "got '6.5'"), (["HV=24"], "multiple of H (q/k heads), got HV=24 with H=16")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_shape(items)
+
+
+def test_shape_is_refused_outside_a_comparison_at_lengths(capsys):
+    from minilin.cli import main
+
+    for argv in (["bench", "--shape", "B=1"], ["bench", "--against", "fla", "--grid", "--shape", "B=1"],
+                 ["bench", "--backward", "--shape", "B=1"]):
+        assert main(argv) == 2
+        assert "--shape sets the problem of --against fla" in capsys.readouterr().err
+    assert main(["bench", "--against", "fla", "--shape", "B=1", "Q=2"]) == 2
+    assert "--shape: expected items NAME=N" in capsys.readouterr().err
+
+
+def test_against_fla_runs_each_mixer_and_length_at_the_shape_given(monkeypatch, capsys):
+    """--shape's problem reaches every comparison, the header and the JSON; its I/O floor counts v and o at HV heads.
+    No GPU needed: availability, FLA, the machine and the comparison stand in."""
+    import argparse
+
+    import minilin.cuda
+    from minilin.bench import against_fla, gpu
+
+    calls = []
+
+    def fake_compare(mixer, T, repeats, problem=None, with_state=False):
+        calls.append((mixer, T, dict(problem)))
+        return {"mixer": mixer, "T": T, **{d: problem[d] for d in "BHKV"}, "HV": problem["HV"], "minilin_ms": 1.0,
+                "fla_ms": 2.0, "ratio": 0.5, "minilin_call_ms": 1.1, "fla_call_ms": 2.2, "call_ratio": 0.5,
+                "minilin_version": 9, "minilin_error": 3e-3, "fla_error": 3e-3, "minilin_vs_fla_error": 4e-3}
+
+    written = {}
+    monkeypatch.setattr(minilin.cuda, "available", lambda: (True, ""))
+    monkeypatch.setattr(against_fla, "fla_version", lambda: "0.6.0")
+    monkeypatch.setattr(gpu, "machine", lambda: {"gpu": "stand-in", "date": "2026-12-07", "cupy": "14.2"})
+    monkeypatch.setattr(against_fla, "copy_bandwidth_gbs", lambda: 1000.0)
+    monkeypatch.setattr(against_fla, "compare", fake_compare)
+    monkeypatch.setattr(against_fla, "write_json", lambda path, data: written.update(data))
+    args = argparse.Namespace(mixers=["kda", "gated_deltanet"], repeats=5, lengths=[4096, 8192], grid=None,
+                              shape=["B=1", "K=64", "V=64", "HV=32"], json="out.json")
+    assert against_fla.main(args) == 0
+    problem = dict(B=1, H=16, K=64, V=64, HV=32)
+    assert calls == [(m, T, problem) for m in ("kda", "gated_deltanet") for T in (4096, 8192)]
+    out = capsys.readouterr().out
+    assert "B=1 H=16 K=64 V=64 HV=32, bfloat16" in out and written["problem"] == problem
+    floor_ms = 1 * 4096 * (2 * 16 * 64 + 2 * 32 * 64) * 2 / 1e12 * 1e3  # q, k at 16 heads; v, o at 32
+    assert gpu.io_floor_bytes(4096, "bfloat16", problem) == 1 * 4096 * (2 * 16 * 64 + 2 * 32 * 64) * 2
+    assert f"| {floor_ms:.3f} |" in out.splitlines()[3]

@@ -9,6 +9,8 @@
                                     forward and forward + backward per mixer and form (bench/cpu_backward.py)
     minilin bench --device gpu      the CUDA kernels and CuPy (bench/gpu.py, with the CUDA extension)
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
+    minilin bench --against fla --shape B=1 H=16 K=64 V=64
+                                    the same at one problem of your own (HV=32: grouped value heads)
     minilin bench --against fla --grid [all | layouts]
                                     the same at FLA's benchmark shapes and at long context (layouts: packed
                                     sequences and grouped value heads)
@@ -45,6 +47,9 @@ def register(subparsers) -> None:
                    help="GPU only: sequence lengths (default 2048 8192 32768; with --backward 2048 8192)")
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
+    p.add_argument("--shape", nargs="+", metavar="D=N",
+                   help="with --against fla: the problem's sizes instead of B=4 H=16 K=128 V=128 (those not given "
+                        "keep these), at --lengths; HV=N gives N value heads, each q/k head shared by HV / H of them")
     p.add_argument("--grid", nargs="?", const="fla", choices=["fla", "all", "layouts"], default=None,
                    help="with --against fla or --backward: FLA's benchmark shapes and one long sequence instead of "
                         "--lengths (bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256; "
@@ -65,6 +70,32 @@ def register(subparsers) -> None:
     p.add_argument("--chunk-sizes", nargs="+", type=int, metavar="C",
                    help="with --floor: the chunk sizes to time (default 16 32 64)")
     p.set_defaults(func=_run)
+
+
+SHAPE_SIZES = ("B", "H", "K", "V", "HV")  # --shape's names: batch, q/k heads, key and value widths, value heads
+
+
+def parse_shape(items: list[str], default: dict | None = None) -> dict:
+    """--shape's D=N items over `default` (bench/gpu.py's PROBLEM): a problem dict for bench/gpu.make_inputs.
+    Raises ValueError naming the item, what was expected and what was given."""
+    problem = dict(default or dict(B=4, H=16, K=128, V=128))
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals or name not in SHAPE_SIZES:
+            raise ValueError(f"--shape: expected items NAME=N with NAME one of {', '.join(SHAPE_SIZES)}, got {item!r}")
+        try:
+            size = int(value)
+        except ValueError:
+            size = 0
+        if size <= 0 or str(size) != value.strip():
+            raise ValueError(f"--shape: {name} must be a positive integer, got {value!r}")
+        problem[name] = size
+    if "HV" in problem and problem["HV"] % problem["H"] != 0:
+        raise ValueError(f"--shape: HV (value heads) must be a multiple of H (q/k heads), got HV={problem['HV']} "
+                         f"with H={problem['H']}")
+    if problem.get("HV") == problem["H"]:
+        del problem["HV"]
+    return problem
 
 
 def _refuse(message: str) -> int:
@@ -107,6 +138,14 @@ def _run(args) -> int:
                        "--backward, and --json PATH (a file)")
     if args.grid and args.lengths:
         return _refuse("--grid has its own shapes: drop --lengths")
+    if getattr(args, "shape", None):
+        if args.against != "fla" or args.grid or args.backward:
+            return _refuse("--shape sets the problem of --against fla (without --grid, which has its own shapes, "
+                           "or --backward)")
+        try:
+            parse_shape(args.shape)
+        except ValueError as error:
+            return _refuse(str(error))
     if args.chunk_sizes and not args.floor:
         return _refuse("--chunk-sizes goes with --floor (the chunked forms run at their default chunk size otherwise)")
     if args.lengths and args.device == "cpu":

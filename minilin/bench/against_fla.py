@@ -4,7 +4,8 @@ FLA (Triton) is what a user would pick instead of minilin's kernels; this side-b
 to choose between them. It needs FLA importable (`pip install fla-core`, pure Python: einops, torch and triton underneath);
 FLA is never a dependency of minilin.
 
-Problem: bench/gpu.py's (B=4, H=16, K=V=128), bfloat16 inputs, the same numbers for both (one draw per
+Problem: bench/gpu.py's (B=4, H=16, K=V=128), or --shape's (e.g. B=1 H=16 K=64 V=64; HV=32 for grouped value
+heads), bfloat16 inputs, the same numbers for both (one draw per
 length, on the bfloat16 grid), T in --lengths (default 2048 8192 32768); mixers simple_gla, deltanet and
 gated_deltanet, against FLA's chunk_simple_gla, chunk_delta_rule and chunk_gated_delta_rule, and by --mixers gla
 and kda (a decay per key channel) against chunk_gla and chunk_kda.
@@ -34,7 +35,7 @@ import sys
 
 import numpy as np
 
-from . import gpu, read_earlier_json, write_json
+from . import SHAPE_SIZES, gpu, parse_shape, read_earlier_json, write_json
 from .gpu_timing import SINGLE_CALLS, alternating_medians, copy_bandwidth_gbs
 
 MIXERS = ("simple_gla", "deltanet", "gated_deltanet")  # the default
@@ -151,7 +152,7 @@ def format_table(rows: list[dict], copy_gbs: float) -> str:
              f"I/O floor ms | error minilin / FLA (vs float64) | minilin vs FLA |",
              "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        floor = gpu.io_floor_bytes(r["T"], DTYPE) / (copy_gbs * 1e9) * 1e3
+        floor = gpu.io_floor_bytes(r["T"], DTYPE, r if all(d in r for d in "BHKV") else None) / (copy_gbs * 1e9) * 1e3
         errors = f"{_e(r, 'minilin_error')} / {_e(r, 'fla_error')}"
         if "ratio" not in r:
             lines.append(f"| {r['mixer']} | {r['T']} | - | - | - | {r.get('note', '')} | - | {floor:.3f} | {errors} | "
@@ -209,14 +210,15 @@ def main(args) -> int:
     copy_gbs = copy_bandwidth_gbs()
     if getattr(args, "grid", None):
         return main_grid(args, mixers, repeats, info, copy_gbs)
+    problem = parse_shape(args.shape, gpu.PROBLEM) if getattr(args, "shape", None) else gpu.PROBLEM
+    sizes = " ".join(f"{d}={problem[d]}" for d in SHAPE_SIZES if d in problem)
     print(f"minilin bench --against fla: {info['gpu']}, {info['date']}, FLA {version}, torch {info.get('torch')}, "
-          f"CuPy {info['cupy']}; B={gpu.PROBLEM['B']} H={gpu.PROBLEM['H']} K={gpu.PROBLEM['K']} "
-          f"V={gpu.PROBLEM['V']}, {DTYPE}; per round the median of {repeats} queued runs (and of {SINGLE_CALLS} "
-          f"single calls), reported the median over {ROUNDS} alternating rounds", flush=True)
+          f"CuPy {info['cupy']}; {sizes}, {DTYPE}; per round the median of {repeats} queued runs (and of "
+          f"{SINGLE_CALLS} single calls), reported the median over {ROUNDS} alternating rounds", flush=True)
     rows = []
     for mixer in mixers:
         for T in lengths:
-            row = compare(mixer, T, repeats)
+            row = compare(mixer, T, repeats, problem)
             state = (f"{row['minilin_ms']:.3f} vs {row['fla_ms']:.3f} ms (one call: {row['minilin_call_ms']:.3f} vs "
                      f"{row['fla_call_ms']:.3f})" if "ratio" in row else row["note"])
             print(f"  {mixer} T={T}: {state}", file=sys.stderr, flush=True)
@@ -224,7 +226,7 @@ def main(args) -> int:
     print(format_table(rows, copy_gbs))
     if args.json:
         write_json(args.json, {"against": "fla", "machine": info, "copy_bandwidth_gbs": copy_gbs,
-                               "problem": gpu.PROBLEM, "rows": rows})
+                               "problem": problem, "rows": rows})
     return 1 if any("ratio" not in r for r in rows) else 0
 
 

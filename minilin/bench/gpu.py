@@ -113,9 +113,11 @@ def make_inputs(mixer: str, T: int, seed: int, problem: dict | None = None, with
 
 
 def io_floor_bytes(T: int, dtype: str, problem: dict | None = None) -> int:
-    """q, k, v read once and o written once."""
-    B, H, K, V = ((problem or PROBLEM)[d] for d in "BHKV")
-    return B * T * H * (2 * K + 2 * V) * (2 if dtype == "bfloat16" else 4)
+    """q, k, v read once and o written once (`problem`'s HV value heads for v and o where it gives them)."""
+    problem = problem or PROBLEM
+    B, H, K, V = (problem[d] for d in "BHKV")
+    HV = problem.get("HV", H)
+    return B * T * (2 * H * K + 2 * HV * V) * (2 if dtype == "bfloat16" else 4)
 
 
 # ---- implementations ---------------------------------------------------------------------------------------
