@@ -1,18 +1,44 @@
-// The combine pass of a split version whose state is affine in its start (delta v12, kda v9): over segment p of a
-// sequence, S_end = A_p S_start + L_p, with [L_p | A_p] [K, V + K] what the segment's transitions pass stored (its
-// first pass, from [0 | I]). From S_0 = h0 (zeros without one) the start of every segment follows in order,
+// What a split version whose state is affine in its start shares (delta v12, kda v9): over segment p of a sequence,
+// S_end = A_p S_start + L_p, with [L_p | A_p] [K, V + K] what the segment's transitions pass stored (its first pass,
+// from [0 | I], over segments 0 .. P - 2: transitions row z = b (P - 1) + p, split_segments.cuh's segment_row).
+// The combine pass: from S_0 = h0 (zeros without one) the start of every segment follows in order,
 //     S_{p+1} = A_p S_p + L_p,   p = 0 .. P - 2,
 // in fp32, written to starts [B P, H, K, V] (segment p of sequence b at row b P + p) for the chunk pass that then
-// runs every segment from its start; copy_last_final_states then hands the last segment's final states to ht.
+// runs every segment from its start into finals [B P, H, K, V]; copy_last_final_states then hands the last
+// segment's final states to ht. The three arrays follow the version's own workspace (SplitStates).
 #pragma once
 
-#include "launch.cuh"  // launch_checked, check_cuda, stream_of
+#include "launch.cuh"     // launch_checked, check_cuda, stream_of
+#include "sequences.cuh"  // workspace_aligned
 
 namespace minilin {
 namespace affine_combine {
 
 constexpr int kThreads = 256;
 constexpr int kBlockV = 64;  // value columns per block
+
+// The transitions, the starts and the finals, each 256-byte aligned, from `base` on (after the version's own parts).
+struct SplitStates {
+  float* transitions;  // [B (P - 1), H, K, V + K]
+  float* starts;       // [B P, H, K, V]
+  float* finals;       // [B P, H, K, V]
+};
+
+inline size_t transitions_bytes(int P, int B, int H, int K, int V) {
+  return workspace_aligned(static_cast<size_t>(B) * (P - 1) * H * K * (V + K) * sizeof(float));
+}
+inline size_t states_bytes(int P, int B, int H, int K, int V) {
+  return workspace_aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
+}
+inline size_t split_states_bytes(int P, int B, int H, int K, int V) {
+  return transitions_bytes(P, B, H, K, V) + 2 * states_bytes(P, B, H, K, V);
+}
+inline SplitStates carve_split_states(void* base, int P, int B, int H, int K, int V) {
+  auto* at = static_cast<unsigned char*>(base);
+  const size_t starts_at = transitions_bytes(P, B, H, K, V), finals_at = starts_at + states_bytes(P, B, H, K, V);
+  return {reinterpret_cast<float*>(at), reinterpret_cast<float*>(at + starts_at),
+          reinterpret_cast<float*>(at + finals_at)};
+}
 
 // S_p's columns [K][64] and A_p [K][K] in shared memory (fp32: 96 KB at K = 128).
 template <int K>

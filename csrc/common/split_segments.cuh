@@ -59,6 +59,12 @@ inline int fastest_affine_split(int B, int T, int min_segment, int max_segments,
   return best;
 }
 
+// The [B P, T / P] view's sequence b P + p that transitions row z = b (P - 1) + p belongs to (a transitions pass's
+// blockIdx.z, common/affine_combine.cuh): the first P - 1 segments of each sequence have a transition, the last none.
+__host__ __device__ __forceinline__ int segment_row(unsigned z, int segments) {
+  return z / (segments - 1) * segments + z % (segments - 1);
+}
+
 // The key widths a split version's chunk kernel is instantiated for, as slots of the tables below.
 inline int key_slot(int K) { return K == 64 ? 0 : K == 128 ? 1 : 2; }  // 64, 128, 256
 

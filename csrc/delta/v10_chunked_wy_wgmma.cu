@@ -27,6 +27,7 @@
 // O), over the V value columns from zero and K more from the identity with v = 0, the segment's final state into
 // v12's workspace; the launches v12 shares with v10 are in namespace delta_wgmma at the end of this file.
 #include "../common/producer.cuh"
+#include "../common/split_segments.cuh"  // segment_row
 #include "../common/wgmma.cuh"
 #include "chunk_wy_mma_wide.cuh"  // delta_wide::check_problem, workspace_bytes
 #include "wy_prepare_blocked.cuh"
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   const Layout<K> L{align_1024(smem)};
   const int H = p.H, V = p.V;
   const int v0 = blockIdx.x * kBlockV, h = blockIdx.y;
-  const int b = kTransitions ? blockIdx.z / (segments - 1) * segments + blockIdx.z % (segments - 1) : blockIdx.z;
+  const int b = kTransitions ? segment_row(blockIdx.z, segments) : blockIdx.z;
   const bool identity = kTransitions && v0 >= V;  // this block's columns carry the identity, with v = 0
   const SequenceRows seq = sequence_rows(p, b);
   const int chunks = ceil_div(seq.length, kChunk);

@@ -82,23 +82,15 @@ inline int choose_segments(int B, int T, int H, int K, int V) {
 
 // ---- the workspace: the WY tiles, then [L_p | A_p], the starts S_p and pass 3's final states, each 256-aligned
 struct Workspace {
-  bf16* wy;            // v10's: [H][chunk rows][64][64]
-  float* transitions;  // [B (P - 1), H, K, V + K]
-  float* starts;       // [B P, H, K, V]
-  float* finals;       // [B P, H, K, V]
+  bf16* wy;  // v10's: [H][chunk rows][64][64]
+  affine_combine::SplitStates states;
 };
 
 inline size_t wy_bytes(int B, int T, int H) {
   return workspace_aligned(delta_wide::workspace_bytes(B, T, H, 0, 0, false));
 }
-inline size_t transitions_bytes(int P, int B, int H, int K, int V) {
-  return workspace_aligned(static_cast<size_t>(B) * (P - 1) * H * K * (V + K) * sizeof(float));
-}
-inline size_t states_bytes(int P, int B, int H, int K, int V) {
-  return workspace_aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
-}
 inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
-  return wy_bytes(B, T, H) + transitions_bytes(P, B, H, K, V) + 2 * states_bytes(P, B, H, K, V);
+  return wy_bytes(B, T, H) + affine_combine::split_states_bytes(P, B, H, K, V);
 }
 
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
@@ -110,11 +102,8 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
 
 inline Workspace carve(const Problem& p, int P) {
   auto* base = static_cast<unsigned char*>(p.workspace);
-  const size_t transitions_at = wy_bytes(p.B, p.T, p.H);
-  const size_t starts_at = transitions_at + transitions_bytes(P, p.B, p.H, p.K, p.V);
-  const size_t finals_at = starts_at + states_bytes(P, p.B, p.H, p.K, p.V);
-  return {reinterpret_cast<bf16*>(base), reinterpret_cast<float*>(base + transitions_at),
-          reinterpret_cast<float*>(base + starts_at), reinterpret_cast<float*>(base + finals_at)};
+  return {reinterpret_cast<bf16*>(base),
+          affine_combine::carve_split_states(base + wy_bytes(p.B, p.T, p.H), P, p.B, p.H, p.K, p.V)};
 }
 
 void forward(const Problem& p) {
@@ -136,12 +125,12 @@ void forward(const Problem& p) {
   view.T = p.T / P;
   view.workspace = nullptr;
   view.workspace_size = 0;
-  delta_wgmma::transitions_pass(view, w.wy, w.transitions, P);
-  affine_combine::launch(p, P, w.transitions, w.starts, "delta_v12_combine");
-  view.h0 = w.starts;
-  view.ht = w.finals;
+  delta_wgmma::transitions_pass(view, w.wy, w.states.transitions, P);
+  affine_combine::launch(p, P, w.states.transitions, w.states.starts, "delta_v12_combine");
+  view.h0 = w.states.starts;
+  view.ht = w.states.finals;
   delta_wgmma::chunk_pass(view, w.wy);
-  affine_combine::copy_last_final_states(p, P, w.finals, name.c_str());
+  affine_combine::copy_last_final_states(p, P, w.states.finals, name.c_str());
 }
 
 }  // namespace delta_split

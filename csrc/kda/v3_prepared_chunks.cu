@@ -36,6 +36,7 @@
 #include "../common/mma.cuh"
 #include "../common/sequences.cuh"
 #include "../common/simt.cuh"
+#include "../common/split_segments.cuh"  // segment_row
 #include "../delta/wy_prepare_blocked.cuh"  // wy_blocked::solve_unit_lower, kLd
 #include "../gla/sub_chunks.cuh"
 #include "prepare_steps.cuh"
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_v3_chunks(const Problem p, fl
   const Layout L{smem};
   const int H = p.H, V = p.V;
   const int v0 = blockIdx.x * kColumns, h = blockIdx.y;
-  const int b = kTransitions ? blockIdx.z / (segments - 1) * segments + blockIdx.z % (segments - 1) : blockIdx.z;
+  const int b = kTransitions ? segment_row(blockIdx.z, segments) : blockIdx.z;
   const bool identity = kTransitions && v0 >= V;  // this block's columns carry the identity, with v = 0
   const SequenceRows seq = sequence_rows(p, b);
   const int chunks = chunk_count(seq.length);

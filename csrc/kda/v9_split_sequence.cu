@@ -71,25 +71,24 @@ inline PassChoice pass_choice(int sms, long long sequences, int H, int n_columns
 struct Plan {
   int P = 1;
   int transition_columns = 0, output_columns = 0;  // pass 1's and pass 3's value blocks (P > 1)
+  double us = 0.0;                                 // its predicted time
 };
 
+// P segments: each pass at its faster width, plus the combine and the added launches (P = 1: v8's pass alone).
+inline Plan plan_with(int P, int sms, int B, int T, int H, int K, int V) {
+  const double chain = T / P / kChunk;
+  const PassChoice outputs = pass_choice(sms, static_cast<long long>(B) * P, H, V, K, chain, 1.0);
+  if (P == 1) return {1, 0, 0, outputs.us};
+  const PassChoice transitions =
+      pass_choice(sms, static_cast<long long>(B) * (P - 1), H, V + K, K, chain, kTransitionsFactor);
+  return {P, transitions.columns, outputs.columns,
+          transitions.us + outputs.us + (P - 1) * kCombineUs + kAddedLaunchesUs};
+}
+
 inline Plan plan_of(int sms, int B, int T, int H, int K, int V) {
-  const auto time_us = [&](int P) {
-    const double chain = T / P / kChunk;
-    const double outputs = pass_choice(sms, static_cast<long long>(B) * P, H, V, K, chain, 1.0).us;
-    if (P == 1) return outputs;
-    return pass_choice(sms, static_cast<long long>(B) * (P - 1), H, V + K, K, chain, kTransitionsFactor).us + outputs +
-           (P - 1) * kCombineUs + kAddedLaunchesUs;
-  };
-  Plan plan;
-  plan.P = fastest_affine_split(B, T, kMinSegment, kMaxSegments, time_us);
-  if (plan.P > 1) {
-    const double chain = T / plan.P / kChunk;
-    plan.transition_columns =
-        pass_choice(sms, static_cast<long long>(B) * (plan.P - 1), H, V + K, K, chain, kTransitionsFactor).columns;
-    plan.output_columns = pass_choice(sms, static_cast<long long>(B) * plan.P, H, V, K, chain, 1.0).columns;
-  }
-  return plan;
+  const int P = fastest_affine_split(B, T, kMinSegment, kMaxSegments,
+                                     [&](int P) { return plan_with(P, sms, B, T, H, K, V).us; });
+  return plan_with(P, sms, B, T, H, K, V);
 }
 
 inline Plan choose_plan(int B, int T, int H, int K, int V) {
@@ -100,23 +99,11 @@ inline Plan choose_plan(int B, int T, int H, int K, int V) {
 }
 
 // ---- the workspace: v8's prepared tiles, then [L_p | A_p], the starts S_p and pass 3's final states ----------
-struct Workspace {
-  float* transitions;  // [B (P - 1), H, K, V + K]
-  float* starts;       // [B P, H, K, V]
-  float* finals;       // [B P, H, K, V]
-};
-
-inline size_t transitions_bytes(int P, int B, int H, int K, int V) {
-  return workspace_aligned(static_cast<size_t>(B) * (P - 1) * H * K * (V + K) * sizeof(float));
-}
-inline size_t states_bytes(int P, int B, int H, int K, int V) {
-  return workspace_aligned(static_cast<size_t>(B) * P * H * K * V * sizeof(float));
-}
 inline size_t prepared_part(int B, int T, int H, int K, int V) {
   return workspace_aligned(kda_prepared::prepared_bytes(B, T, H, K, V, false));
 }
 inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
-  return prepared_part(B, T, H, K, V) + transitions_bytes(P, B, H, K, V) + 2 * states_bytes(P, B, H, K, V);
+  return prepared_part(B, T, H, K, V) + affine_combine::split_states_bytes(P, B, H, K, V);
 }
 
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
@@ -125,13 +112,9 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
   return P == 1 ? kda_prepared::prepared_bytes(B, T, H, K, V, false) : split_bytes(P, B, T, H, K, V);
 }
 
-inline Workspace carve(const Problem& p, int P) {
+inline affine_combine::SplitStates carve(const Problem& p, int P) {
   auto* base = static_cast<unsigned char*>(p.workspace);
-  const size_t transitions_at = prepared_part(p.B, p.T, p.H, p.K, p.V);
-  const size_t starts_at = transitions_at + transitions_bytes(P, p.B, p.H, p.K, p.V);
-  const size_t finals_at = starts_at + states_bytes(P, p.B, p.H, p.K, p.V);
-  return {reinterpret_cast<float*>(base + transitions_at), reinterpret_cast<float*>(base + starts_at),
-          reinterpret_cast<float*>(base + finals_at)};
+  return affine_combine::carve_split_states(base + prepared_part(p.B, p.T, p.H, p.K, p.V), P, p.B, p.H, p.K, p.V);
 }
 
 void forward(const Problem& p) {
@@ -143,7 +126,7 @@ void forward(const Problem& p) {
   const int P = plan.P;
   if (P == 1) return kda_v8.forward(p);
   check_workspace(p, name.c_str(), split_bytes(P, p.B, p.T, p.H, p.K, p.V));
-  const Workspace w = carve(p, P);
+  const affine_combine::SplitStates w = carve(p, P);
   kda_prepared::launch_sliced_prepare(p, /*halves=*/true);
 
   Problem view = p;  // the [B P, T / P] view: the same arrays, segments are contiguous runs of rows
