@@ -78,7 +78,9 @@ SHAPE_SIZES = ("B", "H", "K", "V", "HV")  # --shape's names: batch, q/k heads, k
 def parse_shape(items: list[str], default: dict | None = None) -> dict:
     """--shape's D=N items over `default` (bench/gpu.py's PROBLEM): a problem dict for bench/gpu.make_inputs.
     Raises ValueError naming the item, what was expected and what was given."""
-    problem = dict(default or dict(B=4, H=16, K=128, V=128))
+    if default is None:
+        from .gpu import PROBLEM as default
+    problem = dict(default)
     for item in items:
         name, equals, value = item.partition("=")
         if not equals or name not in SHAPE_SIZES:
