@@ -107,6 +107,18 @@ inline void require_channel_gate(const P& p, const char* kernel) {
   });
 }
 
+// A version's scratch (p.workspace, p.workspace_size bytes): at least `needed` bytes and, where `aligned`, 16-byte
+// aligned (its kernels copy in and store 16 bytes at a time).
+inline void require_workspace(const Problem& p, const char* kernel, size_t needed, bool aligned = true) {
+  require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
+    return std::string(kernel) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
+           std::to_string(p.workspace_size);
+  });
+  require(!aligned || reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
+    return std::string(kernel) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
+  });
+}
+
 // Checks every version shares: positive sizes, pointers present, the gate/beta an op needs.
 inline void check_common(const Problem& p, const char* kernel, bool needs_beta) {
   const auto k = [kernel] { return std::string(kernel); };

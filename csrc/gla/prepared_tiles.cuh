@@ -55,7 +55,11 @@ __device__ __forceinline__ PreparedTiles prepared_tiles(const Problem& p, int h,
 
 // v4's two launches (gla/v4_prepared_chunks.cu), K = 64 or 128, the problem checked by the caller: the prepare
 // kernel over every chunk of p, and the pass over chunks of p, both with p.workspace holding the tiles.
+// launch_prepare_halves (gla v6, K = 256): the prepare at K = 128 on each half of the key channels, head h's
+// channels [128 s, 128 s + 128) as head 2 h + s of a workspace of 2 H heads (prepared_bytes(B, T, 2 H, 128, ..)):
+// Qr, Ke and d are per channel, so the halves' tiles side by side are K = 256's, and P is their two P summed.
 void launch_prepare(const Problem& p);
+void launch_prepare_halves(const Problem& p);
 void launch_chunks(const Problem& p);
 int chunks_blocks_per_sm(int K);  // the pass over chunks' resident blocks per SM at this K (64 or 128)
 

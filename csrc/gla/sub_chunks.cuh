@@ -101,27 +101,33 @@ __device__ __forceinline__ void pair_products(int warp, const __nv_bfloat16* q_p
 //     S <- diag(d) S + Ke^T V            its slice of the state, in fp32 registers
 // with the chunk's tiles in bf16 shared rows (Qr, Ke of stride kLdK; P, zero above the diagonal, so that P V stops
 // at the warp's diagonal block, of stride kLdC; v and the bf16 copy of S entering the chunk, S_copy, of stride
-// kLdV) and d = exp(G_C) per key channel.
-template <int K, int kLdK, int kLdC, int kLdV>
-__device__ __forceinline__ void read_and_update_state(float (&S)[1][narrow::kStateTiles<K>][4], const WarpTiles& t,
+// kLdV) and d = exp(G_C) per key channel. gla v6's wide layout at K = 256 passes its tile widths (kOutTiles,
+// kStateTiles: 8-column tiles of O and of S per warp) and kScores = 2: P is then the sum of two tiles, the second
+// kChunk rows after the first (its two halves of the key channels, gla/prepared_tiles.cuh).
+template <int K, int kLdK, int kLdC, int kLdV, int kOutTiles = 4, int kStateTiles = narrow::kStateTiles<K>,
+          int kScores = 1>
+__device__ __forceinline__ void read_and_update_state(float (&S)[1][kStateTiles][4], const WarpTiles& t,
                                                       const __nv_bfloat16* Qr, const __nv_bfloat16* Ke,
                                                       const __nv_bfloat16* P, const __nv_bfloat16* v,
                                                       const __nv_bfloat16* S_copy, const float* decay,
                                                       __nv_bfloat16* o, const SequenceRows& seq, int H, int V, int h,
                                                       int t0, int v0, float scale) {
+  static_assert(kScores == 1 || kScores == 2, "P is one tile or the sum of two");
   {
-    float acc[1][4][4];
+    float acc[1][kOutTiles][4];
     zero(acc);
-    warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, Qr, kLdK, S_copy, kLdV, t.m0, t.n0, 0, K);
-    warp_mma<1, 4, Stored::kRowMajor, Stored::kRowMajor>(acc, P, kLdC, v, kLdV, t.m0, t.n0, 0, t.m0 + 16);
+    warp_mma<1, kOutTiles, Stored::kRowMajor, Stored::kRowMajor>(acc, Qr, kLdK, S_copy, kLdV, t.m0, t.n0, 0, K);
+    warp_mma<1, kOutTiles, Stored::kRowMajor, Stored::kRowMajor>(acc, P, kLdC, v, kLdV, t.m0, t.n0, 0, t.m0 + 16);
+    if constexpr (kScores == 2)
+      warp_mma<1, kOutTiles, Stored::kRowMajor, Stored::kRowMajor>(acc, P + kChunk * kLdC, kLdC, v, kLdV, t.m0, t.n0,
+                                                                   0, t.m0 + 16);
     store_output_tile(acc, o, seq, H, V, h, t0, v0, t.m0, t.n0, scale);
   }
 #pragma unroll
-  for (int j = 0; j < narrow::kStateTiles<K>; ++j)
+  for (int j = 0; j < kStateTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) S[0][j][e] *= decay[t.s_m0 + acc_row(0, e)];
-  warp_mma<1, narrow::kStateTiles<K>, Stored::kTransposed, Stored::kRowMajor>(S, Ke, kLdK, v, kLdV, t.s_m0, t.s_n0, 0,
-                                                                              kChunk);
+  warp_mma<1, kStateTiles, Stored::kTransposed, Stored::kRowMajor>(S, Ke, kLdK, v, kLdV, t.s_m0, t.s_n0, 0, kChunk);
 }
 
 }  // namespace gla_sub_chunks

@@ -66,23 +66,27 @@ struct PrepareLayout {
 // Two blocks per SM at K = 128 (233472 bytes per SM, 1 KB of it reserved per block).
 static_assert(2 * (PrepareLayout<128>::kBytes + 1024) <= 233472, "two prepare blocks per SM");
 
-template <int K>
+// kSlices > 1 (gla v6 at K = 256): q, k and g rows are kSlices K channels wide, and block y = h kSlices + slice
+// prepares channels [slice K, slice K + K) of head h as head y of a workspace of H kSlices heads: every tile but P
+// is per channel, and P is the sum of the slices' P (gla/prepared_tiles.cuh).
+template <int K, int kSlices = 1>
 __global__ void __launch_bounds__(kThreads, 2) gla_v4_prepare(const Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLdK = PrepareLayout<K>::kLdK, kLdG = PrepareLayout<K>::kLdG;
   const PrepareLayout<K> L{smem};
   const ChunkOfBlock chunk = chunk_of_block(p);  // (common/sequences.cuh)
   if (!chunk.used) return;
-  const int h = blockIdx.y;
+  const int h = blockIdx.y / kSlices, c0 = (blockIdx.y % kSlices) * K;
   const SequenceRows seq = sequence_rows(p, chunk.b);
   const int t0 = chunk.n * kChunk;
-  const PreparedTiles out = prepared_tiles<K>(p, h, seq.chunk0 + chunk.n);
+  const PreparedTiles out = prepared_tiles<K>(p.workspace, chunk_rows(p.B, p.T, p.cu_seqlens != nullptr),
+                                              p.H * kSlices, blockIdx.y, seq.chunk0 + chunk.n);
   const int warp = threadIdx.x >> 5;
 
   // 1. q, k (bf16) and g (fp32) on chip, zero past the sequence's end (a zero gate decays nothing, a zero key writes
   //    nothing); Gs by a running sum per (sub-chunk, channel)
-  cp_async_qk_rows<K>(L.q(), L.k(), kLdK, p, seq, h, t0);
-  cp_async_channel_gate_rows<K>(L.G(), kLdG, p, seq, h, t0);
+  cp_async_qk_rows<K * kSlices, K>(L.q(), L.k(), kLdK, p, seq, h, t0, c0);
+  cp_async_channel_gate_rows<K * kSlices, K>(L.G(), kLdG, p, seq, h, t0, c0);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -250,13 +254,7 @@ void forward(const Problem& p) {
   check_tensor_core_problem(p, name, false, kBlockV);
   require_channel_gate(p, name);
   const size_t needed = workspace_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
-  require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
-    return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
-           std::to_string(p.workspace_size);
-  });
-  require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
-    return std::string(name) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
-  });
+  require_workspace(p, name, needed);
   gla_prepared::launch_prepare(p);
   gla_prepared::launch_chunks(p);
 }
@@ -264,6 +262,10 @@ void forward(const Problem& p) {
 }  // namespace
 
 void gla_prepared::launch_prepare(const Problem& p) { p.K == 64 ? launch_prepare_k<64>(p) : launch_prepare_k<128>(p); }
+void gla_prepared::launch_prepare_halves(const Problem& p) {
+  launch_checked(p, "gla_v4_prepare", gla_v4_prepare<128, 2>, chunk_grid(p, 2 * p.H), kThreads,
+                 PrepareLayout<128>::kBytes);
+}
 void gla_prepared::launch_chunks(const Problem& p) { p.K == 64 ? launch_chunks_k<64>(p) : launch_chunks_k<128>(p); }
 
 int gla_prepared::chunks_blocks_per_sm(int K) {

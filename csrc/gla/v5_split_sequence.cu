@@ -245,13 +245,7 @@ void forward(const Problem& p) {
   const int P = packed ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
   const size_t needed = P == 1 ? gla_prepared::prepared_bytes(p.B, p.T, p.H, p.K, packed)
                                : split_bytes(P, p.B, p.T, p.H, p.K, p.V);  // P as chosen above, not chosen again
-  require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
-    return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
-           std::to_string(p.workspace_size);
-  });
-  require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
-    return std::string(name) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
-  });
+  require_workspace(p, name, needed);
   gla_prepared::launch_prepare(p);  // 1. every chunk's tiles
   if (P == 1) return gla_prepared::launch_chunks(p);
 

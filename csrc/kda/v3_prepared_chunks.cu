@@ -392,13 +392,7 @@ void kda_prepared::check_problem(const Problem& p, const char* name) {
   check_tensor_core_problem(p, name, true, kBlockV);
   require_channel_gate(p, name);
   const size_t needed = prepared_bytes(p.B, p.T, p.H, p.K, p.V, p.cu_seqlens != nullptr);
-  require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
-    return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
-           std::to_string(p.workspace_size);
-  });
-  require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, [&] {
-    return std::string(name) + ": the workspace must be 16-byte aligned (cp.async and 16-byte stores)";
-  });
+  require_workspace(p, name, needed);
 }
 
 void kda_prepared::launch_chunks(const Problem& p, int columns, int rung) {

@@ -261,10 +261,7 @@ void split_forward(const Problem& p, const char* name, void (*chunk_pass)(const 
   const int P = p.cu_seqlens ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
   if (P == 1) return chunk_pass(p);
   const size_t needed = split_bytes(P, p.B, p.T, p.H, p.K, p.V);  // P as chosen above, not chosen again
-  require(p.workspace != nullptr && p.workspace_size >= needed, [&] {
-    return std::string(name) + ": needs a workspace of " + std::to_string(needed) + " bytes, got " +
-           std::to_string(p.workspace_size);
-  });
+  require_workspace(p, name, needed, false);
   const Workspace w = carve(p, P);
 
   Problem segments = p;  // 1. the [B P, T / P] view: same arrays, no start state, final states into L_p
