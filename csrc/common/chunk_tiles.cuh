@@ -62,7 +62,7 @@ constexpr int kStateTiles = (kBlockV / 8) / kRowSharers<K>;  // 8-column tiles o
 using minilin::WarpTiles;
 template <int K>
 __device__ __forceinline__ WarpTiles warp_tiles(int warp) {
-  static_assert(kRowSharers<K> >= 1 && kStateTiles<K> % 2 == 0, "K must be 64 or 128");
+  static_assert(kRowSharers<K> >= 1 && kStateTiles<K> % 2 == 0, "K must be 64, 128 or 256");
   return {16 * (warp >> 2), 16 * (warp & 3), 16 * (warp / kRowSharers<K>),
           8 * kStateTiles<K> * (warp % kRowSharers<K>)};
 }
