@@ -215,15 +215,20 @@ def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
     ("gla", 6, dict(V=96), r"gla_v6_head_dim_256: V must be a multiple of 64, got V=96"),
     ("gla", 6, dict(g=0), r"gla_v6_head_dim_256: g must be a device pointer"),
     ("gla", 6, {}, r"gla_v6_head_dim_256: needs a workspace of \d+ bytes, got 0"),
+    ("kda", 10, dict(dtype=0), r"kda_v10_head_dim_256: bfloat16 inputs only"),
+    ("kda", 10, dict(K=128), r"kda_v10_head_dim_256: K must be 256 \(v3 to v9 take 64 and 128\), got K=128"),
+    ("kda", 10, dict(V=96), r"kda_v10_head_dim_256: V must be a multiple of 64, got V=96"),
+    ("kda", 10, dict(g=0), r"kda_v10_head_dim_256: g must be a device pointer"),
+    ("kda", 10, {}, r"kda_v10_head_dim_256: needs a workspace of \d+ bytes, got 0"),
 ])
 def test_the_head_dim_256_versions_refuse_other_shapes_before_any_launch(op, version, changes, message):
-    """linear v9, delta v11 and gla v6, called by number outside their shape rule (or without their workspace), with
-    fake pointers: their checks stop the call first (wherever the extension is built)."""
+    """linear v9, delta v11, gla v6 and kda v10, called by number outside their shape rule (or without their
+    workspace), with fake pointers: their checks stop the call first (wherever the extension is built)."""
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     changes = dict(changes)
-    g = changes.pop("g", 1 if op == "gla" else 0)
+    g = changes.pop("g", 1 if op in ("gla", "kda") else 0)
     sizes = dict(dict(B=2, T=100, H=3, K=256, V=64, scale=1.0, dtype=1, stream=0), **changes)
-    beta = 1 if op == "delta" else 0
+    beta = 1 if op in ("delta", "kda") else 0
     with pytest.raises(ValueError, match=message):
         cuda.forward(op, version, 1, 1, 1, g, beta, 0, 1, 1, 0, 0, **sizes)
 
@@ -231,7 +236,7 @@ def test_the_head_dim_256_versions_refuse_other_shapes_before_any_launch(op, ver
 def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
     # Runs wherever the extension is built, GPU or not (CI compiles it): each entry's rule is what its file's
     # checks take (the token loops K <= 256, the chunked CUDA-core versions K <= 128, every bf16-only version the
-    # tensor-core shape, K = 64 or 128, but linear v9, delta v11 and gla v6, K = 256), so that version=None at K = 256 or
+    # tensor-core shape, K = 64 or 128, but linear v9, delta v11, gla v6 and kda v10, K = 256), so that version=None at K = 256 or
     # K = 96 runs a rung that takes it.
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
     for v in cuda.versions():
@@ -240,7 +245,7 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
             assert rule == (256, None, 4), v
         elif v["op"].endswith("_bwd") and v["version"] == 1:  # its columns are bound-checked: any V
             assert rule == (256, None, 1), v
-        elif (v["op"], v["version"]) in (("linear", 9), ("delta", 11), ("gla", 6)):
+        elif (v["op"], v["version"]) in (("linear", 9), ("delta", 11), ("gla", 6), ("kda", 10)):
             assert rule == (256, [256], 64), v
         elif not v["float32"]:
             assert rule == (128, [64, 128], 64), v
@@ -258,6 +263,8 @@ def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
         assert front._version_info("gla", None, True, 90, 256, 128)["version"] == 6
         assert front._version_info("gla", None, True, 90, 128, 128)["version"] == 5
         assert front._version_info("gla", None, True, 80, 256, 128)["version"] == 1  # v6's 224 KB: 9.0 and up
+        assert front._version_info("kda", None, True, 90, 256, 256)["version"] == 10
+        assert front._version_info("kda", None, True, 90, 128, 128)["version"] == 9
         assert front._version_info("delta", None, True, 90, 96, 128)["version"] == 2
         assert front._version_info("linear_bwd", None, True, 90, 256, 128)["version"] == 1
         assert front._version_info("delta_bwd", None, True, 90, 128, 128)["version"] == 2

@@ -309,36 +309,45 @@ def test_gla_v5_splits_one_long_sequence_and_matches_the_reference(T, H, K, V, g
     assert err_o < TOLERANCE["bfloat16"] and err_state < TOLERANCE["bfloat16"], (err_o, err_state)
 
 
+# The K = 256 versions, and how far their output error may exceed the token loop v1's on the same bf16 inputs: gla
+# v6 rounds Qr, Ke, P and S's copy to bf16 as v4 does at K = 128 (~1.4x v1's there), kda v10 also T diag(beta), X
+# and Delta as kda v8 does (~2x); an indexing defect in a half or a refill costs far more.
+HEAD_DIM_256 = {"gla": (6, 2.0), "kda": (10, 2.5)}
+
+
 @gpu
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("layout, V", [("plain", 128), ("plain", 256), ("packed", 64), ("grouped", 128)])
-def test_gla_v6_head_dim_256_matches_the_reference(layout, V):
-    """gla v6 at K = 256 (the prepare on each half of the key channels, P the sum of the halves' P, the 16-warp
-    pass) against the float64 recurrent form: strong gates beside weak ones, a last partial chunk, an initial state;
-    packed sequences (one of a single token) and grouped heads as v4 reads them. Within bf16's tolerance, and within
-    2x the token loop v1's error on the same bf16 inputs (v6 rounds Qr, Ke, P and S's copy to bf16 as v4 does at
-    K = 128, where that costs ~1.4x in the output; an indexing defect in a half costs far more)."""
-    if not any(version == 6 for version, _ in cuda_version_cases("gla")):
-        pytest.skip("gla v6 does not run on this GPU")
-    B, T, H, K = (2, 230, 4, 256) if layout != "packed" else (1, 500, 4, 256)
-    q, k, v, g = inputs("gla", (B, T, H, K, V), seed=61, strong=True)
+@pytest.mark.parametrize("op", ["gla", "kda"])
+def test_the_head_dim_256_versions_match_the_reference(op, layout, V):
+    """gla v6 (v4's prepare on each half of the key channels, P the sum of the halves' P, the 16-warp pass) and kda
+    v10 (v6's sliced prepare at K = 256, the 16-warp pass refilling its one stage of tiles in two halves) against
+    the float64 recurrent form: strong gates beside weak ones, a last partial chunk, an initial state, several
+    chunks (kda v10's refills wrap); packed sequences (one of a single token) and grouped heads. Within bf16's
+    tolerance, and within HEAD_DIM_256's factor of v1's output error (v1's state stays fp32, 1e-7: only its output
+    is comparable)."""
+    version, factor = HEAD_DIM_256[op]
+    if not any(v == version for v, _ in cuda_version_cases(op)):
+        pytest.skip(f"{op} v{version} does not run on this GPU")
+    B, T, H, K = (2, 330, 4, 256) if layout != "packed" else (1, 500, 4, 256)
+    args = inputs(op, (B, T, H, K, V), seed=61, strong=True)
     kwargs = {}
     if layout == "grouped":
-        q, k = q[:, :, ::2].copy(), k[:, :, ::2].copy()
+        args[0], args[1] = args[0][:, :, ::2].copy(), args[1][:, :, ::2].copy()
     if layout == "packed":
         kwargs["cu_seqlens"] = np.asarray([0, 1, 64, 65, 200, 329, 330, 500], dtype=np.int32)
-    on_gpu, host = to_device([q, k, v, g], "bfloat16")
+    on_gpu, host = to_device(args, "bfloat16")
     N = B if layout != "packed" else 7
     state0 = (0.5 * np.random.default_rng(62).standard_normal((N, H, K, V))).astype(np.float32)
-    ref_o, ref_state = gla.recurrent(*host, initial_state=state0.astype(np.float64), **kwargs)
+    ref_o, ref_state = MIXERS[op].recurrent(*host, initial_state=state0.astype(np.float64), **kwargs)
     gpu_kwargs = {name: cupy.asarray(x) for name, x in kwargs.items()}
     errors = {}
-    for version in (6, 1):
-        o, state = mcuda.gla(*on_gpu, initial_state=cupy.asarray(state0), version=version, **gpu_kwargs)
-        errors[version] = (rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o),
-                           rel_err(cupy.asnumpy(state).astype(np.float64), ref_state))
-    assert max(errors[6]) < TOLERANCE["bfloat16"], errors
-    assert errors[6][0] <= 2 * errors[1][0], errors  # v1's state stays fp32 (1e-7): only its output is comparable
+    for v in (version, 1):
+        o, state = getattr(mcuda, op)(*on_gpu, initial_state=cupy.asarray(state0), version=v, **gpu_kwargs)
+        errors[v] = (rel_err(cupy.asnumpy(as_float32(o)).astype(np.float64), ref_o),
+                     rel_err(cupy.asnumpy(state).astype(np.float64), ref_state))
+    assert max(errors[version]) < TOLERANCE["bfloat16"], errors
+    assert errors[version][0] <= factor * errors[1][0], errors
 
 
 # (B, T, H, K, V, group) where kda v9 splits each sequence on an H100 or H200 (132 SMs): P = 8 (segments of 1024
@@ -527,14 +536,14 @@ def test_hgrn2_runs_on_every_gla_version(version, dtype):
 
 @gpu
 def test_default_versions():
-    """The last tensor-core rungs in bfloat16 (gla v5, kda v9 at K = 64 and 128; gla v6, and kda's token loop, at
-    K = 256) and the
+    """The last tensor-core rungs in bfloat16 (gla v5, kda v9 at K = 64 and 128; gla v6, kda v10 at K = 256, and
+    with no shape given) and the
     recurrent ones in float32 (the chunked CUDA-core v2s are slower: front.SLOWER_RUNGS, csrc/NOTES.md)."""
     assert front.default_version("gla", True, 64, 64) == 5 and front.default_version("gla", False) == 1
     assert front.default_version("gla", True, 128, 128) == 5 and front.default_version("gla", True, 256, 128) == 6
     assert front.default_version("gla", True) == 6  # no shape given: the last rung (its checks refuse K != 256)
-    assert front.default_version("kda", True) == 9 and front.default_version("kda", False) == 1
-    assert front.default_version("kda", True, 128, 128) == 9 and front.default_version("kda", True, 256, 128) == 1
+    assert front.default_version("kda", True) == 10 and front.default_version("kda", False) == 1
+    assert front.default_version("kda", True, 128, 128) == 9 and front.default_version("kda", True, 256, 128) == 10
     assert front.default_version("kda", True, 64, 64) == 9  # v8's prepare and pass, faster than v3's there
 
 
@@ -613,19 +622,20 @@ def test_the_extension_lists_the_channel_ops():
     ladder = {(v["op"], v["version"]): v for v in cuda.versions() if v["op"] in ("gla", "kda")}
     assert sorted(ladder) == [("gla", 1), ("gla", 2), ("gla", 3), ("gla", 4), ("gla", 5), ("gla", 6), ("kda", 1),
                               ("kda", 2), ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6), ("kda", 7),
-                              ("kda", 8), ("kda", 9)]
+                              ("kda", 8), ("kda", 9), ("kda", 10)]
     assert [ladder[key]["name"] for key in sorted(ladder)] == ["recurrent", "chunked", "chunked_mma", "prepared_chunks",
                                                                "split_sequence", "head_dim_256", "recurrent", "chunked",
                                                                "prepared_chunks", "sliced_prepare",
                                                                "narrow_value_blocks", "half_sub_chunks",
                                                                "output_with_memory", "two_state_copies",
-                                                               "split_sequence"]
+                                                               "split_sequence", "head_dim_256"]
     assert all(v["bfloat16"] and v["max_compute_capability"] == 0 for v in ladder.values())
-    # v3's chunk kernel's 193 KB of shared memory, which v4 to v9 run too (v8's and v9's 211 KB); gla v6's 224 KB
-    assert all(ladder[("kda", n)]["min_compute_capability"] == 90 for n in (3, 4, 5, 6, 7, 8, 9))
+    # v3's chunk kernel's 193 KB of shared memory, which v4 to v9 run too (v8's and v9's 211 KB); gla v6's 224 KB,
+    # kda v10's 181 KB
+    assert all(ladder[("kda", n)]["min_compute_capability"] == 90 for n in (3, 4, 5, 6, 7, 8, 9, 10))
     assert ladder[("gla", 6)]["min_compute_capability"] == 90 and ladder[("gla", 5)]["min_compute_capability"] == 80
     tensor_cores = [("gla", 3), ("gla", 4), ("gla", 5), ("gla", 6), ("kda", 3), ("kda", 4), ("kda", 5), ("kda", 6), ("kda", 7),
-                    ("kda", 8), ("kda", 9)]
+                    ("kda", 8), ("kda", 9), ("kda", 10)]
     assert [key for key, v in sorted(ladder.items()) if not v["float32"]] == tensor_cores  # bf16 only
     assert all(cuda.workspace_bytes(op, n, 2, 100, 3, 64, 64) == 0 for op, n in ladder if (op, n) not in tensor_cores[1:])
     # gla v4's prepared tiles, per chunk row and head: Qr and Ke [64, K] and P [64, 64] in bf16, the decay [K] in
@@ -707,7 +717,7 @@ def forward_call(op, version, *, K=64, V=64, g=1, beta=1, dtype=0):
     ("kda", 8, dict(dtype=1), r"kda_v8_two_state_copies: needs a workspace of 494592 bytes, got 0"),
     ("kda", 9, dict(dtype=0), r"kda_v9_split_sequence: bfloat16 inputs only"),
     ("kda", 9, dict(dtype=1), r"kda_v9_split_sequence: needs a workspace of 494592 bytes, got 0"),
-    ("kda", 10, {}, r"kda has versions 1, 2, 3, 4, 5, 6, 7, 8, 9, got 10"),
+    ("kda", 11, {}, r"kda has versions 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, got 11"),
 ])
 def test_the_extension_checks_a_channel_call_before_any_cuda_call(op, version, changes, message):
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")

@@ -325,9 +325,15 @@ void forward(const Problem& p) {
 
 template <bool kHalves, bool kTimesBeta>
 void launch_prepare(const Problem& p) {
-  launch_checked(p, kHalves ? "kda_v6_prepare" : "kda_v4_prepare",
-                 p.K == 64 ? kda_v4_prepare<64, kHalves, kTimesBeta> : kda_v4_prepare<128, kHalves, kTimesBeta>,
-                 chunk_grid(p, p.H), kThreads, SliceLayout<kHalves>::kBytes);
+  require(p.K == 64 || p.K == 128 || (kHalves && kTimesBeta && p.K == 256), [&] {
+    return "kda prepare: K must be 64 or 128 (256 in kda v10's form), got K=" + std::to_string(p.K);
+  });
+  auto kernel = p.K == 64 ? kda_v4_prepare<64, kHalves, kTimesBeta> : kda_v4_prepare<128, kHalves, kTimesBeta>;
+  if constexpr (kHalves && kTimesBeta) {
+    if (p.K == 256) kernel = kda_v4_prepare<256, true, true>;  // kda v10's (the slices make any K the same kernel)
+  }
+  launch_checked(p, kHalves ? "kda_v6_prepare" : "kda_v4_prepare", kernel, chunk_grid(p, p.H), kThreads,
+                 SliceLayout<kHalves>::kBytes);
 }
 
 }  // namespace

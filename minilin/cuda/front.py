@@ -11,7 +11,7 @@ Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] 
 [B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
 layout; HV a multiple of H groups the value heads (`minilin.heads`). cu_seqlens [N + 1] with B = 1 packs N
 sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]). Versions marked `packed` in `versions`
-(the token loops, linear v7 - v9, delta v10 and v12, gla v3 - v6, kda v3 - v9: the bfloat16 defaults of linear at K = 64,
+(the token loops, linear v7 - v9, delta v10 and v12, gla v3 - v6, kda v3 - v10: the bfloat16 defaults of linear at K = 64,
 128 and 256 and of delta at K = 64 or 128, not delta v11 at K = 256, on an sm_90a build and a compute capability 9.0 GPU, gla's and kda's) read
 both layouts in the kernel, one launch for the whole batch (up to MAX_PACKED_SEQUENCES sequences: the grid's z
 extent); the others see q and k repeated to HV heads (`heads.expand`, one copy of each) and one launch per
@@ -124,8 +124,8 @@ def _capability_range(info: dict) -> str:
 # kda v6 to v8 run the same prepare but measured faster than v3 at K = V = 64 too (v8 0.752 against v3's 0.886 ms
 # at B=4, T=8192, H=16; 1.344 against 1.949 at B=1, T=32768; 0.112 against 0.123 at B=8, T=1024, H=8: H100,
 # 2026-12-06), so v8 is the default at both key widths where v9 does not split a sequence (v9 runs v8 there).
-# Where a faster rung does not run (kda v3 to v9 below compute capability 9.0, or at K = 256) the default falls to
-# the next rung down that is not passed over.
+# Where a faster rung does not run (kda v3 to v10 below compute capability 9.0, v3 to v9 at K = 256, v10 below it)
+# the default falls to the next rung down that is not passed over.
 SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,), 5: (64,)}, ("kda", False): {2: None},
                 ("gla", False): {2: None}}
 
