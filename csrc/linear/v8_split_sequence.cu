@@ -34,7 +34,7 @@
 #include "../common/launch.cuh"
 #include "../common/mma.cuh"
 #include "../common/sequences.cuh"  // kChunk, the q/k head of a value head
-#include "../common/split_segments.cuh"
+#include "split_sequence.cuh"
 
 namespace minilin {
 
@@ -49,20 +49,18 @@ namespace linear_split {
 using bf16 = __nv_bfloat16;
 
 constexpr int kBlockV = 64;          // v7's value block
-constexpr int kMinSegment = 1024;    // no shorter segments: the added launches would cost more than they save
-constexpr int kMaxSegments = 16;
-constexpr int kRunChunks = 16;       // the correction's chunks per block, sharing one load of S_p (8: 2%, 4: 7% slower)
 constexpr int kWarps = 8;            // correction: warp w rows 16 (w % 4) .., columns half w / 4 of the block's
 constexpr int kThreads = 32 * kWarps;
-// The cost model's constants, from H200 measurements: v7 takes ~2.9 us per chunk and block at K = 128 (0.373 ms
-// for chains of 128 chunks in one wave) and ~2.4 at K = 64 (0.155 ms for chains of 64); the correction moves q
-// once and o twice at ~2 TB/s (0.20 ms for 402 MB); the three added launches are a guess of ~15 us. At K = 256
-// (v9's 2-stage ring, H100): ~4.1 us (2.08 ms for chains of 512 chunks in one wave, 1.08 for two waves of 128).
-constexpr SplitModel kModel{{2.4, 2.9, 4.1}, 2.0e6, 15.0, kMinSegment, kMaxSegments, kRunChunks};
+// The cost model's chunk times, from H200 measurements: v7 takes ~2.9 us per chunk and block at K = 128 (0.373 ms
+// for chains of 128 chunks in one wave) and ~2.4 at K = 64 (0.155 ms for chains of 64); at K = 256 (v9's 2-stage
+// ring, H100): ~4.1 us (2.08 ms for chains of 512 chunks in one wave, 1.08 for two waves of 128). The
+// correction's rate and the added launches: split_sequence.cuh.
+constexpr SplitModel kModel{{2.4, 2.9, 4.1}, kCorrectionBytesPerUs, kAddedLaunchesUs, kMinSegment, kMaxSegments,
+                            kRunChunks};
 
 // ---- the choice of P ---------------------------------------------------------------------------------------
 // P by the split cost model (common/split_segments.cuh) with v7's chunk time and resident blocks.
-inline int choose_segments(int B, int T, int H, int K, int V) {
+int choose_segments(int B, int T, int H, int K, int V) {
   if ((K != 64 && K != 128 && K != 256) || V % kBlockV != 0) return 1;  // v7 and v9 refuse these; they say why
   return model_segments<linear_producer::resident_blocks_per_sm>(kModel, "linear_v8_split_sequence", B, T, H, K, V,
                                                                  kBlockV);
@@ -79,7 +77,7 @@ inline size_t states_bytes(int P, int B, int H, int K, int V) {
 }
 
 // With P > 1 segments: L_p (then S_p), then the chunk sums.
-inline size_t split_bytes(int P, int B, int T, int H, int K, int V) {
+size_t split_bytes(int P, int B, int T, int H, int K, int V) {
   return states_bytes(P, B, H, K, V) + workspace_aligned(static_cast<size_t>(B) * (T / kChunk) * H * sizeof(float));
 }
 
@@ -254,13 +252,12 @@ void launch_correction(const Problem& p, int P, int first_segment, const Workspa
                  P, first_segment, w);
 }
 
-// The split around a chunk pass (v7's forward for v8, its K = 256 launch for v9), once p is checked.
-void split_forward(const Problem& p, const char* name, void (*chunk_pass)(const Problem&)) {
+// The split around a chunk pass (v7's forward for v8, its K = 256 launch for v9, the wgmma pass for v10).
+void split_forward(const Problem& p, const char* name, void (*chunk_pass)(const Problem&), int P) {
   // Packed sequences run as the plain pass: one block per sequence's chain already spreads a packed batch over the
   // SMs, and a segment must not straddle two sequences.
-  const int P = p.cu_seqlens ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V);
-  if (P == 1) return chunk_pass(p);
-  const size_t needed = split_bytes(P, p.B, p.T, p.H, p.K, p.V);  // P as chosen above, not chosen again
+  if (P == 1 || p.cu_seqlens) return chunk_pass(p);
+  const size_t needed = split_bytes(P, p.B, p.T, p.H, p.K, p.V);  // P as the caller chose it, not chosen again
   require_workspace(p, name, needed, false);
   const Workspace w = carve(p, P);
 
@@ -291,7 +288,7 @@ void split_forward(const Problem& p, const char* name, void (*chunk_pass)(const 
 void forward(const Problem& p) {
   const char* name = "linear_v8_split_sequence";
   check_tensor_core_problem(p, name, false, kBlockV);
-  split_forward(p, name, linear_v7.forward);
+  split_forward(p, name, linear_v7.forward, choose_segments(p.B, p.T, p.H, p.K, p.V));
 }
 
 }  // namespace linear_split

@@ -15,11 +15,12 @@
 // Where few (batch, head) pairs leave SMs idle (one long sequence), the chunk pass runs on segments of each
 // sequence as v8 splits it (split_forward, v8_split_sequence.cu: the same cost model, the correction at K = 256).
 #include "chunk_producer.cuh"
+#include "split_sequence.cuh"
 
 namespace minilin {
 
-namespace linear_split {  // v8_split_sequence.cu
-void split_forward(const Problem& p, const char* name, void (*chunk_pass)(const Problem&));
+namespace linear_split {  // v8_split_sequence.cu: v8's choice of P (v7's cost model), and its workspace
+int choose_segments(int B, int T, int H, int K, int V);
 size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed);
 }  // namespace linear_split
 
@@ -37,7 +38,7 @@ void chunk_pass_256(const Problem& p) {
 void forward_head_dim_256(const Problem& p) {
   check_common(p, kName, false);
   require_head_dim_256_shape(kName, p.dtype, p.K, p.V, kBlockV, "v7 and v8");
-  linear_split::split_forward(p, kName, chunk_pass_256);
+  linear_split::split_forward(p, kName, chunk_pass_256, linear_split::choose_segments(p.B, p.T, p.H, p.K, p.V));
 }
 }  // namespace
 
