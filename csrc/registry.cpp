@@ -5,6 +5,8 @@
 // families), "linear_bwd", "delta_bwd", "gla_bwd" and "kda_bwd" (a whole sequence, backward):
 //   linear v8      split_sequence: v7 on segments of each sequence at once, the segments' start states put back
 //                  by a short pass and added to the outputs, so that few (batch, head) pairs still fill the card.
+//   linear v10     chunked_wgmma: v8 with its chunk pass on Hopper warpgroup tensor cores (sm_90a), delta v10's
+//                  roles without the WY step.
 //   delta v12      split_sequence: v10 on segments of each sequence at once, each segment's start state found
 //                  first from the segments' K x K transitions, so that few (batch, head) pairs still fill the card.
 //   gla v1         recurrent: linear v1 with a decay per key channel, g [B, T, H, K] staged a row per token.
@@ -55,7 +57,7 @@
 namespace minilin {
 
 extern const Version linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7, linear_v8,
-    linear_v9;
+    linear_v9, linear_v10;
 extern const Version delta_v1, delta_v2, delta_v3, delta_v4, delta_v5, delta_v6, delta_v7, delta_v8,
     delta_v9, delta_v10, delta_v11, delta_v12;
 extern const Version gla_v1, gla_v2, gla_v3, gla_v4, gla_v5, gla_v6;
@@ -64,12 +66,15 @@ extern const Version decode_v1;
 extern const Version linear_bwd_v1, linear_bwd_v2, delta_bwd_v1, delta_bwd_v2, gla_bwd_v1, gla_bwd_v2,
     kda_bwd_v1, kda_bwd_v2;
 
-// The wgmma versions (delta v10, v12) are listed only when the build holds sm_90a code for them (setup.py's
+// The wgmma versions (linear v10, delta v10 and v12) are listed only when the build holds sm_90a code for them (setup.py's
 // MINILIN_SM90A); their files compile either way.
 
 const std::vector<Version>& versions() {
   static const std::vector<Version> all = {linear_v1, linear_v2, linear_v3, linear_v4, linear_v5, linear_v6, linear_v7,
                                                 linear_v8, linear_v9,
+#ifdef MINILIN_SM90A
+                                                linear_v10,
+#endif
                                                 delta_v1,  delta_v2,  delta_v3,  delta_v4,  delta_v5,  delta_v6,  delta_v7, delta_v8,
                                                 delta_v9,
 #ifdef MINILIN_SM90A

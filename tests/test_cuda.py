@@ -97,7 +97,7 @@ def test_matches_reference(mixer, version, dtype, shape):
     assert err_state < tol, f"{mixer} v{version} {dtype} {shape}: final state error {err_state:.2e} >= {tol}"
 
 
-# (B, T, H, K, V) where linear v8 splits each sequence (few blocks for the card; T / P >= 1024 tokens): P = 2 with
+# (B, T, H, K, V) where linear v8 and v10 split each sequence (few blocks for the card; T / P >= 1024 tokens): P = 2 with
 # 20-chunk segments (a short last run of the correction's 16 chunks), the most segments at K = 64 and K = 128, and
 # V = 256 (two of the correction's 128-column blocks); at K = 256 (linear v9's split) P = 4 and 64 value columns, and
 # P = 2 with 128-column correction blocks.
@@ -109,13 +109,15 @@ SPLIT_SHAPES = [(2, 2560, 1, 128, 64), (1, 4096, 2, 64, 64), (1, 8192, 2, 128, 1
 @pytest.mark.parametrize("mixer", ["linear_attention", "simple_gla", "mamba2"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["no_h0", "h0"])
 def test_split_sequence_matches_reference(mixer, shape, with_state):
-    """linear v8 (v9 at K = 256) where it does split (a workspace for the segments' states), against float64, and
-    the unsplit rung beside it (v7; the token loop v1 at K = 256)."""
-    split, unsplit = (9, 1) if shape[3] == 256 else (8, 7)
-    if (split, "bfloat16") not in version_cases(mixer):
-        pytest.skip(f"linear v{split} needs compute capability 9.0")
-    assert mcuda.extension().workspace_bytes("linear", split, *shape) > 0, f"v{split} does not split at {shape}"
-    for version in (split, unsplit):
+    """linear v8 and v10 (v9 at K = 256) where they do split (a workspace for the segments' states), against
+    float64, and the unsplit rung beside them (v7; the token loop v1 at K = 256)."""
+    splits, unsplit = ((9,), 1) if shape[3] == 256 else ((8, 10), 7)
+    splits = tuple(v for v in splits if (v, "bfloat16") in version_cases(mixer))
+    if not splits:
+        pytest.skip("linear v8 - v10 need compute capability 9.0")
+    for split in splits:
+        assert mcuda.extension().workspace_bytes("linear", split, *shape) > 0, f"v{split} does not split at {shape}"
+    for version in (*splits, unsplit):
         err_o, err_state = run_case(mixer, shape, version, "bfloat16", with_state, seed=5)
         assert err_o < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: output error {err_o:.2e}"
         assert err_state < TOLERANCE["bfloat16"], f"{mixer} v{version} {shape}: final state error {err_state:.2e}"
