@@ -9,7 +9,7 @@ key channel, ops "gla" and "kda").
 Rows, per mixer, length and dtype:
 - reference (CuPy): minilin's NumPy chunked form running unchanged on CuPy arrays, in float32;
 - cuda vN: each kernel version that takes the dtype and runs on the GPU (v1 recurrent, v2 chunked on CUDA
-  cores, v3 onwards bf16 tensor cores, up to linear v8, delta v10 (sm_90a builds), gla v5 and kda v2:
+  cores, v3 onwards bf16 tensor cores, up to each op's last rung (the wgmma ones on sm_90a builds):
   `minilin.cuda.versions`);
 - softmax SDPA: torch's scaled_dot_product_attention (causal; its own [B, H, T, D] layout) when torch is
   importable, else minilin's flash-style attention on CuPy (T <= 8192); a different function, so no error;

@@ -11,7 +11,7 @@ Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] 
 [B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
 layout; HV a multiple of H groups the value heads (`minilin.heads`). cu_seqlens [N + 1] with B = 1 packs N
 sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]). Versions marked `packed` in `versions`
-(the token loops, linear v7 - v9, delta v10 and v12, gla v3 - v6, kda v3 - v10: the bfloat16 defaults of linear at K = 64,
+(the token loops, linear v7 - v10, delta v10 and v12, gla v3 - v6, kda v3 - v10: the bfloat16 defaults of linear at K = 64,
 128 and 256 and of delta at K = 64 or 128, not delta v11 at K = 256, on an sm_90a build and a compute capability 9.0 GPU, gla's and kda's) read
 both layouts in the kernel, one launch for the whole batch (up to MAX_PACKED_SEQUENCES sequences: the grid's z
 extent); the others see q and k repeated to HV heads (`heads.expand`, one copy of each) and one launch per
@@ -166,7 +166,7 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int, K: int
             return v
     hint = ""
     if "sm_90a" not in getattr(extension(), "cuda_arch", "").split(","):
-        hint = " (the wgmma versions, delta v10 and v12, are built only for sm_90a: MINILIN_CUDA_ARCH=90a, the default)"
+        hint = " (the wgmma versions, linear v10 and delta v10 and v12, are built only for sm_90a: MINILIN_CUDA_ARCH=90a, the default)"
     raise ValueError(f"version: expected one of {[v['version'] for v in available]} for {op}, got {version}{hint}")
 
 
