@@ -283,7 +283,7 @@ size_t workspace_bytes(int B, int T, int H, int K, int V, bool packed) {
 void forward(const Problem& p) {
   linear_wide::check_problem(p, kName);
   require_sm90a(kName);
-  linear_split::split_forward(p, kName, chunk_pass, p.cu_seqlens ? 1 : choose_segments(p.B, p.T, p.H, p.K, p.V));
+  linear_split::split_forward(p, kName, chunk_pass, choose_segments(p.B, p.T, p.H, p.K, p.V));
 }
 
 }  // namespace
