@@ -1,12 +1,13 @@
 // The pieces the warpgroup (wgmma) chunk kernels share, delta v10 (and v12's transitions pass through it) and
-// linear v10: the producer's swizzled copy of a chunk's rows, the ftz exponential of their epilogues, and the
-// state kept transposed, S^T [64 value rows, K], in the fp32 accumulators of the warpgroups that hold it, with
-// its bf16 copy in the swizzled layout wgmma reads (common/wgmma.cuh).
+// linear v10: the producer's swizzled copy of a chunk's rows, the ftz exponential of their epilogues, the decayed
+// causal scores P, and the state kept transposed, S^T [64 value rows, K], in the fp32 accumulators of the
+// warpgroups that hold it (its load, its update by a chunk, its store), with its bf16 copy in the swizzled layout
+// wgmma reads (common/wgmma.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
 
-#include "chunk_tiles.cuh"  // wide::kBlockV, acc_row / acc_col, kChunk
+#include "chunk_tiles.cuh"  // wide::kBlockV, acc_row / acc_col, kChunk, scale_tiles, store_bf16x2
 #include "device.cuh"       // cp_async_16
 #include "wgmma.cuh"
 
@@ -49,6 +50,49 @@ __device__ __forceinline__ float exp_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
   return y;
+}
+
+// Half of the chunk's decayed causal scores, P[r][c] = (Q K^T)[r][c] exp(G_r - G_c) for c <= r, else 0, on P's
+// columns half_col .. half_col + 31: this thread's m64n32 accumulators QK (rows m0..) into the swizzled bf16 tile
+// P (64 x 64). G is the chunk's cumulative log-gate, so every exponent G_r - G_c with c <= r is <= 0.
+__device__ __forceinline__ void store_decayed_scores_half(const float (&QK)[1][4][4], bf16* P, const float* G, int m0,
+                                                          int half_col) {
+#pragma unroll
+  for (int e = 0; e < 4; e += 2) {
+    const int r = m0 + acc_row(0, e);
+    const float G_r = G[r];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = half_col + acc_col(j, e);
+      const float x = c <= r ? QK[0][j][e] * exp_ftz(G_r - G[c]) : 0.0f;
+      const float y = c + 1 <= r ? QK[0][j][e + 1] * exp_ftz(G_r - G[c + 1]) : 0.0f;
+      store_bf16x2(P + sw128_thread_offset(kChunk, m0, c) + (e ? kLowerHalf : 0), x, y);
+    }
+  }
+}
+
+// One chunk's update of this thread's slice of S^T (key columns f0..), S^T <- decay S^T + A K, with A = the
+// chunk's written values transposed and decayed to its end (64 value rows x 64 tokens, as kTokenSteps A fragments
+// in registers) and k_cols the descriptor of K's columns f0.. (mn-major); then S^T's bf16 copy in ST, fenced for
+// the next chunk's wgmma reads.
+template <int NT, int kTokenSteps>
+__device__ __forceinline__ void update_state_transposed(float (&S)[1][NT][4], const unsigned (&a)[kTokenSteps][4],
+                                                        uint64_t k_cols, float decay, bf16* ST, int m0, int f0) {
+  scale_tiles(S, decay);
+  fence_operand(S);
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < kTokenSteps; ++s) wgmma_rs<true>(S, a[s], k_cols + mn_major_offset(16 * s, 0, kChunk), true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(S);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int at = sw128_thread_offset(kBlockV, m0, f0 + acc_col(j, 0));
+    store_bf16x2(ST + at, S[0][j][0], S[0][j][1]);
+    store_bf16x2(ST + at + kLowerHalf, S[0][j][2], S[0][j][3]);
+  }
+  fence_async_shared();
 }
 
 // Each pair of this thread's S^T elements, S^T[row][col] and S^T[row][col + 1] (rows m0.. of the 64 value

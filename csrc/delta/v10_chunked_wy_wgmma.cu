@@ -224,18 +224,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
       float QK[1][4][4];
       const auto keys_from_half = [&](int s) { return keys(s) + row_offset(half_col); };  // B^T: K's rows half_col..
       wgmma_ss_product<false, kKeySteps>(QK, queries, keys_from_half, false);
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int r = m0 + acc_row(0, e);
-        const float G_r = G[r];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int c = half_col + acc_col(j, e);
-          const float x = c <= r ? QK[0][j][e] * exp_ftz(G_r - G[c]) : 0.0f;
-          const float y = c + 1 <= r ? QK[0][j][e + 1] * exp_ftz(G_r - G[c + 1]) : 0.0f;
-          store_bf16x2(P + sw128_thread_offset(kChunk, m0, c) + (e ? kLowerHalf : 0), x, y);
-        }
-      }
+      store_decayed_scores_half(QK, P, G, m0, half_col);
     }
     fence_async_shared();
     named_barrier_sync(kComputeBarrier, kComputeThreads);
@@ -290,21 +279,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
       unsigned a[kTokenSteps][4];  // A = (Delta decayed)^T: ldmatrix.trans of the swizzled tile
 #pragma unroll
       for (int s = 0; s < kTokenSteps; ++s) sw128_load_a_transposed(a[s], delta_decayed, kChunk, m0, 16 * s);
-      scale_tiles(S, exp_ftz(G_last));
-      fence_operand(S);
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kTokenSteps; ++s) wgmma_rs<true>(S, a[s], k_cols + mn_major_offset(16 * s, 0, kChunk), true);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(S);
-#pragma unroll
-      for (int j = 0; j < kStateNT; ++j) {
-        const int at = sw128_thread_offset(kBlockV, m0, f0 + acc_col(j, 0));
-        store_bf16x2(ST + at, S[0][j][0], S[0][j][1]);
-        store_bf16x2(ST + at + kLowerHalf, S[0][j][2], S[0][j][3]);
-      }
-      fence_async_shared();
+      update_state_transposed(S, a, k_cols, exp_ftz(G_last), ST, m0, f0);
     }
     release_stage(L, n);
   }
