@@ -8,28 +8,19 @@
                                                                # one decode token per sequence, pool updated in place
 
 Each op has numbered kernel versions side by side, every one callable (`version=`): 1 = recurrent (the
-definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, 4 = v3 with
-twice the warps and fewer barriers, then each op's later steps (linear v5 and delta v6: each fragment loaded
-once in the first phase; delta v5: the WY step solved by 16 x 16 blocks; linear v6 and delta v7: each k-step's
-fragments loaded one step ahead; linear v7 and delta v8: one producer warp loads for 16 compute warps, Hopper
-only; linear v8: v7 on segments of each sequence at once where few (batch, head) pairs would leave the GPU idle,
-v7 itself elsewhere; delta v9: v8 with the WY solve's block products on tensor cores in 3xTF32; delta v10: the
-chunk on Hopper's warpgroup tensor cores, wgmma, in sm_90a builds only); the default is the highest that the
-build holds, that takes the input dtype and that runs on the GPU's compute capability (float32: 2; bfloat16 on
-Hopper: linear 8, delta 10, or 9 in a build without sm_90a code; below 9.0, in a build for it: linear 6, delta
-7; above 9.0, from the compute_90 PTX: linear 8, delta 9). GLA and Kimi Delta Attention, whose decay is one per key channel, run the
-ops "gla" (1 = recurrent, the float32 default; 2 = chunked on CUDA cores; 3 = chunked on bf16 tensor cores; 4 = 3's
-chunk-local work in a kernel parallel over chunks; 5 = 4 on segments of each sequence at once where few (batch,
-head) pairs would leave the GPU idle, the bfloat16 default) and "kda" (1 = recurrent, the float32 default and the
-bfloat16 one where 3 to 8 do not run; 2 = chunked WY form on CUDA cores; 3 = the WY form with gla 4's split, on bf16
-tensor cores; 4 = 3 with its prepare through 64 key channels at a time, two blocks per SM; 5 = 4 with its pass over
-chunks on 32 value columns a block where few (sequence, head) pairs would leave SMs idle; 6 = 5 with each diagonal
-block's (8..15, 0..7) quarter a product of rows rescaled to the sub-chunk's token 7; 7 = 6 with the pass over
-chunks taking Qr S beside Kg S, a shorter chain of dependent products a chunk; 8 = 7 with two copies of S in shared
-memory, three barriers a chunk instead of four, the bfloat16 default on compute capability 9.0): the CUDA-core
-v2s, slower than v1, are never the default, nor v4 and v5 at K = 64 (front.SLOWER_RUNGS). `versions()` lists them with what each one
-changed; csrc/NOTES.md has their measured times. The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op
-"decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
+definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, then each op's
+later steps, each named by what it changed (`versions(op)` lists them with their one-sentence summaries,
+csrc/NOTES.md with their measured times). The scalar-gated mixers (linear attention, RetNet, Lightning, Mamba-2,
+simple GLA) run the op "linear", DeltaNet and Gated DeltaNet "delta", GLA and HGRN2 "gla", Kimi Delta Attention
+"kda". version=None runs the highest version that the build holds, that takes the input dtype and the shape (K,
+V), that runs on the GPU's compute capability, and that did not measure slower than a rung below it
+(front.SLOWER_RUNGS). For bfloat16 at K = 64 or 128 (K = 256 in brackets) that is: on compute capability 9.0 in a
+build with sm_90a code (warpgroup tensor cores, wgmma), linear 10 (9), delta 12 (11), gla 5 (6), kda 9 (10); on 9.0
+without sm_90a code, or above 9.0 from the compute_90 PTX, linear 8 (9), delta 9 (11), gla 5 (6), kda 9 (10);
+below 9.0, linear 6, delta 7, gla 5, kda 1 (the token loops at K = 256). For float32: linear and delta 2 (1 at K =
+256), gla and kda 1 (their CUDA-core v2s are slower than the token loop).
+
+The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op "decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
 indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)
 run the ops "linear_bwd", "delta_bwd", "gla_bwd" (GLA and HGRN2) and "kda_bwd" (KDA) and return
 the mixers' named tuples of gradients (dq, dk, dv in their inputs' dtype, the rest float32).
