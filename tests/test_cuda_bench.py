@@ -623,3 +623,85 @@ def test_against_fla_runs_each_mixer_and_length_at_the_shape_given(monkeypatch, 
     floor_ms = 1 * 4096 * (2 * 16 * 64 + 2 * 32 * 64) * 2 / 1e12 * 1e3  # q, k at 16 heads; v, o at 32
     assert gpu.io_floor_bytes(4096, "bfloat16", problem) == 1 * 4096 * (2 * 16 * 64 + 2 * 32 * 64) * 2
     assert f"| {floor_ms:.3f} |" in out.splitlines()[3]
+
+
+def test_head_dims_keep_the_grid_shapes_of_those_widths():
+    from minilin.bench import against_fla, parse_head_dims
+
+    assert parse_head_dims(["64x64", "128X256", "64x64"]) == [(64, 64), (128, 256)]
+    for bad in ("64", "64x", "x64", "0x64", "64x-1", "ax64"):
+        with pytest.raises(ValueError, match=f"--head-dims: expected items KxV .* got {bad!r}"):
+            parse_head_dims([bad])
+    only = against_fla.grid_shapes("all", [(128, 256)])
+    assert only == [(B, T, H, 128, 256) for B, T, H, _, _ in against_fla.GRID]
+    both = against_fla.grid_shapes("all", [(128, 256), (64, 64)])
+    assert both == [s for s in against_fla.grid_shapes("all") if s[3:] in {(128, 256), (64, 64)}]  # the grid's order
+    assert [s[3:] for s in against_fla.grid_shapes("fla", [(256, 256)])] == [(256, 256)]
+    with pytest.raises(ValueError, match=r"grid 'fla' has K x V 128x128, 64x64, 256x256; got 128x64"):
+        against_fla.grid_shapes("fla", [(128, 64)])
+
+
+def test_head_dims_need_a_grid_of_shapes(capsys):
+    from minilin.cli import main
+
+    assert main(["bench", "--against", "fla", "--head-dims", "64x64"]) == 2
+    assert "--head-dims picks shapes of --grid or --grid all, got no --grid" in capsys.readouterr().err
+    assert main(["bench", "--against", "fla", "--grid", "layouts", "--head-dims", "64x64"]) == 2
+    assert "got --grid layouts" in capsys.readouterr().err
+    assert main(["bench", "--against", "fla", "--grid", "--head-dims", "128x64"]) == 2
+    assert "grid 'fla' has K x V" in capsys.readouterr().err
+    assert main(["bench", "--against", "fla", "--grid", "all", "--head-dims", "128by64"]) == 2
+    assert "expected items KxV" in capsys.readouterr().err
+
+
+def test_a_grid_timed_a_slice_at_a_time_keeps_every_slice(monkeypatch, tmp_path, capsys):
+    """--grid all --head-dims A --resume, then --head-dims B --resume into the same file: the second run times
+    only B's cells and the file and table hold both slices, in the grid's order."""
+    import argparse
+    import json
+
+    from minilin.bench import against_fla
+
+    calls = []
+
+    def fake_compare(mixer, T, repeats, problem=None, with_state=False):
+        calls.append((problem["K"], problem["V"]))
+        return dict(problem, mixer=mixer, T=T, minilin_version=10, minilin_ms=1.0, fla_ms=2.0, ratio=0.5)
+
+    monkeypatch.setattr(against_fla, "compare", fake_compare)
+    info = {"gpu": "a GPU", "date": "today", "fla": "0.6.0", "cupy": "14"}
+    out = tmp_path / "all.json"
+    for dims in ([(128, 256)], [(64, 64)]):
+        calls.clear()
+        args = argparse.Namespace(grid="all", json=str(out), resume=True, head_dims=dims)
+        assert against_fla.main_grid(args, ["deltanet"], 20, info, 4000.0) == 0
+        assert set(calls) == set(dims) and len(calls) == len(against_fla.grid_shapes("all", dims))
+    captured = capsys.readouterr()
+    assert "K x V 64x64 only" in captured.out and f"[{len(calls)}/{len(calls)}] deltanet" in captured.err
+    rows = json.loads(out.read_text())["rows"]
+    expected = [s for s in against_fla.grid_shapes("all") if s[3:] in {(128, 256), (64, 64)}]
+    assert [r["label"] for r in rows] == [", ".join(map(str, s)) for s in expected]
+
+
+def test_backward_grid_head_dims_time_only_those_shapes(monkeypatch, tmp_path):
+    """--backward --grid all --head-dims 64x64: only the grid's K = V = 64 shapes are checked and timed; the file
+    lists the whole grid's shapes, so that a later slice resumes into it."""
+    import argparse
+    import json
+
+    from minilin.bench import against_fla, gpu, gpu_backward
+
+    checked, timed = [], []
+    monkeypatch.setattr(gpu_backward, "check", lambda mixer, K=128, V=128: checked.append((K, V)) or {"dq": 1e-3})
+    monkeypatch.setattr(gpu_backward, "bench", lambda mixer, shape, repeats, against, with_state=False: (
+        timed.append(tuple(shape)) or dict(zip("BTHKV", shape), mixer=mixer, forward_ms=1.0, forward_backward_ms=3.0,
+                                           ratio=3.0, forward_version=10, backward_version=2)))
+    monkeypatch.setattr(mcuda, "available", lambda: (True, ""))
+    monkeypatch.setattr(gpu, "machine", lambda: {"gpu": "a GPU", "date": "today"})
+    out = tmp_path / "bwd.json"
+    args = argparse.Namespace(grid="all", head_dims=[(64, 64)], mixers=["simple_gla"], lengths=None, quick=False,
+                              repeats=5, against=None, json=str(out), resume=True)
+    assert gpu_backward.main(args) == 0
+    assert timed == against_fla.grid_shapes("all", [(64, 64)]) and checked == [(64, 64)]
+    written = json.loads(out.read_text())
+    assert [tuple(s) for s in written["shapes"]] == against_fla.grid_shapes("all")

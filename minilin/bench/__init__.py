@@ -11,9 +11,9 @@
     minilin bench --against fla     the fastest CUDA kernels beside flash-linear-attention's (bench/against_fla.py)
     minilin bench --against fla --shape B=1 H=16 K=64 V=64
                                     the same at one problem of your own (HV=32: grouped value heads)
-    minilin bench --against fla --grid [all | layouts]
+    minilin bench --against fla --grid [all | layouts] [--head-dims 64x64 ...]
                                     the same at FLA's benchmark shapes and at long context (layouts: packed
-                                    sequences and grouped value heads)
+                                    sequences and grouped value heads; --head-dims: only the shapes of those K, V)
     minilin bench --decode          one decode step per sequence against the state's I/O floor (bench/decode.py)
     minilin bench --backward [--against fla] [--grid]
                                     the CUDA forward and forward + backward, FLA's beside them (bench/gpu_backward.py),
@@ -54,6 +54,10 @@ def register(subparsers) -> None:
                    help="with --against fla or --backward: FLA's benchmark shapes and one long sequence instead of "
                         "--lengths (bench/against_fla.py's GRID); 'all' adds K, V = 64 / 64, 128 / 64 and 128 / 256; "
                         "'layouts' (--against fla only): packed sequences and grouped value heads")
+    p.add_argument("--head-dims", nargs="+", metavar="KxV",
+                   help="with --grid or --grid all: only the grid's shapes with these key and value widths (e.g. 64x64 "
+                        "128x256); with --resume the file's other cells are kept, so a grid can be timed a slice at a "
+                        "time")
     p.add_argument("--resume", action="store_true",
                    help="with --grid (--against fla, or --backward) and --json PATH: keep the cells PATH already holds "
                         "(the same grid, timed on the same GPU model) and time only the rest, so that a run cut short "
@@ -100,6 +104,19 @@ def parse_shape(items: list[str], default: dict | None = None) -> dict:
     return problem
 
 
+def parse_head_dims(items: list[str]) -> list[tuple[int, int]]:
+    """--head-dims' KxV items: the (K, V) pairs, in order, without repeats. Raises ValueError naming the item,
+    what was expected and what was given."""
+    dims = []
+    for item in items:
+        K, x, V = item.lower().partition("x")
+        if not x or not (K.isdigit() and V.isdigit()) or int(K) <= 0 or int(V) <= 0:
+            raise ValueError(f"--head-dims: expected items KxV with K and V positive integers (e.g. 128x256), "
+                             f"got {item!r}")
+        dims.append((int(K), int(V)))
+    return list(dict.fromkeys(dims))
+
+
 def _refuse(message: str) -> int:
     print(f"minilin bench: {message}", file=sys.stderr)
     return 2
@@ -140,6 +157,17 @@ def _run(args) -> int:
                        "--backward, and --json PATH (a file)")
     if args.grid and args.lengths:
         return _refuse("--grid has its own shapes: drop --lengths")
+    if getattr(args, "head_dims", None):
+        if args.grid not in ("fla", "all"):
+            return _refuse(f"--head-dims picks shapes of --grid or --grid all, got "
+                           f"{'--grid ' + args.grid if args.grid else 'no --grid'}")
+        from .against_fla import grid_shapes
+
+        try:
+            args.head_dims = parse_head_dims(args.head_dims)
+            grid_shapes(args.grid, args.head_dims)
+        except ValueError as error:
+            return _refuse(str(error))
     if getattr(args, "shape", None):
         if args.against != "fla" or args.grid or args.backward:
             return _refuse("--shape sets the problem of --against fla (without --grid, which has its own shapes, "

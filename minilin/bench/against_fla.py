@@ -22,7 +22,8 @@ that drift on a shared machine hits both alike. Two times per side, each the med
 
 `--grid` runs the same comparison over GRID instead: FLA's own benchmark shapes (its
 benchmarks/ops/registry.py SHAPE_CONFIGS) and one long sequence, an initial state given to both sides; `--grid
-all` adds K = V = 64 and K = 128 with V = 64 and 256 at each (B, T, H). It prints one table, a row per shape
+all` adds K = V = 64 and K = 128 with V = 64 and 256 at each (B, T, H); `--head-dims 64x64 ...` keeps the
+shapes of those widths only (with --resume, a grid timed a slice at a time). It prints one table, a row per shape
 and a column per mixer (minilin / FLA device time, minilin's version), and --json writes every comparison.
 A shape minilin's kernels do not take is reported as such and not timed. `--grid layouts` runs
 LAYOUTS: packed sequences (cu_seqlens) and grouped value heads. The JSON is written after every cell, each row
@@ -61,19 +62,32 @@ LAYOUTS = (
 )
 
 
-def grid_shapes(which: str) -> list[tuple]:
-    """GRID, or with which == "all" GRID and GRID_HEAD_DIMS at every (B, T, H) of it, without repeats."""
+def grid_shapes(which: str, head_dims: list[tuple[int, int]] | None = None) -> list[tuple]:
+    """GRID, or with which == "all" GRID and GRID_HEAD_DIMS at every (B, T, H) of it, without repeats; with
+    head_dims (--head-dims' (K, V) pairs) only the shapes of those widths, in the grid's order. A pair the grid
+    does not hold is a ValueError that lists the ones it does."""
     shapes = list(GRID)
     if which == "all":
         shapes += [(B, T, H, K, V) for B, T, H, _, _ in GRID for K, V in GRID_HEAD_DIMS]
-    return list(dict.fromkeys(shapes))
+    shapes = list(dict.fromkeys(shapes))
+    if head_dims:
+        held = list(dict.fromkeys(shape[3:] for shape in shapes))
+        missing = [dims for dims in head_dims if tuple(dims) not in held]
+        if missing:
+            def named(pairs):
+                return ", ".join(f"{K}x{V}" for K, V in pairs)
+            raise ValueError(f"--head-dims: grid {which!r} has K x V {named(held)}; got {named(missing)}")
+        shapes = [shape for shape in shapes if shape[3:] in {tuple(dims) for dims in head_dims}]
+    return shapes
 
 
-def grid_problems(which: str) -> list[tuple[str, int, dict]]:
-    """(label, T, problem) for every cell row of --grid `which`: the shapes of grid_shapes, or LAYOUTS."""
+def grid_problems(which: str, head_dims: list[tuple[int, int]] | None = None) -> list[tuple[str, int, dict]]:
+    """(label, T, problem) for every cell row of --grid `which`: the shapes of grid_shapes (those of head_dims
+    when given), or LAYOUTS."""
     if which == "layouts":
         return list(LAYOUTS)
-    return [(", ".join(map(str, (B, T, H, K, V))), T, dict(B=B, H=H, K=K, V=V)) for B, T, H, K, V in grid_shapes(which)]
+    return [(", ".join(map(str, (B, T, H, K, V))), T, dict(B=B, H=H, K=K, V=V))
+            for B, T, H, K, V in grid_shapes(which, head_dims)]
 
 
 def fla_version() -> str | None:
@@ -249,9 +263,11 @@ def _failed(row: dict) -> bool:
 
 
 def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float) -> int:
-    """--grid: every mixer at every grid shape, initial state given, one table (rows: shapes). With --resume, the
-    cells that --json's file already holds are kept and not timed again."""
-    problems = grid_problems(args.grid)
+    """--grid: every mixer at every grid shape (those of --head-dims when given), initial state given, one table
+    (rows: shapes). With --resume, the cells that --json's file already holds are kept and not timed again, and
+    appear in the table and the file with this run's, in the grid's order."""
+    head_dims = getattr(args, "head_dims", None)
+    problems = grid_problems(args.grid, head_dims)
     try:
         rows = resumed_rows(args.json, args.grid, info) if getattr(args, "resume", False) else []
     except ValueError as error:
@@ -261,11 +277,14 @@ def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float
     print(f"minilin bench --against fla --grid {args.grid}: {info['gpu']}, {info['date']}, FLA {info['fla']}, "
           f"torch {info.get('torch')}, CuPy {info['cupy']}; {DTYPE}, initial state given; device time, per round "
           f"the median of {repeats} queued runs, reported the median over {ROUNDS} alternating rounds; cells: "
-          f"minilin / FLA (bold above {GOAL})" + (f"; {len(rows)} cells kept from {args.json}" if rows else ""),
-          flush=True)
+          f"minilin / FLA (bold above {GOAL})"
+          + (f"; K x V {', '.join(f'{K}x{V}' for K, V in head_dims)} only" if head_dims else "")
+          + (f"; {len(rows)} cells kept from {args.json}" if rows else ""), flush=True)
     total = len(problems) * len(mixers)
-    order = {(label, mixer): i * len(mixers) + j for i, (label, _, _) in enumerate(problems)
-             for j, mixer in enumerate(mixers)}
+    position = {(label, mixer): i * len(mixers) + j + 1 for i, (label, _, _) in enumerate(problems)
+                for j, mixer in enumerate(mixers)}  # this run's cells, counted for the progress lines
+    order = {(label, mixer): i * len(mixers) + j for i, (label, _, _) in enumerate(grid_problems(args.grid))
+             for j, mixer in enumerate(mixers)}  # the whole grid's, for the rows kept from --resume's file too
     for label, T, problem in problems:
         for mixer in mixers:
             if (label, mixer) in done:
@@ -273,9 +292,9 @@ def main_grid(args, mixers: list[str], repeats: int, info: dict, copy_gbs: float
             row = {"label": label, **compare(mixer, T, repeats, problem=problem, with_state=True), "date": info["date"]}
             state = (f"{row['minilin_ms']:.3f} vs {row['fla_ms']:.3f} ms ({row['ratio']:.2f})" if "ratio" in row
                      else row["note"])
-            print(f"  [{order[label, mixer] + 1}/{total}] {mixer} {label}: {state}", file=sys.stderr, flush=True)
+            print(f"  [{position[label, mixer]}/{total}] {mixer} {label}: {state}", file=sys.stderr, flush=True)
             rows.append(row)
-            rows.sort(key=lambda r: order.get((r["label"], r["mixer"]), total))  # the grid's order, kept cells too
+            rows.sort(key=lambda r: order.get((r["label"], r["mixer"]), len(order)))  # the grid's order, kept cells too
             if args.json:  # after every cell, so that a run cut short keeps what it measured
                 write_json(args.json, {"against": "fla", "grid": args.grid, "machine": info,
                                        "copy_bandwidth_gbs": copy_gbs, "rows": rows})

@@ -4,7 +4,8 @@ Mixers: linear_attention, simple_gla, gla, deltanet, gated_deltanet, kda (the on
 `minilin.cuda.<mixer>_backward`); default all but linear_attention (simple GLA's kernels with no gate).
 Problem as the forward bench (bench/gpu.py): B=4, H=16, K=V=128, bf16 q, k, v (float32 gates, betas and state), T in
 2048 and 8192 by default; with --grid the "every shape" grid instead (bench/against_fla.py's GRID: FLA's benchmark
-shapes and one long sequence, --grid all adds other head dims), an initial state given.
+shapes and one long sequence, --grid all adds other head dims, --head-dims keeps those of the K x V named), an
+initial state given.
 
 Each mixer is checked before it is timed, at a small problem with each K, V it is timed at (B=2, T=100, H=2, so
 that the version chosen is the one timed; initial state given): every gradient of L = <do, o> + <dstate, S_T> from
@@ -223,11 +224,16 @@ def main(args) -> int:
         return 2
     grid = getattr(args, "grid", None)
     if grid:
-        shapes, problem = grid_shapes(grid), f"the grid ({grid}), initial state given"
+        head_dims = getattr(args, "head_dims", None)
+        shapes, problem = grid_shapes(grid, head_dims), f"the grid ({grid}), initial state given"
+        if head_dims:
+            problem += f", K x V {', '.join(f'{K}x{V}' for K, V in head_dims)} only"
+        grid_order = grid_shapes(grid)  # the whole grid's, for the rows kept from --resume's file too
     else:
         lengths = args.lengths or ([2048] if args.quick else LENGTHS)
         shapes = [(PROBLEM["B"], T, PROBLEM["H"], PROBLEM["K"], PROBLEM["V"]) for T in lengths]
         problem = ", ".join(f"{k}={v}" for k, v in PROBLEM.items())
+        grid_order = shapes
     repeats = args.repeats or (5 if args.quick else 20)
     info = machine()
     against = args.against == "fla"
@@ -241,10 +247,10 @@ def main(args) -> int:
     done = {(r["mixer"], shape_of(r)) for r in rows}
     print(f"minilin bench --backward: {info['gpu']}, {info['date']}; bf16, {problem}; device time, median of "
           f"{ROUNDS} alternating rounds" + (f"; {len(rows)} rows kept from {args.json}" if rows else ""), flush=True)
-    order = {(m, tuple(s)): i * len(shapes) + j for i, m in enumerate(mixers) for j, s in enumerate(shapes)}
+    order = {(m, tuple(s)): i * len(grid_order) + j for i, m in enumerate(mixers) for j, s in enumerate(grid_order)}
 
     def report(complete: bool) -> dict:  # --json's contents, written after every row and once more at the end
-        return {"backward": True, "grid": grid, "against": args.against, "machine": info, "shapes": shapes,
+        return {"backward": True, "grid": grid, "against": args.against, "machine": info, "shapes": grid_order,
                 "tolerance": TOLERANCE, "checks": checks, "rows": rows, "complete": complete}
 
     head_dims = list(dict.fromkeys((K, V) for *_, K, V in shapes))
