@@ -58,8 +58,8 @@ def parse_arch(spec: str | None) -> tuple[list[str], str]:
     `spec` lists compute capabilities separated by ';', ',' or spaces, written 90, 9.0, sm_90 or 90a.
     Each gets machine code (SASS); the last also gets PTX, so newer GPUs can compile it at load time (the
     PTX of "90a" is plain compute_90: architecture-specific PTX would load nowhere else).
-    Default "90a": sm_90a code, which H100 and H200 run and which the wgmma version (delta v10) needs, plus
-    compute_90 PTX. mma.sync bf16 and cp.async need >= 80.
+    Default "90a": sm_90a code, which H100 and H200 run and which the wgmma versions (linear v10, delta v10 and
+    v12) need, plus compute_90 PTX. mma.sync bf16 and cp.async need >= 80.
     """
     items = [s for s in re.split(r"[;,\s]+", (spec or "90a").strip()) if s]
     if not items:

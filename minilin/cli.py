@@ -2,9 +2,11 @@
 `register(subparsers)` and sets `func`; this file only wires them together.
 
     minilin [status]            the exercises: solved / failing / not started, and the next one
-    minilin check|hint|reset|watch [N]
-    minilin tour [NAME] [--quick] [--plots DIR]
-    minilin bench [--device cpu|gpu] [--json]
+    minilin check|watch [N]       check an exercise (default: the current one); watch re-checks on every save
+    minilin hint [N] [LEVEL]      its hints, from a nudge to the plan
+    minilin reset N               put back exercise N's untouched stub
+    minilin tour [NAME ...] [--quick] [--plots DIR] [--list]
+    minilin bench [--device cpu|gpu] [--json PATH]
     minilin train mqar [--quick] small models trained on the CPU with minilin's own gradients
     minilin doctor              what was found for the CUDA side (nvcc, CuPy, GPU, extension)
 """

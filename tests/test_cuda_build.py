@@ -297,15 +297,21 @@ def test_sources_are_every_kernel_file(setup_module_, monkeypatch):
     assert set(kernels) | {"csrc/common/mma.cuh", "csrc/linear/chunk_mma_wide.cuh", "csrc/minilin_cuda.h"} <= set(ext.depends)
 
 
+# The versions built from sm_90a code only (wgmma), listed under MINILIN_SM90A in csrc/registry.cpp.
+SM90A_VERSIONS = {"linear": {10}, "delta": {10, 12}}
+
+
 def test_the_built_extension_lists_the_wgmma_versions_exactly_when_it_holds_sm90a_code():
     # Runs wherever the extension is built, GPU or not (CI compiles it): if MINILIN_SM90A stopped reaching the
-    # host compile, v10 and v12 would silently drop out of the ladder and every GPU test would pass on v9.
+    # host compile, these versions would silently drop out of the ladder and every GPU test would pass on the
+    # rungs below them (linear v8, delta v9).
     cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
-    delta = {v["version"]: v for v in cuda.versions() if v["op"] == "delta"}
-    wgmma = {10, 12}
-    for number in wgmma:
-        assert (number in delta) == ("sm_90a" in cuda.cuda_arch.split(",")), (cuda.cuda_arch, sorted(delta))
-        if number in delta:
-            assert delta[number]["min_compute_capability"] == delta[number]["max_compute_capability"] == 90
-            assert not delta[number]["float32"] and delta[number]["bfloat16"]
-    assert all(v["max_compute_capability"] == 0 for n, v in delta.items() if n not in wgmma)
+    has_sm90a = "sm_90a" in cuda.cuda_arch.split(",")
+    for op, wgmma in SM90A_VERSIONS.items():
+        built = {v["version"]: v for v in cuda.versions() if v["op"] == op}
+        for number in wgmma:
+            assert (number in built) == has_sm90a, (op, cuda.cuda_arch, sorted(built))
+            if number in built:
+                assert built[number]["min_compute_capability"] == built[number]["max_compute_capability"] == 90
+                assert not built[number]["float32"] and built[number]["bfloat16"]
+        assert all(v["max_compute_capability"] == 0 for n, v in built.items() if n not in wgmma), op

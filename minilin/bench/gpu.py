@@ -3,8 +3,8 @@ when it is importable, flash-linear-attention (FLA).
 
 Problem: B=4, H=16, K=V=128, T in 2048, 8192, 32768, inputs in bfloat16 and float32 (CONVENTIONS.md layouts).
 Default mixers: simple_gla (the scalar-gated linear kernels) and gated_deltanet (the delta-rule kernels);
---mixers also takes linear_attention, retnet, lightning, deltanet, and gla and kda (the kernels with a decay per
-key channel, ops "gla" and "kda").
+--mixers also takes linear_attention, retnet, lightning, deltanet, and gla, hgrn2 and kda (the kernels with a decay
+per key channel, ops "gla" and "kda").
 
 Rows, per mixer, length and dtype:
 - reference (CuPy): minilin's NumPy chunked form running unchanged on CuPy arrays, in float32;

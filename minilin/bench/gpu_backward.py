@@ -21,7 +21,7 @@ backward refuses Triton 3.4-3.7.0 on Hopper), the row says why.
 
 --json is written after every row, each row dated. With --grid, `--resume` keeps the rows an earlier run's --json
 file holds (the same grid, with or without FLA as this run, on the same GPU model) and times only the rest: FLA
-tunes its backward kernels at every new shape, so a grid with FLA beside it takes several time-limited GPU jobs.
+tunes its backward kernels at every new shape, so a grid with FLA beside it may take several runs on the same --json file.
 """
 from __future__ import annotations
 

@@ -7,9 +7,9 @@
     o_t, pool = cuda.gated_deltanet_step(q_t, k_t, v_t, g_t, beta_t, state=pool, state_indices=slots)
                                                                # one decode token per sequence, pool updated in place
 
-Each op has numbered kernel versions side by side, every one callable (`version=`): 1 = recurrent (the
-definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, then each op's
-later steps, each named by what it changed (`versions(op)` lists them with their one-sentence summaries,
+Each op has numbered kernel versions side by side, every one callable (`version=`). For the forward ops: 1 =
+recurrent (the definition, token by token), 2 = chunked on plain CUDA cores, 3 = chunked on bf16 tensor cores, then
+each op's later steps, each named by what it changed (`versions(op)` lists them with their one-sentence summaries,
 csrc/NOTES.md with their measured times). The scalar-gated mixers (linear attention, RetNet, Lightning, Mamba-2,
 simple GLA) run the op "linear", DeltaNet and Gated DeltaNet "delta", GLA and HGRN2 "gla", Kimi Delta Attention
 "kda". version=None runs the highest version that the build holds, that takes the input dtype and the shape (K,
@@ -22,8 +22,10 @@ below 9.0, linear 6, delta 7, gla 5, kda 1 (the token loops at K = 256). For flo
 
 The decode steps (`<mixer>_step`, minilin/cuda/decode.py and steps.py) run the op "decode": one token for each of N sequences, every mixer of both families, the states [N, H, K, V] (or a pool
 indexed by `state_indices`) updated in place. The backward passes (`<mixer>_backward`, minilin/cuda/backward.py)
-run the ops "linear_bwd", "delta_bwd", "gla_bwd" (GLA and HGRN2) and "kda_bwd" (KDA) and return
-the mixers' named tuples of gradients (dq, dk, dv in their inputs' dtype, the rest float32).
+run the ops "linear_bwd", "delta_bwd", "gla_bwd" (GLA and HGRN2) and "kda_bwd" (KDA), each a v1 (token loops,
+float32 and bf16, K up to 256) and a v2 (chunked on bf16 tensor cores, the bf16 default at K = 64 and 128; kda_bwd
+v2 on compute capability 9.0 and newer), and
+return the mixers' named tuples of gradients (dq, dk, dv in their inputs' dtype, the rest float32).
 
 Inputs follow CONVENTIONS.md (shapes [B, T, H, K] etc., C-contiguous, on the current device); q, k, v are
 float32 or bfloat16 (`to_bf16` / `from_bf16`: CuPy's bfloat16 dtype where it has one, else uint16 bit

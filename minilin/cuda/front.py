@@ -11,8 +11,9 @@ Shapes (CONVENTIONS.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] 
 [B, T, HV, K]); initial_state and the returned state [B, HV, K, V]; o [B, T, HV, V]. HV = H is the plain
 layout; HV a multiple of H groups the value heads (`minilin.heads`). cu_seqlens [N + 1] with B = 1 packs N
 sequences along T (`minilin.varlen`; the states are then [N, HV, K, V]). Versions marked `packed` in `versions`
-(the token loops, linear v7 - v10, delta v10 and v12, gla v3 - v6, kda v3 - v10: the bfloat16 defaults of linear at K = 64,
-128 and 256 and of delta at K = 64 or 128, not delta v11 at K = 256, on an sm_90a build and a compute capability 9.0 GPU, gla's and kda's) read
+(the token loops, linear v7 - v10, delta v10 and v12, gla v3 - v6, kda v3 - v10: the bfloat16 defaults of linear at
+K = 64, 128 and 256 on compute capability 9.0 or newer, of delta at K = 64 or 128 on an sm_90a build and a 9.0 GPU,
+not delta v11 at K = 256, and every default of gla and kda) read
 both layouts in the kernel, one launch for the whole batch (up to MAX_PACKED_SEQUENCES sequences: the grid's z
 extent); the others see q and k repeated to HV heads (`heads.expand`, one copy of each) and one launch per
 sequence, so a packed call to them costs what N calls cost.
