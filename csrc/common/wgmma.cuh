@@ -230,4 +230,8 @@ __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
   return p + ((1024u - (smem_address(p) & 1023u)) & 1023u);
 }
 
+// bytes rounded up to a whole number of 1024-byte atoms: shared-memory layouts of swizzled tiles place each
+// tile on such a boundary.
+constexpr size_t round_up_1024(size_t bytes) { return (bytes + 1023) / 1024 * 1024; }
+
 }  // namespace minilin

@@ -42,8 +42,6 @@ using wide::kLdV;
 using namespace producer_block;  // the block (16 compute warps + the producer), the ring's kStages and its waits
 using namespace wgmma_chunk;     // the swizzled copies, exp_ftz, the transposed state's loads and stores
 
-constexpr size_t round_up_1024(size_t bytes) { return (bytes + 1023) / 1024 * 1024; }
-
 // Shared memory, from a 1024-byte boundary (the swizzled atoms'): per stage q and k (64 x K, swizzled), T's
 // tile (64 x 64, swizzled), v (64 x 64, rows padded to kLdV for the epilogue's reads), G and beta; then the
 // block's S^T copy (64 x K), P, X, Delta and Delta decayed (64 x 64 each, swizzled), and the ring's barriers.

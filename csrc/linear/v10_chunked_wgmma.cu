@@ -38,8 +38,6 @@ using namespace wgmma_chunk;     // the swizzled copies, exp_ftz, the transposed
 
 constexpr const char* kName = "linear_v10_chunked_wgmma";
 
-constexpr size_t round_up_1024(size_t bytes) { return (bytes + 1023) / 1024 * 1024; }
-
 // Shared memory, from a 1024-byte boundary (the swizzled atoms'): per stage q and k (64 x K), v (64 x 64), all
 // swizzled, and G; then the block's S^T copy (64 x K) and P (64 x 64), swizzled, and the ring's barriers.
 template <int K>
