@@ -43,9 +43,8 @@ class Shapes:
                 return
         known = [sizes.get(letter) for letter in letters]
         expected = ", ".join(str(k) if k is not None else letter for k, letter in zip(known, letters))
-        raise ValueError(
-            f"{name}: expected shape [{', '.join(letters)}] = [{expected}], got {[int(s) for s in shape]}"
-        )
+        bound = f" = [{expected}]" if any(k is not None for k in known) else f" ({len(letters)} dims)"
+        raise ValueError(f"{name}: expected shape [{', '.join(letters)}]{bound}, got {[int(s) for s in shape]}")
 
 
 @functools.lru_cache(maxsize=None)

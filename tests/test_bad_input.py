@@ -30,6 +30,13 @@ def test_wrong_rank(inputs):
         call(gated_deltanet, inputs)
 
 
+def test_wrong_rank_of_the_first_input(inputs):
+    """Nothing is bound yet when q is read: the message gives the dims and their count, not the letters twice."""
+    inputs["q"] = inputs["q"][0]
+    with pytest.raises(ValueError, match=re.escape("q: expected shape [B, T, H, K] (4 dims), got [10, 3, 4]")):
+        call(gated_deltanet, inputs)
+
+
 def test_mismatched_batch(inputs):
     inputs["v"] = inputs["v"][:1]
     with pytest.raises(ValueError, match=re.escape("v: expected shape [B, T, HV, V] = [2, 10, HV, V], got [1, 10, 3, 5]")):
