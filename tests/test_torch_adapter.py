@@ -220,7 +220,8 @@ def _cuda_ready():
         return "no CUDA device for torch"
     from minilin import cuda
 
-    return None if cuda.available() else "minilin.cuda is not built or CuPy is missing"
+    ok, why = cuda.available()
+    return None if ok else f"minilin.cuda cannot run: {why}"
 
 
 def _tiny_model(seed, device, dtype, mixer):
