@@ -325,11 +325,19 @@ def test_feature_map_without_a_backward_is_a_type_error(rng):
     with pytest.raises(TypeError, match="feature_map: expected a map with a backward"):
         linear_attention.chunked_backward(q, q, q, do=q, feature_map=lambda x: x * x)
 
+
+
+def test_a_users_feature_map_with_its_backward_matches_finite_differences(rng):
+    """A callable map that brings its own backward (phi.backward(x, dphi) = phi'(x)^T dphi) is used for dq and dk:
+    the map's derivative 2 x differs from the identity's, so using the wrong backward fails here."""
+    from minilin.mixers import linear_attention
+
     def square(x):
         return x * x
-    square.backward = lambda x, dphi: 2 * x * dphi   # a user's map that brings its backward
-    grads = linear_attention.recurrent_backward(q, q, q, do=q, feature_map=square)
-    assert np.isfinite(grads.dq).all()
+    square.backward = lambda x, dphi: 2 * x * dphi
+    q, k, v = (rng.standard_normal((1, 7, 2, 3)) for _ in range(3))
+    for form in ("recurrent", "chunked"):
+        assert_public_backward_matches_fd(rng, linear_attention, [q, k, v], {}, {"feature_map": square}, form)
 
 
 @pytest.mark.parametrize("name", MIXERS)
