@@ -216,17 +216,6 @@ def test_packed_versions_read_grouped_heads_and_packed_sequences(mixer, version,
     assert err_o < TOLERANCE[dtype] and err_state < TOLERANCE[dtype], (err_o, err_state)
 
 
-def test_versions_that_do_not_read_packed_layouts_refuse_them():
-    """The extension itself refuses cu_seqlens or qk_heads for a version without `packed`, before any launch."""
-    cuda = mcuda.extension()
-    unpacked = next(v for v in mcuda.versions("delta") if not v["packed"])
-    sizes = dict(B=2, T=100, H=4, K=64, V=64, scale=1.0, dtype=1, stream=0)
-    with pytest.raises(ValueError, match=rf"delta v{unpacked['version']} reads neither packed sequences"):
-        cuda.forward("delta", unpacked["version"], *([0] * 10), **sizes, cu_seqlens=1)
-    with pytest.raises(ValueError, match=r"qk_heads must divide H = 4, got 3"):
-        cuda.forward("delta", 1, *([0] * 10), **sizes, qk_heads=3)
-
-
 @pytest.mark.parametrize("mixer,version,dtype",
                          [(m, v, d) for m in ("retnet", "lightning", "mamba2") for v, d in version_cases(m)])
 def test_wrappers_match_reference(mixer, version, dtype):

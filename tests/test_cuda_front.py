@@ -233,6 +233,18 @@ def test_the_head_dim_256_versions_refuse_other_shapes_before_any_launch(op, ver
         cuda.forward(op, version, 1, 1, 1, g, beta, 0, 1, 1, 0, 0, **sizes)
 
 
+def test_versions_that_do_not_read_packed_layouts_refuse_them():
+    """The extension itself refuses cu_seqlens or qk_heads for a version without `packed`, before any launch
+    (fake pointers; wherever the extension is built)."""
+    cuda = pytest.importorskip("minilin._cuda", reason="the extension is not built here")
+    unpacked = next(v for v in cuda.versions() if v["op"] == "delta" and not v["packed"])
+    sizes = dict(B=2, T=100, H=4, K=64, V=64, scale=1.0, dtype=1, stream=0)
+    with pytest.raises(ValueError, match=rf"delta v{unpacked['version']} reads neither packed sequences"):
+        cuda.forward("delta", unpacked["version"], *([0] * 10), **sizes, cu_seqlens=1)
+    with pytest.raises(ValueError, match=r"qk_heads must divide H = 4, got 3"):
+        cuda.forward("delta", 1, *([0] * 10), **sizes, qk_heads=3)
+
+
 def test_the_built_versions_carry_the_shape_rules_their_checks_enforce():
     # Runs wherever the extension is built, GPU or not (CI compiles it): each entry's rule is what its file's
     # checks take (the token loops K <= 256, the chunked CUDA-core versions K <= 128, every bf16-only version the
@@ -402,14 +414,19 @@ def test_a_packed_call_launches_once_per_sequence_on_its_slices(fake_cupy, monke
 
     def launch_one(op, info, q, k, v, g, beta, initial_state, scale, o, final_state):
         calls.append((q.shape[1], g.shape[1], initial_state.shape, o.shape, final_state.shape))
+        seen.append(tuple(np.array(x._data) for x in (q, k, v, g, initial_state)))
         o._data[...] = q.shape[1]  # each sequence's slice of the one output array, written in place
         final_state._data[...] = q.shape[1]
 
+    seen = []
     monkeypatch.setattr(front, "_launch_one", launch_one)
     monkeypatch.setattr(front, "runnable_version", lambda op, version, is_bf16, K, V: {"version": 8})
-    h0 = FakeArray(np.zeros((2, 3, 16, 8), np.float32))
+    h0 = FakeArray(np.random.default_rng(1).standard_normal((2, 3, 16, 8)).astype(np.float32))  # a row each
     o, state = UNPATCHED_LAUNCH("linear", q, k, v, g, None, h0, 0.25, None, (0, 4, 10))
     assert calls == [(4, 4, (1, 3, 16, 8), (1, 4, 3, 8), (1, 3, 16, 8)), (6, 6, (1, 3, 16, 8), (1, 6, 3, 8), (1, 3, 16, 8))]
+    for n, (start, end) in enumerate([(0, 4), (4, 10)]):  # sequence n read its own tokens and its own start state
+        tokens = [x._data[:, start:end] for x in (q, k, v, g)]
+        assert all(np.array_equal(got, want) for got, want in zip(seen[n], tokens + [h0._data[n:n + 1]]))
     assert (o._data[:, :4] == 4).all() and (o._data[:, 4:] == 6).all()
     assert (state._data[0] == 4).all() and (state._data[1] == 6).all()
 
