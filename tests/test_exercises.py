@@ -214,7 +214,8 @@ class _Perturb:
             middle = np.unravel_index(x.size // 2, x.shape)
             if y.dtype.kind == "f":  # a millionth in float64; a thousandth in float32, checked to 1e-4
                 relative = 1e-6 if y.dtype == np.float64 else 1e-3
-                y[middle] += relative * max(float(np.abs(x).max()), 1e-300)
+                finite = np.abs(x[np.isfinite(x)])  # -inf entries (a mask above a diagonal) set no scale
+                y[middle] += relative * max(float(finite.max()) if finite.size else 1.0, 1e-300)
             else:
                 y[middle] += 1
             return y
