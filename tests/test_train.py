@@ -81,6 +81,17 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert resumed["history"] == straight["history"]
 
 
+def test_a_short_run_learns():
+    """60 steps of a two-block model (Gated DeltaNet, attention) on 3 pairs: the training loss falls well below its
+    start (about ln 8, 8 values to choose from) and the held-out accuracy reaches twice chance (1 / 8). Seeded, so
+    the numbers repeat; measured 2.09 -> 1.57 and 0.34 on the development machine."""
+    run = tiny_run(steps=60, batch_size=16, eval_size=32, eval_every=10, warmup=5, lr=1e-2)
+    history = train(run, progress=False)["history"]
+    (_, first_loss, _), (_, last_loss, last_accuracy) = history[0], history[-1]
+    assert last_loss < first_loss - 0.25, history
+    assert last_accuracy >= 2 / 8, history
+
+
 def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
     path = str(tmp_path / "ckpt.npz")
     train(tiny_run(), checkpoint=path, progress=False, stop_after=2)
