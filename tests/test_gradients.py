@@ -156,13 +156,29 @@ def test_gradient_of_the_final_state_alone(name):
                           {n: directional.direction(rng, x) for n, x in given.items()})
 
 
+def _strong_decays(name, args, kwargs, rng):
+    """The mixers whose decay is not a log-gate input, with per-token log-decays reaching -20 (and close to 0):
+    Mamba-2's dt * A (A = -20 per head, dt in (0, 1)), RetNet's log gamma and Lightning's -slope per head."""
+    args, kwargs = list(args), dict(kwargs)
+    if name == "mamba2":
+        args[1] = rng.uniform(1e-8, 1, args[1].shape).astype(np.float32)   # dt [B, T, H]
+        args[2] = np.full(args[2].shape, -20.0, np.float32)                 # A [H]
+    elif name == "retnet":
+        kwargs["gamma"] = np.exp(np.array([-20.0, -1e-8])).astype(np.float32)
+    elif name == "lightning":
+        kwargs["slope"] = np.array([20.0, 1e-8], np.float32)
+    return args, kwargs
+
+
 @pytest.mark.parametrize("name", CAUSAL)
 def test_float32_long_sequence_with_strong_gates_stays_finite(name):
-    """T = 4096 in float32 with every log-gate drawn in [-20, -1e-8]: every gradient is finite."""
+    """T = 4096 in float32 with every log-gate drawn in [-20, -1e-8] (the decays that are not log-gates taken to
+    the same range: `_strong_decays`): every gradient is finite."""
     mod, sig = catalog.module(name), catalog.signature(name)
     args, kwargs = mod.example_inputs(1, 4096, 2, 8, 8, dtype=np.float32, seed=1)
     rng = np.random.default_rng(0)
     args = [rng.uniform(-20, -1e-8, a.shape).astype(np.float32) if t.gate else a for a, t in zip(args, sig.inputs)]
+    args, kwargs = _strong_decays(name, args, kwargs, rng)
     o, state = mod.chunked(*args, **kwargs)
     grads = mod.chunked_backward(*args, **kwargs, do=rng.standard_normal(o.shape).astype(np.float32))
     for field, g in zip(grads._fields, grads):
