@@ -7,6 +7,7 @@ is replaced by a recorder.
 """
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -262,6 +263,17 @@ def test_bad_step_inputs_name_the_argument(fake_cupy, case, error, message):
     assert not fake_cupy, "nothing may launch after a failed check"
 
 
+def test_gated_steps_refuse_g_none(fake_cupy):
+    """The decode kernel reads g = None as no decay: a gated mixer's step names the missing gate instead."""
+    t = token()
+    q, k, v, beta = (t[n] for n in ("q", "k", "v", "beta"))
+    for mixer, args, dims in [("simple_gla", (q, k, v, None), "N, H"), ("gated_deltanet", (q, k, v, None, beta), "N, H"),
+                              ("gla", (q, k, v, None), "N, H, K"), ("kda", (q, k, v, None, beta), "N, H, K")]:
+        with pytest.raises(TypeError, match=re.escape(f"g: expected a CuPy array [{dims}], got None")):
+            mcuda.STEPS[mixer](*args)
+    assert not fake_cupy
+
+
 def test_per_channel_steps_want_a_gate_per_key_channel(fake_cupy):
     t = token()
     with pytest.raises(ValueError, match=r"g: expected shape \[N, H, K\] = \[3, 2, 16\], got \[3, 2\]"):
@@ -393,7 +405,7 @@ def test_channel_fronts_launch_their_ops_and_require_a_key_channel_gate(fake_cup
                  lambda gate: front.channel_delta_rule(q, k, v, gate, beta)):
         with pytest.raises(ValueError, match=r"g: expected shape \[B, T, HV, K\] = \[2, 5, 3, 16\], got \[2, 5, 3\]"):
             call(g)
-        with pytest.raises(TypeError, match=r"g: expected a CuPy array on the GPU, got NoneType"):
+        with pytest.raises(TypeError, match=re.escape("g: expected a CuPy array [B, T, HV, K], got None")):
             call(None)
         with pytest.raises(ValueError, match=r"g: expected log-space"):
             call(on_gpu(-np.asarray(g_channel)))

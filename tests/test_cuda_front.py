@@ -5,6 +5,7 @@ device) lets the dtype / shape / contiguity / device checks run on a machine wit
 """
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -130,6 +131,23 @@ def test_bad_inputs_name_the_argument(fake_cupy, case, error, message):
         kwargs["allow_neg_eigval"] = "yes"
     with pytest.raises(error, match=message):
         front.delta_rule(q, k, v, g, beta, check_values=False, **kwargs)
+    assert not fake_cupy, "nothing may launch after a failed check"
+
+
+def test_a_gated_mixer_refuses_g_none_rather_than_running_the_ungated_one(fake_cupy):
+    """The ops read g = None as no decay (linear attention, DeltaNet); simple GLA and Gated DeltaNet require their
+    gate, forward and backward, and GLA and KDA say None plainly."""
+    q, k, v, g, beta = arrays()
+    do = FakeArray(np.ones(v.shape, np.float32))
+    calls = [lambda: mcuda.simple_gla(q, k, v, None), lambda: mcuda.gated_deltanet(q, k, v, None, beta),
+             lambda: mcuda.simple_gla_backward(q, k, v, None, do=do),
+             lambda: mcuda.gated_deltanet_backward(q, k, v, None, beta, do=do)]
+    for call in calls:
+        with pytest.raises(TypeError, match=re.escape("g: expected a CuPy array [B, T, HV], got None")):
+            call()
+    for call in (lambda: mcuda.gla(q, k, v, None), lambda: mcuda.kda(q, k, v, None, beta)):
+        with pytest.raises(TypeError, match=re.escape("g: expected a CuPy array [B, T, HV, K], got None")):
+            call()
     assert not fake_cupy, "nothing may launch after a failed check"
 
 

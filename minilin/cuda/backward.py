@@ -99,7 +99,7 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
 
     check_values: g <= 0, do and dstate finite (device-to-host syncs); False skips them."""
     return _linear_backward("linear_bwd", "B T HV", q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version,
-                            check_values)
+                            check_values, g_optional=True)
 
 
 def channel_gated_linear_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
@@ -112,10 +112,12 @@ def channel_gated_linear_backward(q, k, v, g, *, do, dstate=None, scale=None, in
                             check_values)
 
 
-def _linear_backward(op, gate_dims, q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version, check_values):
-    """The gated linear family's backward (op 'linear_bwd', g [B, T, HV] or None; 'gla_bwd', g [B, T, HV, K])."""
+def _linear_backward(op, gate_dims, q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version, check_values,
+                     g_optional=False):
+    """The gated linear family's backward (op 'linear_bwd', g [B, T, HV]; 'gla_bwd', g [B, T, HV, K]); g_optional: None
+    is no decay (linear attention)."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
-    if g is not None or op == "gla_bwd":
+    if g is not None or not g_optional:
         check_input("g", g, gate_dims, shapes, float32_only=True)
     _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
     if check_values and g is not None:
@@ -166,7 +168,7 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
     (`activations.l2_normalize`), in float32 (then back in q's dtype).
     check_values: g <= 0, beta's range, beta |k|^2 within its bound, do and dstate finite (device-to-host syncs)."""
     return _delta_rule_backward("delta_bwd", "B T HV", q, k, v, g, beta, do, dstate, scale, initial_state, cu_seqlens,
-                                allow_neg_eigval, normalize_qk, version, check_values)
+                                allow_neg_eigval, normalize_qk, version, check_values, g_optional=True)
 
 
 def channel_delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None,
@@ -179,10 +181,11 @@ def channel_delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None
 
 
 def _delta_rule_backward(op, gate_dims, q, k, v, g, beta, do, dstate, scale, initial_state, cu_seqlens,
-                         allow_neg_eigval, normalize_qk, version, check_values):
-    """The delta family's backward (op 'delta_bwd', g [B, T, HV] or None; 'kda_bwd', g [B, T, HV, K])."""
+                         allow_neg_eigval, normalize_qk, version, check_values, g_optional=False):
+    """The delta family's backward (op 'delta_bwd', g [B, T, HV]; 'kda_bwd', g [B, T, HV, K]); g_optional: None is
+    no decay (DeltaNet)."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
-    if g is not None or op == "kda_bwd":
+    if g is not None or not g_optional:
         check_input("g", g, gate_dims, shapes, float32_only=True)
     check_input("beta", beta, "B T HV", shapes, float32_only=True)
     _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
@@ -227,10 +230,9 @@ def linear_attention_backward(q, k, v, *, do, dstate=None, scale=None, initial_s
 
 def simple_gla_backward(q, k, v, g, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None, version=None,
                         check_values=True):
-    """Simple GLA's gradients: SimpleGlaGradients(dq, dk, dv, dg, dinitial_state). g [B, T, HV]."""
-    dq, dk, dv, dg, dh0 = gated_linear_backward(q, k, v, g, do=do, dstate=dstate, scale=scale,
-                                                initial_state=initial_state, cu_seqlens=cu_seqlens, version=version,
-                                                check_values=check_values)
+    """Simple GLA's gradients: SimpleGlaGradients(dq, dk, dv, dg, dinitial_state). g [B, T, HV], required."""
+    dq, dk, dv, dg, dh0 = _linear_backward("linear_bwd", "B T HV", q, k, v, g, do, dstate, scale, initial_state,
+                                           cu_seqlens, version, check_values)
     return _gradients("simple_gla")(dq=dq, dk=dk, dv=dv, dg=dg, dinitial_state=dh0)
 
 
@@ -246,11 +248,10 @@ def deltanet_backward(q, k, v, beta, *, do, dstate=None, scale=None, initial_sta
 
 def gated_deltanet_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initial_state=None, cu_seqlens=None,
                             allow_neg_eigval=False, normalize_qk=False, version=None, check_values=True):
-    """Gated DeltaNet's gradients: GatedDeltanetGradients(dq, dk, dv, dg, dbeta, dinitial_state)."""
-    dq, dk, dv, dg, dbeta, dh0 = delta_rule_backward(q, k, v, g, beta, do=do, dstate=dstate, scale=scale,
-                                                     initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                                     allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk,
-                                                     version=version, check_values=check_values)
+    """Gated DeltaNet's gradients: GatedDeltanetGradients(dq, dk, dv, dg, dbeta, dinitial_state). g required."""
+    dq, dk, dv, dg, dbeta, dh0 = _delta_rule_backward("delta_bwd", "B T HV", q, k, v, g, beta, do, dstate, scale,
+                                                      initial_state, cu_seqlens, allow_neg_eigval, normalize_qk,
+                                                      version, check_values)
     return _gradients("gated_deltanet")(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dinitial_state=dh0)
 
 

@@ -87,7 +87,7 @@ def _step(delta: bool, q, k, v, g, gate, beta, *, state, scale, state_indices, i
     q = check_input("q", q, "N H K", shapes, float32_only=False, device=device)
     check_input("k", k, "N H K", shapes, float32_only=False, like=q, device=device)
     check_input("v", v, "N H V", shapes, float32_only=False, like=q, device=device)
-    if g is not None:
+    if gate is not None:  # a gated mixer's g is required: the kernel reads g = None as no decay
         check_input("g", g, "N H K" if gate == "channel" else "N H", shapes, float32_only=True, device=device)
     if delta:
         check_input("beta", beta, "N H", shapes, float32_only=True, device=device)

@@ -193,6 +193,8 @@ def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, 
     the same dtype as `like` (the array called `like_name`, q by default) when given. device: the current
     device's id when the caller has it (asking CuPy costs about a microsecond per argument), else looked up.
     """
+    if x is None:
+        raise TypeError(f"{name}: expected a CuPy array [{', '.join(dims.split())}], got None")
     if not is_cupy_array(x):  # decided without importing CuPy, so this check runs anywhere
         raise TypeError(f"{name}: expected a CuPy array on the GPU, got {_describe(x)} "
                         f"(move it with cupy.asarray)")
@@ -350,11 +352,13 @@ def _check_common(q, k, v, initial_state, cu_seqlens=None):
     return shapes, offsets
 
 
-def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, cu_seqlens, version, check_values):
-    """gated_linear and channel_gated_linear: the checks, then the launch of `op` with g [g_dims] (None only for
-    the scalar gate, g_dims "B T HV": no decay)."""
+def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, cu_seqlens, version, check_values,
+                  g_optional=False):
+    """gated_linear and channel_gated_linear: the checks, then the launch of `op` with g [g_dims]. g_optional: None
+    is no decay (gated_linear itself, linear attention); a mixer whose decay is an input (simple GLA) requires g,
+    since None would run linear attention instead."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
-    if g is not None or g_dims != "B T HV":
+    if g is not None or not g_optional:
         check_input("g", g, g_dims, shapes, float32_only=True)
         if check_values:
             check_finite("g", g)
@@ -373,15 +377,16 @@ def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, cu_seqlens=
     (`versions('linear')`).
     check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
     """
-    return _gated_linear("linear", "B T HV", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values)
+    return _gated_linear("linear", "B T HV", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values,
+                         g_optional=True)
 
 
 def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, allow_neg_eigval,
-                normalize_qk, version, check_values):
+                normalize_qk, version, check_values, g_optional=False):
     """delta_rule and channel_delta_rule: the checks, the normalize_qk pre-pass, then the launch of `op` with
-    g [g_dims] (None only for the scalar gate, g_dims "B T HV": DeltaNet)."""
+    g [g_dims]. g_optional: None is no decay (delta_rule itself, DeltaNet); Gated DeltaNet requires g."""
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
-    if g is not None or g_dims != "B T HV":
+    if g is not None or not g_optional:
         check_input("g", g, g_dims, shapes, float32_only=True)
     check_input("beta", beta, "B T HV", shapes, float32_only=True)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
@@ -413,7 +418,7 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=N
     with device-to-host syncs; False skips them, for timing.
     """
     return _delta_rule("delta", "B T HV", q, k, v, g, beta, scale, initial_state, cu_seqlens, allow_neg_eigval,
-                       normalize_qk, version, check_values)
+                       normalize_qk, version, check_values, g_optional=True)
 
 
 def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None,

@@ -35,8 +35,8 @@ from ..mixers.lightning import default_slope
 from ..mixers.retnet import default_gamma
 from ..validation import Shapes, check_max, check_min
 from . import bf16
-from .front import (channel_delta_rule, channel_gated_linear, check_finite, check_input, cupy_module, delta_rule,
-                    gated_linear)
+from .front import (_delta_rule, _gated_linear, channel_delta_rule, channel_gated_linear, check_finite, check_input,
+                    cupy_module, delta_rule, gated_linear)
 
 
 def linear_attention(q, k, v, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
@@ -46,9 +46,8 @@ def linear_attention(q, k, v, *, scale=None, initial_state=None, cu_seqlens=None
 
 
 def simple_gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
-    """Scalar-gated linear attention: g [B, T, HV] float32, log-space decays <= 0."""
-    return gated_linear(q, k, v, g, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                        version=version, check_values=check_values)
+    """Scalar-gated linear attention: g [B, T, HV] float32, log-space decays <= 0 (required: None is no decay)."""
+    return _gated_linear("linear", "B T HV", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values)
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
@@ -203,10 +202,9 @@ def deltanet(q, k, v, beta, *, scale=None, initial_state=None, cu_seqlens=None, 
 def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, allow_neg_eigval=False,
                    normalize_qk=False, version=None, check_values=True):
     """Gated DeltaNet: decay exp(g_t) first, then the delta rule. g, beta [B, T, HV] float32.
-    normalize_qk: L2-normalize q and k first (front.delta_rule)."""
-    return delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                      allow_neg_eigval=allow_neg_eigval, normalize_qk=normalize_qk, version=version,
-                      check_values=check_values)
+    normalize_qk: L2-normalize q and k first (front.delta_rule). g is required (None is no decay: DeltaNet)."""
+    return _delta_rule("delta", "B T HV", q, k, v, g, beta, scale, initial_state, cu_seqlens, allow_neg_eigval,
+                       normalize_qk, version, check_values)
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, normalize_qk=False, version=None,
