@@ -263,6 +263,14 @@ def test_bad_step_inputs_name_the_argument(fake_cupy, case, error, message):
     assert not fake_cupy, "nothing may launch after a failed check"
 
 
+def test_a_step_with_no_key_channels_is_named_before_the_default_scale(fake_cupy):
+    t = token()
+    empty = on_gpu(np.zeros((3, 2, 0), np.float32))
+    with pytest.raises(ValueError, match=re.escape("q: expected K >= 1, got K = 0")):
+        mcuda.simple_gla_step(empty, empty, t["v"], t["g"])
+    assert not fake_cupy
+
+
 def test_gated_steps_refuse_g_none(fake_cupy):
     """The decode kernel reads g = None as no decay: a gated mixer's step names the missing gate instead."""
     t = token()

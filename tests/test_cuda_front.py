@@ -134,6 +134,19 @@ def test_bad_inputs_name_the_argument(fake_cupy, case, error, message):
     assert not fake_cupy, "nothing may launch after a failed check"
 
 
+@pytest.mark.parametrize("dims, message", [((2, 10, 0, 16, 8), "q: expected H >= 1, got H = 0"),
+                                           ((2, 10, 3, 0, 8), "q: expected K >= 1, got K = 0"),
+                                           ((2, 10, 3, 16, 0), "v: expected V >= 1, got V = 0"),
+                                           ((0, 10, 3, 16, 8), "q: expected B >= 1, got B = 0")])
+def test_empty_dimensions_are_named_before_any_division(fake_cupy, dims, message):
+    """H = 0 would divide HV by zero, K = 0 the default scale K ** -0.5."""
+    q, k, v, g, beta = arrays(*dims)
+    for call in (lambda: mcuda.simple_gla(q, k, v, g), lambda: mcuda.gated_deltanet(q, k, v, g, beta)):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+    assert not fake_cupy
+
+
 def test_a_gated_mixer_refuses_g_none_rather_than_running_the_ungated_one(fake_cupy):
     """The ops read g = None as no decay (linear attention, DeltaNet); simple GLA and Gated DeltaNet require their
     gate, forward and backward, and GLA and KDA say None plainly."""

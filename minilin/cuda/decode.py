@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import is_cupy_array
-from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
+from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_nonempty, check_scale
 from . import bf16
 from .front import (_describe, check_finite, check_input, check_key_strength, cupy_module, extension,
                     runnable_version)
@@ -87,6 +87,7 @@ def _step(delta: bool, q, k, v, g, gate, beta, *, state, scale, state_indices, i
     q = check_input("q", q, "N H K", shapes, float32_only=False, device=device)
     check_input("k", k, "N H K", shapes, float32_only=False, like=q, device=device)
     check_input("v", v, "N H V", shapes, float32_only=False, like=q, device=device)
+    check_nonempty(shapes, (("q", "N H K"), ("v", "N H V")))  # before K ** -0.5
     if gate is not None:  # a gated mixer's g is required: the kernel reads g = None as no decay
         check_input("g", g, "N H K" if gate == "channel" else "N H", shapes, float32_only=True, device=device)
     if delta:

@@ -34,7 +34,7 @@ import numpy as np
 from .. import heads, varlen
 from ..backend import is_cupy_array
 from ..activations import l2_normalize
-from ..validation import KEY_NORM_SLACK, Shapes, check_beta, check_flag, check_log_gate, check_scale
+from ..validation import KEY_NORM_SLACK, Shapes, check_beta, check_flag, check_log_gate, check_nonempty, check_scale
 from . import bf16
 
 OPS = ("linear", "delta", "gla", "kda")
@@ -337,11 +337,10 @@ def _check_common(q, k, v, initial_state, cu_seqlens=None):
     q = check_input("q", q, "B T H K", shapes, float32_only=False)
     check_input("k", k, "B T H K", shapes, float32_only=False, like=q)
     check_input("v", v, "B T HV V", shapes, float32_only=False, like=q)
+    check_nonempty(shapes, (("q", "B T H K"), ("v", "B T HV V")))  # before H divides HV and K ** -0.5
     if shapes["HV"] % shapes["H"]:
         raise ValueError(f"v: expected a number of heads HV that is a multiple of q's and k's H = {shapes['H']} "
                          f"(grouped value heads), got HV = {shapes['HV']}")
-    if shapes["T"] < 1:
-        raise ValueError(f"q: expected at least one token (T >= 1), got T = {shapes['T']}")
     offsets = None
     if cu_seqlens is not None:
         offsets = varlen.check_cu_seqlens(cu_seqlens, shapes["B"], shapes["T"])
