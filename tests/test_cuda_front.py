@@ -230,7 +230,26 @@ def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
     assert chosen(True, 512, 64) == 3  # nothing takes K = 512: the last rung, whose checks refuse it
     assert chosen(True, 256, 64, version=3) == 3
     assert front._version_info("delta", None, True, 90)["version"] == 3  # no shape given: the last rung
+    assert [chosen(True, K, None) for K in (64, 96, 256)] == [3, 2, 1]  # K alone: its rule on the key width
     assert front.takes_shape(ladder[2], 128, 64) and not front.takes_shape(ladder[2], 128, 32)
+    with pytest.raises(ValueError, match=re.escape("op: expected one of ['delta'], got 'nonsense'")):
+        front._version_info("nonsense", None, True, 90)
+
+
+def test_gla_passes_over_its_cuda_core_v2_in_both_dtypes(monkeypatch):
+    """gla v2 (chunked on CUDA cores) measured 5x slower than the token loop v1: where no tensor-core rung takes
+    the shape (K = 32, V = 96) or runs, the default is v1 for bfloat16 as for float32."""
+    ladder = ({"op": "gla", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
+              {"op": "gla", "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
+               "min_compute_capability": 80, "max_k": 128, "keys": None, "value_multiple": 8},
+              {"op": "gla", "version": 3, "name": "chunked_mma", "float32": False, "bfloat16": True,
+               "min_compute_capability": 80, **TENSOR_CORE_SHAPE})
+    monkeypatch.setattr(front, "_built_versions", lambda: ladder)
+    chosen = lambda bf, K, V: front._version_info("gla", None, bf, 90, K, V)["version"]  # noqa: E731
+    assert [chosen(True, K, V) for K, V in [(128, 128), (32, 64), (64, 96)]] == [3, 1, 1]
+    assert [chosen(False, K, V) for K, V in [(128, 128), (32, 64)]] == [1, 1]
+    assert front._version_info("gla", 2, True, 90, 32, 64)["version"] == 2  # still callable by number
 
 
 @pytest.mark.parametrize("op, version, changes, message", [

@@ -83,16 +83,18 @@ def versions(op: str | None = None) -> list[dict]:
 
 
 def default_version(op: str, dtype_is_bf16: bool = True, K: int | None = None, V: int | None = None) -> int:
-    """The version that version=None runs for `op` (one of `OPS`) and dtype on the current GPU, for key and value
-    widths K and V when given (see `takes_shape`)."""
+    """The version that version=None runs for `op` (one of `OPS`) and dtype on the current GPU, for key width K and
+    value width V when given (either alone too; see `takes_shape`)."""
     capability = _compute_capability(cupy_module().cuda.Device().id)
     return _version_info(op, None, dtype_is_bf16, capability, K, V)["version"]
 
 
-def takes_shape(info: dict, K: int, V: int) -> bool:
+def takes_shape(info: dict, K: int, V: int | None = None) -> bool:
     """Whether version `info` (a dict of `versions`) takes key width K and value width V: K <= its max_k, K one of
-    its keys (None: any), V a multiple of its value_multiple (the extension's ShapeRule, csrc/minilin_cuda.h)."""
-    return K <= info["max_k"] and (info["keys"] is None or K in info["keys"]) and V % info["value_multiple"] == 0
+    its keys (None: any), V a multiple of its value_multiple (the extension's ShapeRule, csrc/minilin_cuda.h; V None:
+    the key width alone)."""
+    return (K <= info["max_k"] and (info["keys"] is None or K in info["keys"])
+            and (V is None or V % info["value_multiple"] == 0))
 
 
 def _runs_on(info: dict, capability: int) -> bool:
@@ -118,7 +120,8 @@ def _capability_range(info: dict) -> str:
 # Rungs that measured slower than a rung below them, per (op, dtype is bfloat16): version=None passes over them,
 # at every key width (None) or at the key widths K listed (csrc/NOTES.md, 2026-12-01, H200, bf16 unless said):
 # kda v2, the WY form on CUDA cores, took 42.6 ms against v1's 6.3 at B=4, T=8192, H=16, K=V=128; gla v2 (CUDA
-# cores) 29.6 ms against v1's 5.5 (float32 too: v1 is the float32 default); kda v4 at K = V = 64, where its 64-
+# cores) 29.6 ms against v1's 5.5 (float32 too: v1 is the default of both dtypes where no tensor-core rung runs or
+# takes the shape); kda v4 at K = V = 64, where its 64-
 # channel slices are one, 0.959 ms against v3's 0.873 (1.10x, 0.133 against 0.120 at B=8, T=1024, H=8), while at
 # K = 128 it is the faster (1.445 against 1.645); kda v5, not yet timed beside v3 at K = 64, runs v4's sliced prepare,
 # so it is passed over there with it until it is (at K = 128 v5 took 1.449 ms: 2026-12-02).
@@ -128,7 +131,7 @@ def _capability_range(info: dict) -> str:
 # Where a faster rung does not run (kda v3 to v10 below compute capability 9.0, v3 to v9 at K = 256, v10 below it)
 # the default falls to the next rung down that is not passed over.
 SLOWER_RUNGS = {("kda", True): {2: None, 4: (64,), 5: (64,)}, ("kda", False): {2: None},
-                ("gla", False): {2: None}}
+                ("gla", True): {2: None}, ("gla", False): {2: None}}
 
 
 def _passed_over(op: str, dtype_is_bf16: bool, version: int, K: int | None) -> bool:
@@ -143,6 +146,8 @@ def _passed_over(op: str, dtype_is_bf16: bool, version: int, K: int | None) -> b
 def _version_info(op: str, version, dtype_is_bf16: bool, capability: int, K: int | None = None,
                   V: int | None = None) -> dict:
     available = [v for v in _built_versions() if v["op"] == op]
+    if not available:
+        raise ValueError(f"op: expected one of {sorted({v['op'] for v in _built_versions()})}, got {op!r}")
     if version is None:
         # The last rung of the ladder that takes this dtype (and K, V when given), runs on this GPU and is not
         # passed over (SLOWER_RUNGS). Where no rung takes the shape the last one is chosen anyway: its checks say
@@ -151,7 +156,7 @@ def _version_info(op: str, version, dtype_is_bf16: bool, capability: int, K: int
         if not usable:
             raise RuntimeError(f"version: no {op} version runs on compute capability "
                                f"{capability // 10}.{capability % 10} (see versions('{op}'))")
-        if K is not None and V is not None:
+        if K is not None:
             usable = [v for v in usable if takes_shape(v, K, V)] or usable[-1:]
         faster = [v for v in usable if not _passed_over(op, dtype_is_bf16, v["version"], K)]
         return (faster or usable)[-1]
