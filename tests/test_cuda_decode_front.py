@@ -389,6 +389,47 @@ def forward_inputs(B=2, T=5, H=3, K=16, V=8, seed=0):
     return q, k, v, g, beta
 
 
+def _with_nan(x):
+    y = np.array(x)
+    y.flat[y.size // 2] = np.nan
+    return on_gpu(y)
+
+
+def test_a_nan_in_any_input_is_named_before_the_launch(fake_cupy):
+    """check_values checks q, k, v and the initial state as the NumPy forms do, not only the gates: forward,
+    backward and step, float32 and bfloat16 bits (an exponent of all ones)."""
+    q, k, v, g, beta = forward_inputs()
+    h0 = on_gpu(np.zeros((2, 3, 16, 8), np.float32))
+    inputs = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+    for name in inputs:
+        bad = {**inputs, name: _with_nan(inputs[name])}
+        with pytest.raises(ValueError, match=rf"^{name}: expected finite values"):
+            front.delta_rule(bad["q"], bad["k"], bad["v"], bad["g"], bad["beta"], initial_state=bad["initial_state"])
+        if name != "beta":
+            with pytest.raises(ValueError, match=rf"^{name}: expected finite values"):
+                front.gated_linear(bad["q"], bad["k"], bad["v"], bad["g"], initial_state=bad["initial_state"])
+    do = on_gpu(np.ones(v.shape, np.float32))
+    with pytest.raises(ValueError, match=r"^v: expected finite values"):
+        mcuda.gated_deltanet_backward(q, k, _with_nan(v), g, beta, do=do)
+    with pytest.raises(ValueError, match=r"^do: expected finite values"):
+        mcuda.simple_gla_backward(q, k, v, g, do=_with_nan(do))
+    bits = [on_gpu(np.asarray(x).view(np.uint32) >> 16).astype(np.uint16) for x in (q, k, v)]  # bf16 bits
+    inf_key = np.array(bits[1])
+    inf_key.flat[7] = 0x7F80  # +inf in bfloat16
+    front.gated_linear(*bits, g)  # finite bits pass
+    with pytest.raises(ValueError, match=r"^k: expected finite values"):
+        front.gated_linear(bits[0], on_gpu(inf_key), bits[2], g)
+    assert len(fake_cupy) == 1
+    t = token()
+    pool = np.array(t["pool"])
+    unused = sorted(set(range(pool.shape[0])) - set(np.asarray(t["indices"]).tolist()))[0]
+    pool[unused] = np.nan  # a row no sequence reads: not checked
+    mcuda.simple_gla_step(t["q"], t["k"], t["v"], t["g"], state=on_gpu(pool), state_indices=t["indices"])
+    pool[int(np.asarray(t["indices"])[1])] = np.nan
+    with pytest.raises(ValueError, match=r"^state: expected finite values"):
+        mcuda.simple_gla_step(t["q"], t["k"], t["v"], t["g"], state=on_gpu(pool), state_indices=t["indices"])
+
+
 def test_delta_rule_takes_g_before_beta(fake_cupy):
     q, k, v, g, beta = forward_inputs()
     front.delta_rule(q, k, v, g, beta)

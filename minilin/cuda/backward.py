@@ -37,8 +37,8 @@ from .. import catalog, heads, varlen
 from ..activations import l2_normalize
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_scale
 from . import bf16
-from .front import (_check_common, address, check_finite, check_input, check_key_strength, cupy_module, extension,
-                    l2_normalized, runnable_version)
+from .front import (_check_common, address, check_all_finite, check_input, check_key_strength, cupy_module,
+                    extension, l2_normalized, runnable_version)
 from .mixers import (hgrn2_key, lightning_log_gate, mamba2_check, mamba2_check_values, mamba2_mapping,
                      per_head_shapes, retnet_log_gate)
 
@@ -50,16 +50,12 @@ def grouped(q, k, shapes: Shapes):
     return heads.expand(q, group), heads.expand(k, group)
 
 
-def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool, check_values: bool):
-    """do [B, T, HV, V] in v's dtype, dstate [B, HV, K, V] ([N, HV, K, V] when packed) float32 or None; finite
-    when check_values."""
+def _check_cotangents(do, dstate, v, shapes: Shapes, packed: bool):
+    """do [B, T, HV, V] in v's dtype, dstate [B, HV, K, V] ([N, HV, K, V] when packed) float32 or None (their values
+    are checked with the inputs')."""
     check_input("do", do, "B T HV V", shapes, float32_only=False, like=v, like_name="v")
     if dstate is not None:
         check_input("dstate", dstate, "N HV K V" if packed else "B HV K V", shapes, float32_only=True)
-    if check_values:
-        check_finite("do", bf16.as_float32(do))
-        if dstate is not None:
-            check_finite("dstate", dstate)
 
 
 def _launch(op: str, info: dict, q, k, v, g, beta, initial_state, do, dstate, scale):
@@ -97,7 +93,7 @@ def gated_linear_backward(q, k, v, g=None, *, do, dstate=None, scale=None, initi
     """Gradients of the scalar-gated linear recurrence (front.gated_linear): (dq, dk, dv, dg, dinitial_state), dtypes
     as the module says, dg None without g and dinitial_state None without initial_state.
 
-    check_values: g <= 0, do and dstate finite (device-to-host syncs); False skips them."""
+    check_values: the inputs, do and dstate finite and g <= 0 (device-to-host syncs); False skips them."""
     return _linear_backward("linear_bwd", "B T HV", q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version,
                             check_values, g_optional=True)
 
@@ -107,7 +103,7 @@ def channel_gated_linear_backward(q, k, v, g, *, do, dstate=None, scale=None, in
     """Gradients of linear attention with a decay per key channel (front.channel_gated_linear, GLA): (dq, dk, dv, dg,
     dinitial_state), g and dg [B, T, HV, K] float32, the rest as the module says (`versions('gla_bwd')`).
 
-    check_values: g <= 0, do and dstate finite (device-to-host syncs); False skips them."""
+    check_values: the inputs, do and dstate finite and g <= 0 (device-to-host syncs); False skips them."""
     return _linear_backward("gla_bwd", "B T HV K", q, k, v, g, do, dstate, scale, initial_state, cu_seqlens, version,
                             check_values)
 
@@ -119,10 +115,12 @@ def _linear_backward(op, gate_dims, q, k, v, g, do, dstate, scale, initial_state
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
     if g is not None or not g_optional:
         check_input("g", g, gate_dims, shapes, float32_only=True)
-    _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
-    if check_values and g is not None:
-        check_finite("g", g)
-        check_log_gate("g", g)
+    _check_cotangents(do, dstate, v, shapes, offsets is not None)
+    if check_values:
+        check_all_finite(("q", q), ("k", k), ("v", v), ("g", g), ("initial_state", initial_state), ("do", do),
+                         ("dstate", dstate))
+        if g is not None:
+            check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
     info = runnable_version(op, version, bf16.is_bf16(q.dtype), shapes["K"], shapes["V"])
     q_rep, k_rep = grouped(q, k, shapes)
@@ -166,7 +164,8 @@ def delta_rule_backward(q, k, v, g, beta, *, do, dstate=None, scale=None, initia
     normalize_qk: as the forward, q and k divided by r = sqrt(|x|^2 + 1e-6) first; the kernel's gradients with
     respect to the normalized y = x / r are then carried back by dx = (dy - y (y . dy)) / r
     (`activations.l2_normalize`), in float32 (then back in q's dtype).
-    check_values: g <= 0, beta's range, beta |k|^2 within its bound, do and dstate finite (device-to-host syncs)."""
+    check_values: the inputs, do and dstate finite, g <= 0, beta's range, beta |k|^2 within its bound
+    (device-to-host syncs)."""
     return _delta_rule_backward("delta_bwd", "B T HV", q, k, v, g, beta, do, dstate, scale, initial_state, cu_seqlens,
                                 allow_neg_eigval, normalize_qk, version, check_values, g_optional=True)
 
@@ -188,15 +187,15 @@ def _delta_rule_backward(op, gate_dims, q, k, v, g, beta, do, dstate, scale, ini
     if g is not None or not g_optional:
         check_input("g", g, gate_dims, shapes, float32_only=True)
     check_input("beta", beta, "B T HV", shapes, float32_only=True)
-    _check_cotangents(do, dstate, v, shapes, offsets is not None, check_values)
+    _check_cotangents(do, dstate, v, shapes, offsets is not None)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     normalize_qk = check_flag("normalize_qk", normalize_qk)
     q_rep, k_rep = grouped(*((l2_normalized(q), l2_normalized(k)) if normalize_qk else (q, k)), shapes)
     if check_values:
+        check_all_finite(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
+                         ("do", do), ("dstate", dstate))
         if g is not None:
-            check_finite("g", g)
             check_log_gate("g", g)
-        check_finite("beta", beta)
         check_beta(beta, allow_neg_eigval)
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
             check_key_strength(k, beta, allow_neg_eigval, group=shapes["HV"] // shapes["H"])
@@ -305,10 +304,11 @@ def mamba2_backward(x, dt, A, B, C, D=None, *, do, dstate=None, initial_state=No
         if state is not None:
             check_input(name, state, "B H N P", shapes, float32_only=True)
     if check_values:
-        mamba2_check_values(dt, A)
-    v, g, x32 = mamba2_mapping(x, dt, A)
+        mamba2_check_values(dt, A, ("x", x), ("B", B), ("C", C), ("D", D), ("initial_state", initial_state),
+                            ("do", do), ("dstate", dstate))
+    v, g, x32 = mamba2_mapping(x, dt, A)  # checked above in Mamba-2's names: g = dt A <= 0, v = dt x finite
     dC, dB, dv, dg, dh0 = gated_linear_backward(C, B, v, g, do=do, dstate=dstate, scale=1.0,
-                                                initial_state=initial_state, version=version, check_values=check_values)
+                                                initial_state=initial_state, version=version, check_values=False)
     dy, dv32 = bf16.as_float32(do), bf16.as_float32(dv)
     dx = dt[..., None] * dv32
     if D is not None:

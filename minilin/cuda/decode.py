@@ -36,7 +36,7 @@ import numpy as np
 from ..backend import is_cupy_array
 from ..validation import Shapes, check_beta, check_flag, check_log_gate, check_nonempty, check_scale
 from . import bf16
-from .front import (_describe, check_finite, check_input, check_key_strength, cupy_module, extension,
+from .front import (_describe, check_all_finite, check_input, check_key_strength, cupy_module, extension,
                     runnable_version)
 
 GATES = {None: 0, "scalar": 1, "channel": 2}  # the kernel's gate codes (csrc/minilin_cuda.h, GateKind)
@@ -106,16 +106,16 @@ def _step(delta: bool, q, k, v, g, gate, beta, *, state, scale, state_indices, i
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     scale = check_scale(scale, shapes["K"])
     if check_values:
+        if state_indices is not None:
+            check_index_values(state_indices, shapes["P"], distinct=in_place)
+        rows = state if state is None or state_indices is None else state[state_indices]  # the pool's rows in use
+        check_all_finite(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", rows))
         if g is not None:
-            check_finite("g", g)
             check_log_gate("g", g)
         if delta:
-            check_finite("beta", beta)
             check_beta(beta, allow_neg_eigval)
             if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
                 check_key_strength(k, beta, allow_neg_eigval)
-        if state_indices is not None:
-            check_index_values(state_indices, shapes["P"], distinct=in_place)
     return _launch(delta, q, k, v, g, gate, beta, state, state_indices, in_place, out, scale, normalize_qk, version,
                    shapes)
 

@@ -222,10 +222,31 @@ def check_input(name: str, x, dims: str, shapes: Shapes, *, float32_only: bool, 
     return x
 
 
+def _all_finite_on_device(x):
+    """A device bool: every element of x (float32 or bfloat16) finite. bfloat16 is read as its bits, an exponent of
+    all ones being inf or NaN, so no float32 copy is made."""
+    cupy = cupy_module()
+    if np.dtype(x.dtype) == np.float32:
+        return cupy.isfinite(x).all()
+    bits = x if np.dtype(x.dtype) == bf16.BITS else x.view(bf16.BITS)
+    return ((bits & 0x7F80) != 0x7F80).all()
+
+
 def check_finite(name: str, x) -> None:
     """Raise unless every element is finite (one device-to-host sync)."""
-    if x.size and not bool(cupy_module().isfinite(x).all()):
-        raise ValueError(f"{name}: expected finite values, got NaN or inf")
+    check_all_finite((name, x))
+
+
+def check_all_finite(*named) -> None:
+    """check_finite for each (name, array) pair at one device-to-host sync in all (None arrays skipped); the error
+    names the first that holds a NaN or inf."""
+    named = [(name, x) for name, x in named if x is not None and x.size]
+    if not named:
+        return
+    flags = cupy_module().stack([_all_finite_on_device(x) for _, x in named]).tolist()
+    for (name, _), finite in zip(named, flags):
+        if not finite:
+            raise ValueError(f"{name}: expected finite values, got NaN or inf")
 
 
 # How far beta_t |k_t|^2 may exceed its bound. float32 keys: the NumPy forms' slack (validation.KEY_NORM_SLACK), a
@@ -364,8 +385,9 @@ def _gated_linear(op: str, g_dims: str, q, k, v, g, scale, initial_state, cu_seq
     shapes, offsets = _check_common(q, k, v, initial_state, cu_seqlens)
     if g is not None or not g_optional:
         check_input("g", g, g_dims, shapes, float32_only=True)
-        if check_values:
-            check_finite("g", g)
+    if check_values:
+        check_all_finite(("q", q), ("k", k), ("v", v), ("g", g), ("initial_state", initial_state))
+        if g is not None:
             check_log_gate("g", g)
     scale = check_scale(scale, shapes["K"])
     return _launch(op, q, k, v, g, None, initial_state, scale, version, offsets)
@@ -379,7 +401,8 @@ def gated_linear(q, k, v, g=None, *, scale=None, initial_state=None, cu_seqlens=
     g: None (no decay) or [B, T, HV] float32 log-decays <= 0. scale: default K ** -0.5.
     version: None (`default_version`: the last rung for the dtype, K and V and this GPU) or 1, 2, 3, ...
     (`versions('linear')`).
-    check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
+    check_values: check q, k, v, g and initial_state finite and g <= 0 (two device-to-host syncs); False skips it,
+    for timing.
     """
     return _gated_linear("linear", "B T HV", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values,
                          g_optional=True)
@@ -397,10 +420,9 @@ def _delta_rule(op: str, g_dims: str, q, k, v, g, beta, scale, initial_state, cu
     if check_flag("normalize_qk", normalize_qk):
         q, k = l2_normalized(q), l2_normalized(k)
     if check_values:
+        check_all_finite(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state))
         if g is not None:
-            check_finite("g", g)
             check_log_gate("g", g)
-        check_finite("beta", beta)
         check_beta(beta, allow_neg_eigval)
         if not normalize_qk:  # normalized keys have |k|^2 < 1: beta's own range is the bound
             check_key_strength(k, beta, allow_neg_eigval, group=shapes["HV"] // shapes["H"])
@@ -418,8 +440,8 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=N
     sqrt(|x|^2 + 1e-6) first (`activations.l2_normalize`, FLA's use_qk_l2norm_in_kernel), in a CuPy pre-pass
     (float32, bfloat16 inputs rounded to bfloat16 again: one more read and write of q and k). version: see
     `versions('delta')`.
-    check_values: check g <= 0, beta's range and beta |k|^2 <= 1 (<= 2 with allow_neg_eigval; `check_key_strength`)
-    with device-to-host syncs; False skips them, for timing.
+    check_values: check q, k, v, g, beta and initial_state finite, g <= 0, beta's range and beta |k|^2 <= 1 (<= 2
+    with allow_neg_eigval; `check_key_strength`) with device-to-host syncs; False skips them, for timing.
     """
     return _delta_rule("delta", "B T HV", q, k, v, g, beta, scale, initial_state, cu_seqlens, allow_neg_eigval,
                        normalize_qk, version, check_values, g_optional=True)
@@ -433,7 +455,8 @@ def channel_gated_linear(q, k, v, g, *, scale=None, initial_state=None, cu_seqle
 
     g: [B, T, HV, K] float32 log-decays <= 0, one per key channel. scale: default K ** -0.5.
     version: None (`default_version`) or 1, 2, ... (`versions('gla')`).
-    check_values: check g <= 0 (one device-to-host sync); False skips it, for timing.
+    check_values: check q, k, v, g and initial_state finite and g <= 0 (two device-to-host syncs); False skips it,
+    for timing.
     """
     return _gated_linear("gla", "B T HV K", q, k, v, g, scale, initial_state, cu_seqlens, version, check_values)
 
@@ -446,8 +469,8 @@ def channel_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_s
 
     g: [B, T, HV, K] float32 log-decays <= 0; beta: [B, T, HV] float32 in [0, 1]. normalize_qk: as `delta_rule`
     (a CuPy pre-pass dividing q and k by sqrt(|x|^2 + 1e-6)). version: see `versions('kda')`.
-    check_values: check g <= 0, beta in [0, 1] and beta |k|^2 <= 1 (`check_key_strength`) with device-to-host
-    syncs; False skips them, for timing.
+    check_values: check the inputs finite, g <= 0, beta in [0, 1] and beta |k|^2 <= 1 (`check_key_strength`) with
+    device-to-host syncs; False skips them, for timing.
     """
     return _delta_rule("kda", "B T HV K", q, k, v, g, beta, scale, initial_state, cu_seqlens, False, normalize_qk,
                        version, check_values)

@@ -35,8 +35,8 @@ from ..mixers.lightning import default_slope
 from ..mixers.retnet import default_gamma
 from ..validation import Shapes, check_max, check_min
 from . import bf16
-from .front import (_delta_rule, _gated_linear, channel_delta_rule, channel_gated_linear, check_finite, check_input,
-                    cupy_module, delta_rule, gated_linear)
+from .front import (_delta_rule, _gated_linear, channel_delta_rule, channel_gated_linear, check_all_finite,
+                    check_finite, check_input, cupy_module, delta_rule, gated_linear)
 
 
 def linear_attention(q, k, v, *, scale=None, initial_state=None, cu_seqlens=None, version=None, check_values=True):
@@ -150,10 +150,10 @@ def mamba2_check(x, dt, A, B, C, D, shapes: Shapes, per_token: str, device=None)
         check_input("D", D, "H", shapes, float32_only=True, device=device)
 
 
-def mamba2_check_values(dt, A) -> None:
-    """dt >= 0 and A <= 0, finite (device-to-host syncs)."""
-    for name, arr in (("dt", dt), ("A", A)):
-        check_finite(name, arr)
+def mamba2_check_values(dt, A, *named) -> None:
+    """dt >= 0 and A <= 0, and they and the (name, array) pairs `named` (x, B, C, D, states) finite, each named in
+    Mamba-2's terms (device-to-host syncs)."""
+    check_all_finite(("dt", dt), ("A", A), *named)
     check_min("dt", dt, 0.0, "step sizes dt >= 0")
     check_max("A", A, 0.0, "A <= 0 (so the decay exp(dt A) is at most 1)")
 
@@ -184,7 +184,7 @@ def mamba2(x, dt, A, B, C, D=None, *, initial_state=None, version=None, check_va
     if initial_state is not None:
         check_input("initial_state", initial_state, "B H N P", shapes, float32_only=True)
     if check_values:
-        mamba2_check_values(dt, A)
+        mamba2_check_values(dt, A, ("x", x), ("B", B), ("C", C), ("D", D), ("initial_state", initial_state))
     v, g, x32 = mamba2_mapping(x, dt, A)
     y, state = gated_linear(C, B, v, g, scale=1.0, initial_state=initial_state, version=version, check_values=False)
     return mamba2_skip(y, x32, D, x), state

@@ -99,9 +99,10 @@ def mamba2_step(x, dt, A, B, C, D=None, *, state=None, state_indices=None, in_pl
         check_input("out", out, "B H P", shapes, float32_only=False, like=x, like_name="x", device=device)
     in_place = check_flag("in_place", in_place)
     if check_values:
-        mamba2_check_values(dt, A)
         if state_indices is not None:
             check_index_values(state_indices, shapes["S"], distinct=in_place)
+        rows = state if state is None or state_indices is None else state[state_indices]  # the pool's rows in use
+        mamba2_check_values(dt, A, ("x", x), ("B", B), ("C", C), ("D", D), ("state", rows))
     v, g, x32 = mamba2_mapping(x, dt, A)
     engine_shapes = Shapes(N=shapes["B"], H=shapes["H"], K=shapes["N"], V=shapes["P"])
     y, new_state = _launch(False, C, B, v, g, "scalar", None, state, state_indices, in_place,
