@@ -34,8 +34,9 @@ Where the work runs, by the tensors' device:
   float64; other dtypes are computed in float32). Slow, exact: what the GPU path is checked against.
 Every gradient comes back in its input's dtype. `use_qk_l2norm_in_kernel` normalizes q and k in torch, before
 the mixer (q / sqrt(|q|^2 + 1e-6), as FLA's l2norm), so its gradient is torch's; `g_gamma` is broadcast to
-[B, T, H] the same way. Inputs are checked as minilin checks them (shapes, dtypes, g <= 0, beta's range,
-beta |k|^2 within its bound), with one device-to-host sync for the value checks.
+[B, T, H] the same way. Inputs are checked as minilin checks them (shapes, dtypes, finite values, g <= 0, beta's
+range, beta |k|^2 within its bound), with a few device-to-host syncs for the value checks (one for the finiteness of
+every input, then about one per range).
 """
 from __future__ import annotations
 
