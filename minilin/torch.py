@@ -45,6 +45,7 @@ import torch
 
 from . import catalog
 from .activations import L2_EPS
+from .validation import check_flag
 
 __all__ = ["chunk_simple_gla", "chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda"]
 
@@ -130,8 +131,10 @@ def _cupy_arrays(inputs: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ CPU: NumPy
-def _numpy_dtype(x: torch.Tensor):
-    return np.float64 if x.dtype == torch.float64 else np.float32
+def _numpy_dtype(inputs: dict):
+    """The working dtype of the NumPy reference: float64 if any input is float64 (NumPy's promotion, as the mixers
+    compute: float32 inputs with a float64 state run in float64), else float32."""
+    return np.float64 if any(x is not None and x.dtype == torch.float64 for x in inputs.values()) else np.float32
 
 
 def _to_numpy(x: torch.Tensor, dtype) -> np.ndarray:
@@ -185,7 +188,7 @@ class _Mixer(torch.autograd.Function):
             with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index), _torch_stream(q.device):
                 o, state = _gpu_forward(mixer, _cupy_arrays(inputs), scale, allow_neg_eigval, cu_seqlens)
                 return _to_torch(o, q.dtype), _to_torch(state, torch.float32)
-        dtype = _numpy_dtype(q)
+        dtype = _numpy_dtype(inputs)
         arrays = {n: _to_numpy(x, dtype) for n, x in inputs.items() if x is not None}
         o, state = _cpu_call("chunked", mixer, arrays, scale, allow_neg_eigval, cu_seqlens)
         return torch.from_numpy(o).to(q.dtype), torch.from_numpy(state).to(torch.float32)
@@ -206,7 +209,7 @@ class _Mixer(torch.autograd.Function):
                                       ctx.allow_neg_eigval, ctx.cu_seqlens)
                 grads = {n: _to_torch(getattr(grads, f"d{n}"), ctx.dtypes[n]) for n in ctx.names}
         else:
-            dtype = _numpy_dtype(q)
+            dtype = _numpy_dtype(saved)
             arrays = {n: _to_numpy(x, dtype) for n, x in saved.items()}
             grads = _cpu_call("chunked_backward", ctx.mixer, arrays, ctx.scale, ctx.allow_neg_eigval, ctx.cu_seqlens,
                               do=_to_numpy(do, dtype), dstate=None if dstate is None else _to_numpy(dstate, dtype))
@@ -228,15 +231,19 @@ def _check_tensors(**tensors):
 def _run(mixer, q, k, v, g=None, beta=None, *, scale, initial_state, output_final_state, cu_seqlens,
          cu_seqlens_cpu=None, chunk_indices=None, normalize_qk=False, allow_neg_eigval=False):
     _check_tensors(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    for name in GATES[mixer]:
+        if {"g": g, "beta": beta}[name] is None:
+            raise TypeError(f"{name}: expected a torch.Tensor, got None")
     offsets = _offsets(cu_seqlens, cu_seqlens_cpu, chunk_indices)
-    if normalize_qk:
+    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
+    if check_flag("use_qk_l2norm_in_kernel", normalize_qk):
         q, k = _l2_normalize(q), _l2_normalize(k)
-    o, state = _Mixer.apply(mixer, scale, bool(allow_neg_eigval), offsets, q, k, v, g, beta, initial_state)
+    o, state = _Mixer.apply(mixer, scale, allow_neg_eigval, offsets, q, k, v, g, beta, initial_state)
     return o, (state if output_final_state else None)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+                     state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None, **kwargs):
     """Simple GLA, S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (minilin.mixers.simple_gla); no gate
     at all (g and g_gamma None) is linear attention. g [B, T, HV] or g_gamma [HV], log decays <= 0."""
     _refuse("state_v_first", state_v_first, False)
@@ -245,19 +252,24 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     if g is not None and g_gamma is not None:
         raise ValueError("g, g_gamma: expected at most one of them, got both")
     if g_gamma is not None:
-        if not isinstance(g_gamma, torch.Tensor) or g_gamma.shape != (v.shape[2],):
-            raise ValueError(f"g_gamma: expected shape [HV] = [{v.shape[2]}], got "
-                             f"{list(getattr(g_gamma, 'shape', [type(g_gamma).__name__]))}")
+        if not isinstance(g_gamma, torch.Tensor):
+            raise TypeError(f"g_gamma: expected a torch.Tensor [HV], got {type(g_gamma).__name__}")
+        if g_gamma.shape != (v.shape[2],):
+            raise ValueError(f"g_gamma: expected shape [HV] = [{v.shape[2]}], got {list(g_gamma.shape)}")
+        if not bool((g_gamma <= 0).all()):  # named here: expanded, it would be refused as g
+            raise ValueError(f"g_gamma: expected log-space decays <= 0, got max {float(g_gamma.max()):g}")
         g = g_gamma.to(torch.float32).expand(*v.shape[:3])
     if g is None:
         return _run("linear_attention", q, k, v, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                    chunk_indices=chunk_indices)
     return _run("simple_gla", q, k, v, g, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                chunk_indices=chunk_indices)
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
-              cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+              cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None, **kwargs):
     """GLA, S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (minilin.mixers.gla); g [B, T, HV, K],
     log decays <= 0, one per key channel. On the GPU the backward is gla_bwd v2, chunked on tensor cores (bf16, K 64
     or 128, V a multiple of 64; the token loop v1 elsewhere: csrc/NOTES.md)."""
@@ -265,17 +277,17 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     for name in kwargs:
         _refuse(name, kwargs[name])
     return _run("gla", q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices)
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None, **kwargs):
     """DeltaNet, S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T (minilin.mixers.deltanet); beta [B, T, HV]."""
     for name in kwargs:
         _refuse(name, kwargs[name])
     return _run("deltanet", q, k, v, None, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                normalize_qk=use_qk_l2norm_in_kernel)
+                chunk_indices=chunk_indices, normalize_qk=use_qk_l2norm_in_kernel)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -296,7 +308,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
               allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
               return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
-              cp_context=None, **kwargs):
+              chunk_indices=None, cp_context=None, **kwargs):
     """Kimi Delta Attention, S' = diag(exp(g_t)) S_{t-1}, S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
     (minilin.mixers.kda); g [B, T, HV, K] log decays <= 0, one per key channel; beta [B, T, HV] in [0, 1]. g is the
     log decay itself (FLA's use_gate_in_kernel, which makes it from a raw gate, is refused). On the GPU the backward
@@ -310,4 +322,4 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         _refuse(name, value)
     return _run("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                normalize_qk=use_qk_l2norm_in_kernel)
+                chunk_indices=chunk_indices, normalize_qk=use_qk_l2norm_in_kernel)

@@ -134,6 +134,19 @@ def test_cpu_options_match_their_definitions():
     assert torch.allclose(d, d_ref, atol=1e-4 * d_ref.abs().max().item())
 
 
+def test_cpu_a_float64_input_among_float32_ones_computes_in_float64():
+    """NumPy's promotion, as the mixers compute: float32 q, k, v with a float64 initial state run in float64 (the
+    output in q's dtype), equal to the all-float64 call to float32's rounding of q, k, v only."""
+    a = inputs(delta=True)
+    low = {n: a[n].detach().float() for n in ("q", "k", "v", "g", "beta")}
+    o, S = mt.chunk_gated_delta_rule(*(low[n] for n in ("q", "k", "v", "g", "beta")),
+                                     initial_state=a["initial_state"].detach(), output_final_state=True)
+    o64, S64 = mt.chunk_gated_delta_rule(*(low[n].double() for n in ("q", "k", "v", "g", "beta")),
+                                         initial_state=a["initial_state"].detach(), output_final_state=True)
+    assert o.dtype == torch.float32
+    assert torch.equal(o, o64.float()) and torch.equal(S, S64)  # the state comes back float32 from both
+
+
 def test_cpu_float32_inputs_give_float32_gradients():
     a = inputs(dtype=torch.float32, delta=True)
     o, _ = mt.chunk_gated_delta_rule(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["initial_state"])
@@ -213,6 +226,20 @@ def test_bad_input_is_named():
         mt.chunk_kda(a["q"], a["k"], a["v"], a["g_channels"], a["beta"], lower_bound=-5.0)
     with pytest.raises(ValueError, match="^g: "):  # KDA takes a decay per key channel
         mt.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"])
+    for call, name in [(lambda: mt.chunk_gla(a["q"], a["k"], a["v"], None), "g"),
+                       (lambda: mt.chunk_gated_delta_rule(a["q"], a["k"], a["v"], None, a["beta"]), "g"),
+                       (lambda: mt.chunk_delta_rule(a["q"], a["k"], a["v"], None), "beta"),
+                       (lambda: mt.chunk_kda(a["q"], a["k"], a["v"], a["g_channels"], None), "beta")]:
+        with pytest.raises(TypeError, match=rf"^{name}: expected a torch.Tensor, got None"):
+            call()
+    with pytest.raises(TypeError, match=r"^allow_neg_eigval: expected True or False"):
+        mt.chunk_gated_delta_rule(a["q"], a["k"], a["v"], a["g"], a["beta"], allow_neg_eigval="False")
+    with pytest.raises(TypeError, match=r"^use_qk_l2norm_in_kernel: expected True or False"):
+        mt.chunk_delta_rule(a["q"], a["k"], a["v"], a["beta"], use_qk_l2norm_in_kernel="no")
+    with pytest.raises(TypeError, match=r"^g_gamma: expected a torch.Tensor \[HV\], got float"):
+        mt.chunk_simple_gla(a["q"], a["k"], a["v"], g_gamma=-0.1)
+    with pytest.raises(ValueError, match=r"^g_gamma: expected log-space decays <= 0"):
+        mt.chunk_simple_gla(a["q"], a["k"], a["v"], g_gamma=torch.full((3,), 0.5))
 
 
 def _cuda_ready():
