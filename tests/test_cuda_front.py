@@ -32,6 +32,15 @@ def test_numpy_arrays_are_rejected_before_cupy_is_needed():
         mcuda.gated_deltanet([1.0], q, q, None, None)
 
 
+def test_to_bf16_refuses_bits_and_integers_before_anything_runs():
+    """uint16 is read as bfloat16 bits everywhere else, so converting it again (16256, the bits of 1.0, as the
+    number 16256.0) would be garbage; integers likewise. Both are refused before CuPy is needed."""
+    with pytest.raises(TypeError, match=re.escape("to_bf16: x is already bfloat16 (uint16 bits)")):
+        mcuda.to_bf16(np.array([16256], np.uint16))
+    with pytest.raises(TypeError, match=re.escape("to_bf16: expected a float16, float32 or float64 array, got int64")):
+        mcuda.to_bf16(np.arange(3))
+
+
 def test_uint16_is_taken_as_bf16_bits():
     assert bf16.is_bf16(np.uint16) and not bf16.is_bf16(np.float16) and not bf16.is_bf16(np.float32)
 

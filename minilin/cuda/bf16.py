@@ -67,8 +67,14 @@ def to_bf16(x, *, bits: bool | None = None):
     """A float array (NumPy or CuPy) as a bfloat16 CuPy array, rounded to nearest even.
 
     bits=None: the native dtype where CuPy has one, else uint16 bit patterns; bits=True forces uint16.
-    x: any shape; returns the same shape.
+    x: any shape, floating point (float16, float32, float64; bfloat16 bits or an integer array are refused: read
+    as numbers, bits would become garbage); returns the same shape.
     """
+    dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+    if dtype == BITS:
+        raise TypeError("to_bf16: x is already bfloat16 (uint16 bits); from_bf16 gives its float32 values")
+    if dtype.kind != "f" or is_bf16(dtype):
+        raise TypeError(f"to_bf16: expected a float16, float32 or float64 array, got {dtype}")
     import cupy
 
     x32 = cupy.asarray(x, dtype=cupy.float32)
