@@ -190,6 +190,8 @@ def test_mamba2_step_maps_onto_the_linear_step(fake_cupy):
     np.testing.assert_allclose(np.asarray(call["g"]), np.asarray(dt) * np.asarray(A))
     with pytest.raises(ValueError, match=r"state: expected shape \[S, H, N, P\] = \[S, 2, 16, 8\], got \[5, 2, 8, 16\]"):
         mcuda.mamba2_step(x, dt, A, B, C, state=on_gpu(np.zeros((5, 2, 8, 16), np.float32)), state_indices=slots)
+    with pytest.raises(ValueError, match=re.escape("(state is [S, H, N, P], S = 5), got min 0, max 5")):
+        mcuda.mamba2_step(x, dt, A, B, C, state=pool, state_indices=on_gpu(np.array([5, 0, 2], np.int64)))
     with pytest.raises(ValueError, match=r"dt: expected step sizes dt >= 0"):
         mcuda.mamba2_step(x, on_gpu(-np.asarray(dt)), A, B, C)
     with pytest.raises(TypeError, match=r"B: expected the dtype of x \(float32\), got uint16"):

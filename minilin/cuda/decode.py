@@ -59,14 +59,16 @@ def check_indices(name: str, x, shapes: Shapes, device: int, dims: str = "N"):
     return x
 
 
-def check_index_values(indices, pool: int, distinct: bool) -> None:
-    """Every index inside [0, pool), and, when `distinct`, none twice (two syncs, a third for `distinct`)."""
+def check_index_values(indices, pool: int, distinct: bool, pool_dims: str = "P H K V") -> None:
+    """Every index inside [0, pool), and, when `distinct`, none twice (two syncs, a third for `distinct`). pool_dims:
+    the state pool's dims for the message, its first letter the rows ("S H N P" for Mamba-2's)."""
     if indices.size == 0:
         return
     low, high = int(indices.min()), int(indices.max())
     if low < 0 or high >= pool:
-        raise ValueError(f"state_indices: expected rows of the state pool, in [0, {pool}) (state is [P, H, K, V], "
-                         f"P = {pool}), got min {low}, max {high}")
+        rows = pool_dims.split()[0]
+        raise ValueError(f"state_indices: expected rows of the state pool, in [0, {pool}) (state is "
+                         f"[{', '.join(pool_dims.split())}], {rows} = {pool}), got min {low}, max {high}")
     if distinct:
         xp = cupy_module()
         ordered = xp.sort(indices)

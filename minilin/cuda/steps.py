@@ -100,7 +100,7 @@ def mamba2_step(x, dt, A, B, C, D=None, *, state=None, state_indices=None, in_pl
     in_place = check_flag("in_place", in_place)
     if check_values:
         if state_indices is not None:
-            check_index_values(state_indices, shapes["S"], distinct=in_place)
+            check_index_values(state_indices, shapes["S"], distinct=in_place, pool_dims="S H N P")
         rows = state if state is None or state_indices is None else state[state_indices]  # the pool's rows in use
         mamba2_check_values(dt, A, ("x", x), ("B", B), ("C", C), ("D", D), ("state", rows))
     v, g, x32 = mamba2_mapping(x, dt, A)
