@@ -115,7 +115,7 @@ def test_hgrn_mismatched_channels():
 
 def test_hgrn_wrong_rank():
     x, g = hgrn.example_inputs(2, 10, 1, 4, 3)[0]
-    with pytest.raises(ValueError, match=re.escape("x: expected shape [B, T, D] = [B, T, D], got [2, 10, 1, 4]")):
+    with pytest.raises(ValueError, match=re.escape("x: expected shape [B, T, D] (3 dims), got [2, 10, 1, 4]")):
         hgrn.recurrent(x[:, :, None], g)
 
 

@@ -108,7 +108,7 @@ def call(form="chunked", **kwargs):
 
 def test_wrong_rank(inputs):
     inputs["x"] = inputs["x"][..., None]
-    with pytest.raises(ValueError, match=re.escape("x: expected shape [B, T, D] = [B, T, D], got [2, 10, 3, 1]")):
+    with pytest.raises(ValueError, match=re.escape("x: expected shape [B, T, D] (3 dims), got [2, 10, 3, 1]")):
         call()(inputs)
 
 

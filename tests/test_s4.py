@@ -132,7 +132,7 @@ def call(form="chunked", **kwargs):
 
 def test_wrong_rank(inputs):
     inputs["u"] = inputs["u"][..., None]
-    with pytest.raises(ValueError, match=re.escape("u: expected shape [B, T, H] = [B, T, H], got [2, 10, 3, 1]")):
+    with pytest.raises(ValueError, match=re.escape("u: expected shape [B, T, H] (3 dims), got [2, 10, 3, 1]")):
         call()(inputs)
 
 
