@@ -41,9 +41,11 @@ def compute_environment(environ=None) -> dict:
 
 
 def is_one_thread(environ=None) -> bool:
-    """Whether this process was started with one BLAS thread asked for."""
+    """Whether this process was started with `compute_environment()`'s settings: one BLAS thread asked for and the
+    fixed malloc thresholds (a process with the thread variables at 1 but other thresholds re-runs too)."""
     environ = os.environ if environ is None else environ
-    return all(environ.get(name) == "1" for name in THREAD_VARIABLES[:3])
+    return (all(environ.get(name) == "1" for name in THREAD_VARIABLES[:3])
+            and MALLOC_TUNABLES in environ.get("GLIBC_TUNABLES", ""))
 
 
 def rerun(argv: list) -> int:

@@ -101,11 +101,12 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
 
 @pytest.fixture
 def one_thread(monkeypatch):
-    """Run `minilin train` in this process: with one BLAS thread asked for, it does not re-run itself."""
-    from minilin.threads import THREAD_VARIABLES
+    """Run `minilin train` in this process: with one BLAS thread and the malloc thresholds asked for, it does not
+    re-run itself."""
+    from minilin.threads import compute_environment
 
-    for name in THREAD_VARIABLES:
-        monkeypatch.setenv(name, "1")
+    for name, value in compute_environment().items():
+        monkeypatch.setenv(name, value)
 
 
 def test_cli_writes_json(tmp_path, capsys, one_thread):
