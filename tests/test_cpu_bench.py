@@ -94,6 +94,62 @@ def test_json_goes_to_a_file_or_to_standard_output(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == results
 
 
+def test_json_to_standard_output_is_the_json_alone(monkeypatch, capsys, tmp_path):
+    """With --json - the header, table and notes go to stderr, so that stdout parses as JSON."""
+    import json
+
+    from minilin import cli
+    import minilin.bench
+
+    monkeypatch.setattr(minilin.bench, "is_one_thread", lambda: True)
+    monkeypatch.setattr(cpu, "QUICK_PROBLEM", dict(B=1, T=32, H=1, K=4, V=4))
+    assert cli.main(["bench", "--device", "cpu", "--quick", "--mixers", "retnet", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert [row["mixer"] for row in json.loads(out)["rows"]] == ["retnet"] and "| retnet |" in err
+
+
+def test_a_json_file_is_replaced_whole_and_a_broken_one_is_named(tmp_path):
+    from minilin.bench import read_earlier_json, write_json
+
+    path = tmp_path / "grid.json"
+    write_json(str(path), {"rows": [1]})
+    write_json(str(path), {"rows": [1, 2]})
+    assert json_rows(path) == [1, 2] and [p.name for p in tmp_path.iterdir()] == ["grid.json"]
+    path.write_text('{"rows": [1')  # a file cut off mid-write by something else
+    with pytest.raises(ValueError, match=re.escape(f"--resume: {path} is not a JSON file of an earlier run")):
+        read_earlier_json(str(path))
+
+
+def json_rows(path):
+    import json
+
+    return json.loads(path.read_text())["rows"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cpu", "--repeats", "0"], "argument --repeats: expected a positive integer, got '0'"),
+    (["--lengths", "2048", "-5"], "argument --lengths: expected a positive integer, got '-5'"),
+])
+def test_counts_must_be_positive(capsys, argv, message):
+    from minilin import cli
+
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["bench", *argv])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cpu", "--json", "/no/such/folder/x.json"], "--json: expected a file in an existing folder"),
+    (["--device", "cpu", "--floor", "--backward"], "--floor times the chunked forwards' products: drop --backward"),
+    (["--decode", "--quick"], "--decode times the GPU's decode step on its own sizes"),
+])
+def test_flags_that_would_be_lost_are_refused_before_anything_runs(capsys, argv, message):
+    from minilin import cli
+
+    assert cli.main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_bench_without_a_gpu_runs_the_cpu_bench_and_says_so(monkeypatch, capsys):
     from minilin import cli
     from minilin import cuda as mcuda
@@ -161,3 +217,12 @@ def test_the_cpu_bench_reruns_itself_with_one_blas_thread(monkeypatch):
     (cmd, env), = calls
     assert cmd[1:] == ["-m", "minilin", "bench", "--quick", "--device", "cpu", "--backward"]
     assert all(env[name] == "1" for name in THREAD_VARIABLES) and "glibc.malloc" in env["GLIBC_TUNABLES"]
+
+
+def test_one_thread_means_the_malloc_thresholds_too():
+    """A process started with the thread variables at 1 but glibc's default thresholds re-runs: the CPU benches
+    time with both (minilin.threads)."""
+    from minilin.threads import THREAD_VARIABLES, compute_environment, is_one_thread
+
+    assert is_one_thread(compute_environment({}))
+    assert not is_one_thread({name: "1" for name in THREAD_VARIABLES})

@@ -48,8 +48,9 @@ def test_floor_is_a_cpu_measurement(capsys):
 def test_floor_options_are_checked(capsys):
     assert main(["bench", "--device", "cpu", "--floor", "--mixers", "kda"]) == 2
     assert "kda" in capsys.readouterr().err
-    assert main(["bench", "--device", "cpu", "--floor", "--chunk-sizes", "0"]) == 2
-    assert "--chunk-sizes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's own refusal of a value its type rejects
+        main(["bench", "--device", "cpu", "--floor", "--chunk-sizes", "0"])
+    assert refused.value.code == 2 and "--chunk-sizes: expected a positive integer, got '0'" in capsys.readouterr().err
     assert main(["bench", "--device", "cpu", "--chunk-sizes", "32"]) == 2
     assert "--floor" in capsys.readouterr().err
 

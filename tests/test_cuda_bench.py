@@ -230,7 +230,8 @@ def test_grid_resume_times_only_the_cells_the_file_lacks(monkeypatch, tmp_path, 
             dict(label=labels[0], mixer="deltanet", note="WRONG (tolerance 0.01): not timed"),  # timed again
             dict(label=labels[1], mixer="deltanet", minilin_ms=5.0, fla_ms=6.0, ratio=0.83, minilin_version=10)]
     out = tmp_path / "grid.json"
-    out.write_text(json.dumps({"grid": "fla", "machine": {"gpu": "a GPU", "date": "yesterday"}, "rows": kept}))
+    earlier_machine = {"gpu": "a GPU", "date": "yesterday", "fla": "0.6.0", "cupy": "14"}
+    out.write_text(json.dumps({"against": "fla", "grid": "fla", "machine": earlier_machine, "rows": kept}))
     args = argparse.Namespace(grid="fla", json=str(out), resume=True)
     assert against_fla.main_grid(args, ["simple_gla", "deltanet"], 20, info, 4000.0) == 0
     assert len(calls) == 2 * len(labels) - 2  # the two timed cells are not timed again; the failed one is
@@ -240,10 +241,19 @@ def test_grid_resume_times_only_the_cells_the_file_lacks(monkeypatch, tmp_path, 
     assert rows[0]["ratio"] == 0.75 and rows[0]["date"] == "yesterday" and rows[1]["date"] == "today"
     assert "2 cells kept from" in capsys.readouterr().out
 
-    out.write_text(json.dumps({"grid": "all", "machine": {"gpu": "a GPU"}, "rows": kept}))  # another grid: refused
-    calls.clear()
+    out.write_text(json.dumps({"against": "fla", "grid": "all", "machine": earlier_machine, "rows": kept}))
+    calls.clear()  # another grid: refused
     assert against_fla.main_grid(args, ["simple_gla"], 20, info, 4000.0) == 2 and not calls
-    assert "holds grid 'all' timed on 'a GPU'; this run is grid 'fla'" in capsys.readouterr().err
+    assert "holds grid 'all' timed on 'a GPU' against FLA 0.6.0 (torch None); this run is grid 'fla'" in \
+        capsys.readouterr().err
+    out.write_text(json.dumps({"against": "fla", "grid": "fla", "machine": dict(earlier_machine, fla="0.5.0"),
+                               "rows": kept}))  # another FLA: its times are not this run's
+    assert against_fla.main_grid(args, ["simple_gla"], 20, info, 4000.0) == 2 and not calls
+    assert "against FLA 0.5.0" in capsys.readouterr().err
+    out.write_text(json.dumps({"backward": True, "against": "fla", "grid": "fla", "machine": earlier_machine,
+                               "rows": []}))  # a --backward grid's file
+    assert against_fla.main_grid(args, ["simple_gla"], 20, info, 4000.0) == 2 and not calls
+    assert "holds a --backward run, not a forward --against fla grid" in capsys.readouterr().err
 
 
 def test_resume_needs_a_grid_and_a_json_file(capsys):
@@ -518,7 +528,8 @@ def test_backward_grid_checks_each_head_dim_then_times_every_shape(monkeypatch, 
     assert "| simple_gla | 8, 1024, 8, 64, 64 | 1.000 (v8) | 3.000 (v2) | 3.0x |" in table
     assert "- deltanet K=64, V=64: dq 5.0e-01" in table
     written = json.loads(out.read_text())
-    assert len(written["rows"]) == len(timed) and written["complete"] is True
+    assert len(written["rows"]) == len(timed) and written["finished"] is True
+    assert written["complete"] is False  # deltanet's cell at K = V = 64 was not timed: the grid is not whole
     # each shape's line as it finishes carries FLA's times too, or why FLA did not run (a run cut short keeps them)
     assert ("deltanet B=1 T=8192 H=96 K=128 V=128: forward 1.000 ms, forward + backward 3.000 ms; FLA 1.500 / "
             "4.000 ms (minilin / FLA 0.75)") in captured.err

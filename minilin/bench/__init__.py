@@ -23,12 +23,26 @@ Tables go to stdout; progress (what is being timed, with a count) and the choice
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import os
 import sys
 
 from ..threads import is_one_thread, rerun
 
 QUICK_GPU = dict(lengths=[2048], repeats=5)  # --quick on the GPU: one length, 5 runs per measurement
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != text.strip():
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def register(subparsers) -> None:
@@ -41,9 +55,9 @@ def register(subparsers) -> None:
                    help="a small problem for a first look: on the CPU seconds (bench/cpu.py's QUICK_PROBLEM, one "
                         "round), on the GPU one length (2048) and 5 runs per measurement")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
-    p.add_argument("--repeats", type=int, default=None, help="GPU: timed runs per measurement (median reported); CPU: alternating timing rounds")
+    p.add_argument("--repeats", type=_positive_int, default=None, help="GPU: timed runs per measurement (median reported); CPU: alternating timing rounds")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers")
-    p.add_argument("--lengths", nargs="+", type=int, metavar="T",
+    p.add_argument("--lengths", nargs="+", type=_positive_int, metavar="T",
                    help="GPU only: sequence lengths (default 2048 8192 32768; with --backward 2048 8192)")
     p.add_argument("--against", choices=["fla"], default=None,
                    help="GPU only: time minilin's fastest kernels beside flash-linear-attention's (needs fla-core)")
@@ -71,7 +85,7 @@ def register(subparsers) -> None:
     p.add_argument("--decode", action="store_true",
                    help="GPU only: one decode step (one token for each of N = 1, 64, 256 sequences) of Gated DeltaNet, "
                         "KDA and simple GLA against the floor of reading and writing the state once")
-    p.add_argument("--chunk-sizes", nargs="+", type=int, metavar="C",
+    p.add_argument("--chunk-sizes", nargs="+", type=_positive_int, metavar="C",
                    help="with --floor: the chunk sizes to time (default 16 32 64)")
     p.set_defaults(func=_run)
 
@@ -138,7 +152,27 @@ def default_device(args) -> tuple[str, str]:
                    f"CPU instead, as --device cpu does")
 
 
+# Where `write_json` sends `--json -`: the real standard output, while a run with `--json -` sends its tables and
+# notes to standard error (`_run`), so that what stdout carries is the JSON alone.
+_json_stdout = None
+
+
 def _run(args) -> int:
+    if args.json == "-":
+        global _json_stdout
+        _json_stdout = sys.stdout
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                return _checked_run(args)
+        finally:
+            _json_stdout = None
+    return _checked_run(args)
+
+
+def _checked_run(args) -> int:
+    if args.json and args.json != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        return _refuse(f"--json: expected a file in an existing folder, got {args.json!r} (no folder "
+                       f"{os.path.dirname(os.path.abspath(args.json))!r})")
     if args.device is None:
         args.device, said = default_device(args)
         if said:
@@ -186,10 +220,13 @@ def _run(args) -> int:
         return _refuse("--floor times NumPy's matrix products: it runs on the CPU (add --device cpu)")
     if args.floor and args.quick:
         return _refuse("--floor has one problem size (bench/cpu_floor.py's PROBLEM): drop --quick")
+    if args.floor and args.backward:
+        return _refuse("--floor times the chunked forwards' products: drop --backward (--device cpu --backward times "
+                       "forward and forward + backward)")
     if getattr(args, "decode", False):
-        if args.device == "cpu" or args.against or args.floor or args.lengths or args.backward:
+        if args.device == "cpu" or args.against or args.floor or args.lengths or args.backward or args.quick:
             return _refuse("--decode times the GPU's decode step on its own sizes: drop --device cpu, --against, "
-                           "--floor, --lengths and --backward")
+                           "--floor, --lengths, --backward and --quick (--repeats sets its runs)")
         from . import decode
 
         return decode.main(args)
@@ -229,24 +266,32 @@ def _run(args) -> int:
 
 
 def write_json(destination: str, results: dict) -> None:
-    """`--json`: the results as indented JSON to the file `destination`, or to standard output for '-'."""
+    """`--json`: the results as indented JSON to the file `destination`, or to standard output for '-'. The file is
+    written whole or not at all (a temporary file beside it, then renamed over it): a grid rewrites it after every
+    cell, and a run stopped mid-write must not lose the cells it held."""
     payload = json.dumps(results, indent=2)
     if destination == "-":
-        print(payload)
-    else:
-        with open(destination, "w") as f:
-            f.write(payload + "\n")
+        print(payload, file=_json_stdout or sys.stdout, flush=True)
+        return
+    partial = f"{destination}.partial"
+    with open(partial, "w") as f:
+        f.write(payload + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, destination)
 
 
 def read_earlier_json(path: str) -> dict:
     """`--resume`: what an earlier run's `--json` file at `path` holds ({} where there is no such file yet), each
     of its rows dated with that run's date unless the row carries its own (the file's machine record, date
     included, is rewritten by the run that resumes it)."""
-    import os
-
     if not os.path.exists(path):
         return {}
     with open(path) as f:
-        earlier = json.load(f)
+        try:
+            earlier = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--resume: {path} is not a JSON file of an earlier run ({error}); give another --json "
+                             f"PATH to start afresh") from None
     date = earlier.get("machine", {}).get("date")
     return dict(earlier, rows=[{"date": date, **r} for r in earlier.get("rows", [])])

@@ -250,10 +250,16 @@ def resumed_rows(path: str, grid: str, info: dict) -> list[dict]:
     earlier = read_earlier_json(path)
     if not earlier:
         return []
-    held = (earlier.get("grid"), earlier.get("machine", {}).get("gpu"))
-    if held != (grid, info["gpu"]):
-        raise ValueError(f"--resume: {path} holds grid {held[0]!r} timed on {held[1]!r}; this run is grid {grid!r} "
-                         f"on {info['gpu']!r} (give another --json PATH to start afresh)")
+    if earlier.get("against") != "fla" or earlier.get("backward"):
+        raise ValueError(f"--resume: {path} holds {'a --backward run' if earlier.get('backward') else 'another bench'}"
+                         f", not a forward --against fla grid (give another --json PATH to start afresh)")
+    machine = earlier.get("machine", {})
+    held = (earlier.get("grid"), machine.get("gpu"), machine.get("fla"), machine.get("torch"))
+    if held != (grid, info["gpu"], info.get("fla"), info.get("torch")):
+        raise ValueError(f"--resume: {path} holds grid {held[0]!r} timed on {held[1]!r} against FLA {held[2]} (torch "
+                         f"{held[3]}); this run is grid {grid!r} on {info['gpu']!r} against FLA {info.get('fla')} "
+                         f"(torch {info.get('torch')}): one table, one configuration (give another --json PATH to "
+                         f"start afresh)")
     return [r for r in earlier["rows"] if not _failed(r)]  # a failed cell is timed again
 
 

@@ -153,7 +153,7 @@ def main(args) -> int:
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name}: checking against finite differences, then timing ...", file=sys.stderr,
               flush=True)
-        rows.append(bench_mixer(name, args.repeats, problem))
+        rows.append(bench_mixer(name, args.repeats or (1 if getattr(args, "quick", False) else None), problem))
     print(format_table(rows))
     failed = [f"{r['mixer']}.{form}" for r in rows for form in FORMS if not r[f"{form}_fd_error"] < 1e-5]
     if failed:

@@ -3,7 +3,8 @@ moving the state once, and beside flash-linear-attention's fused_recurrent kerne
 
 Problem: H=16, K=V=128, N in 1, 64, 256 sequences; q, k, v in bfloat16, gates and beta float32, the states
 [N, H, K, V] float32 updated in place (what a serving loop does every token). Mixers: gated_deltanet, kda and
-simple_gla (--mixers takes any mixer of minilin.cuda.STEPS).
+simple_gla (--mixers takes the others of minilin.cuda.STEPS whose inputs this bench makes, ARRAYS: linear attention,
+GLA, RetNet, Lightning, DeltaNet; HGRN2's and Mamba-2's steps are checked in tests/test_cuda_decode.py, not timed).
 
 - Floor: the state read once and written once, 2 N H K V 4 bytes, at the device copy rate measured at the start
   (bench/gpu_timing.copy_bandwidth_gbs, bytes read + written): 31.4 us at N = 64 and 125.7 us at N = 256 at

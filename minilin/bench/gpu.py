@@ -126,9 +126,9 @@ def reference(mixer: str, inputs: dict, dtype):
     mod = catalog.module(mixer)
     state = inputs.get("initial_state")
     offsets = inputs.get("cu_seqlens")
+    packed = {} if offsets is None else {"cu_seqlens": offsets.get()}  # RetNet, Lightning, HGRN2 take no cu_seqlens
     return mod.chunked(*(inputs[n].astype(dtype) for n in TENSORS[mixer]),
-                       initial_state=None if state is None else state.astype(dtype),
-                       cu_seqlens=None if offsets is None else offsets.get())
+                       initial_state=None if state is None else state.astype(dtype), **packed)
 
 
 def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
@@ -138,7 +138,8 @@ def cuda_call(mixer: str, inputs: dict, dtype: str, version: int):
     fn = getattr(cuda, mixer)
     args = [cuda.to_bf16(inputs[n]) if dtype == "bfloat16" and n in SEQUENCE else inputs[n] for n in TENSORS[mixer]]
     state, offsets = inputs.get("initial_state"), inputs.get("cu_seqlens")
-    return lambda: fn(*args, initial_state=state, cu_seqlens=offsets, version=version, check_values=False)
+    packed = {} if offsets is None else {"cu_seqlens": offsets}  # as `reference`: only where the layout is packed
+    return lambda: fn(*args, initial_state=state, version=version, check_values=False, **packed)
 
 
 FLA_FORMS = ("chunk", "fused_recurrent")  # FLA's chunked kernel, and its recurrent one (token by token)

@@ -237,6 +237,10 @@ def main(args) -> int:
     repeats = args.repeats or (5 if args.quick else 20)
     info = machine()
     against = args.against == "fla"
+    if against:
+        from .against_fla import fla_version
+
+        info["fla"] = fla_version()  # which FLA the rows were timed against, in the file's record
     checks, rows, failed = {}, [], []
     if getattr(args, "resume", False):
         try:
@@ -249,18 +253,21 @@ def main(args) -> int:
           f"{ROUNDS} alternating rounds" + (f"; {len(rows)} rows kept from {args.json}" if rows else ""), flush=True)
     order = {(m, tuple(s)): i * len(grid_order) + j for i, m in enumerate(mixers) for j, s in enumerate(grid_order)}
 
-    def report(complete: bool) -> dict:  # --json's contents, written after every row and once more at the end
+    def report(finished: bool) -> dict:  # --json's contents, written after every row and once more at the end
+        timed = {(r["mixer"], shape_of(r)) for r in rows}
+        complete = all((m, tuple(s)) in timed for m in mixers for s in grid_order)  # every cell of the whole grid
         return {"backward": True, "grid": grid, "against": args.against, "machine": info, "shapes": grid_order,
-                "tolerance": TOLERANCE, "checks": checks, "rows": rows, "complete": complete}
+                "tolerance": TOLERANCE, "checks": checks, "rows": rows, "finished": finished, "complete": complete}
 
     head_dims = list(dict.fromkeys((K, V) for *_, K, V in shapes))
+    labelled = len(set((K, V) for *_, K, V in grid_order)) > 1  # the whole grid's widths: one slice's checks kept apart
     for mixer in mixers:
         wrong = set()  # the (K, V) whose gradients missed the tolerance: not timed
         left = [s for s in shapes if (mixer, tuple(s)) not in done]
         for K, V in head_dims:
             if not any(tuple(s[3:]) == (K, V) for s in left):
                 continue  # every shape at this K, V was kept from --resume's file, its check with it
-            label = mixer if len(head_dims) == 1 else f"{mixer} K={K}, V={V}"
+            label = f"{mixer} K={K}, V={V}" if labelled else mixer
             try:
                 errors = check(mixer, K, V)
             except ValueError as error:  # no kernel takes this K, V: bench reports its shapes as not supported
@@ -280,11 +287,11 @@ def main(args) -> int:
                   file=sys.stderr, flush=True)
             rows.append(row)
             rows.sort(key=lambda r: order.get((r["mixer"], shape_of(r)), len(order)))  # kept rows in place too
-            if args.json:  # after every row, so that a run cut short keeps what it measured ("complete": false)
-                write_json(args.json, report(complete=False))
+            if args.json:  # after every row, so that a run cut short keeps what it measured ("finished": false)
+                write_json(args.json, report(finished=False))
     print(format_table(rows, checks))
     if args.json:
-        write_json(args.json, report(complete=True))
+        write_json(args.json, report(finished=True))
     return 1 if failed else 0
 
 
