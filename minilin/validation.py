@@ -100,7 +100,7 @@ def all_finite(x, xp) -> bool:
 def check_max(name: str, x, bound: float, what: str) -> None:
     """Raise unless every element of `x` is <= bound."""
     top = float(x.max()) if x.size else bound
-    if top > bound:
+    if not top <= bound:  # NaN fails too
         raise ValueError(f"{name}: expected {what}, got max {top:.6g}")
 
 
@@ -109,7 +109,7 @@ def check_min(name: str, x, bound: float, what: str, *, strict: bool = False) ->
     if x.size == 0:
         return
     low = float(x.min())
-    if low < bound or (strict and low == bound):
+    if not (low > bound if strict else low >= bound):  # NaN fails too
         raise ValueError(f"{name}: expected {what}, got min {low:.6g}")
 
 

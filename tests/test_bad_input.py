@@ -337,3 +337,35 @@ def test_attention_recurrent_names_its_initial_state():
     bad = attention.KVCache(k[:, :3, :, :2], v[:, :3])
     with pytest.raises(ValueError, match=re.escape("initial_state.k: expected shape")):
         attention.recurrent(q, k, v, initial_state=bad)
+
+
+def test_a_users_feature_map_must_keep_the_shape_and_give_finite_features():
+    """phi's output is checked as an input would be: a map that drops tokens gave uninitialized rows (recurrent) or
+    a shorter output (chunked), and NaN features came back as NaN outputs."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 4, 2, 3)), rng.standard_normal((1, 4, 2, 3)), rng.standard_normal((1, 4, 2, 2))
+    for form in (linear_attention.recurrent, linear_attention.chunked, linear_attention.parallel):
+        with pytest.raises(ValueError, match=re.escape("feature_map: expected phi(q) of shape [1, 4, 2, F] (F >= 1), "
+                                                       "got [1, 1, 2, 3]")):
+            form(q, k, v, feature_map=lambda x: x[:, :1])
+        with pytest.raises(ValueError, match=re.escape("feature_map: expected finite features, got NaN or inf in "
+                                                       "phi(q)")):
+            form(q, k, v, feature_map=lambda x: np.where(x < 0, np.nan, x), normalize=True)
+
+
+def test_a_normalized_state_needs_a_non_negative_normalizer():
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((1, 4, 2, 3)), rng.standard_normal((1, 4, 2, 3)), rng.standard_normal((1, 4, 2, 2))
+    S0 = rng.uniform(0, 1, (1, 2, 3, 3))
+    S0[0, 1, 2, -1] = -0.5
+    with pytest.raises(ValueError, match=r"initial_state: expected a normalizer column .* >= 0 with normalize=True"):
+        linear_attention.chunked(q, k, v, feature_map="elu+1", normalize=True, initial_state=S0)
+
+
+def test_range_checks_refuse_nan():
+    from minilin.validation import check_max, check_min
+
+    with pytest.raises(ValueError, match="got min nan"):
+        check_min("x", np.array([1.0, np.nan]), 0.0, "x >= 0")
+    with pytest.raises(ValueError, match="got max nan"):
+        check_max("x", np.array([-1.0, np.nan]), 0.0, "x <= 0")

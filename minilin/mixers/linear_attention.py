@@ -33,7 +33,7 @@ import numpy as np
 from .. import examples, feature_maps, heads, varlen
 from ..backend import array_module
 from ..signature import Signature, Tensor
-from ..validation import Shapes, check_array, check_chunk_size, check_flag, check_min, check_scale
+from ..validation import Shapes, all_finite, check_array, check_chunk_size, check_flag, check_min, check_scale
 from . import _gated_linear
 
 SIGNATURE = Signature(
@@ -57,7 +57,8 @@ def _checked_with_signature(q, k, v, feature_map, normalize, scale, state, step=
     normalize = check_flag("normalize", normalize)
     phi = feature_maps.resolve(feature_map)
     xp = a.xp
-    q, k, v = heads.expand(phi(a.q), a.group), heads.expand(phi(a.k), a.group), a.v
+    q, k = _features(phi, a.q, "q", xp), _features(phi, a.k, "k", xp)
+    q, k, v = heads.expand(q, a.group), heads.expand(k, a.group), a.v
     F = q.shape[-1]
     if normalize:
         what = "a non-negative feature map with normalize=True (elu+1, relu, favor+: the normalizer is a sum of"
@@ -68,10 +69,27 @@ def _checked_with_signature(q, k, v, feature_map, normalize, scale, state, step=
     dtype = a.dtype
     if state is not None:
         check_array(name, state, *_state_dims(a, F, v.shape[-1], normalize), xp)
+        if normalize:  # its last column is z = sum_i phi(k_i), a sum of non-negative features
+            check_min(name, state[..., -1], 0.0, "a normalizer column (the last, z = the sum of phi(k)) >= 0 with "
+                      "normalize=True")
         dtype = xp.result_type(dtype, state.dtype)
         state = state.astype(dtype)
     q, k, v = q.astype(dtype, copy=False) * scale, k.astype(dtype, copy=False), v.astype(dtype, copy=False)
     return a, q, k, v, state, normalize
+
+
+def _features(phi, x, name: str, xp):
+    """phi(x) for q or k, checked: a user's map must keep every axis but the last ([..., K] -> [..., F], F >= 1) and
+    return finite numbers (a map that overflows, exp of a large entry say, would otherwise come back as NaN
+    outputs). Errors name feature_map and the input it was applied to."""
+    features = phi(x)
+    shape = getattr(features, "shape", None)
+    if shape is None or tuple(shape[:-1]) != tuple(x.shape[:-1]) or shape[-1] < 1:
+        raise ValueError(f"feature_map: expected phi({name}) of shape [{', '.join(map(str, x.shape[:-1]))}, F] "
+                         f"(F >= 1), got {list(shape) if shape is not None else type(features).__name__}")
+    if not all_finite(features, xp):
+        raise ValueError(f"feature_map: expected finite features, got NaN or inf in phi({name})")
+    return features
 
 
 def _state_dims(a, F, columns, normalize):
