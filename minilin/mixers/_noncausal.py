@@ -42,7 +42,8 @@ def softmax_attention(q, k, v):
 
 def segment_means(T: int, m: int, dtype, xp):
     """P [m, T]: row i averages the tokens of segment i, the sequence cut into m contiguous segments
-    whose lengths differ by at most one (the first T % m segments are one token longer). P X gives the
+    whose lengths differ by at most one (boundaries at round(i T / m), halves to even: T = 10, m = 4 gives
+    lengths 2, 3, 3, 2). P X gives the
     m segment means of X [.., T, D]; with m = T, P is the identity."""
     bounds = np.linspace(0, T, m + 1).round().astype(int)   # segment i holds tokens bounds[i] .. bounds[i+1]-1
     P = np.zeros((m, T))
