@@ -67,3 +67,19 @@ def test_mamba2_long_strong_decay():
     ref, _ = mamba2.recurrent(x, dt, A, Bm, Cm)
     out, _ = mamba2.chunked(*(a.astype(np.float32) for a in (x, dt, A, Bm, Cm)))
     assert np.isfinite(out).all() and rel_err(out, ref) < 1e-4
+
+
+def test_gates_near_the_float64_limit_stay_finite_in_every_form():
+    """Two valid gates of -1e308 summed to -inf, and -inf - (-inf) put NaN in the chunked and parallel forms'
+    decays; the sums take gates clipped where exp is 0 already (chunking.LOG_GATE_FLOOR)."""
+    from minilin.mixers import gated_deltanet, simple_gla
+
+    for mod in (simple_gla, gated_deltanet):
+        args, kwargs = mod.example_inputs(1, 6, 1, 3, 2, seed=4)
+        args = list(args)
+        args[3] = args[3].copy()
+        args[3][0, 2:4, 0] = -1e308
+        ref, ref_state = mod.recurrent(*args, **kwargs)
+        for out, state in (mod.chunked(*args, **kwargs, chunk_size=4), mod.parallel(*args, **kwargs)):
+            assert np.abs(out - ref).max() <= 1e-12 * np.abs(ref).max()
+            assert np.abs(state - ref_state).max() <= 1e-12 * np.abs(ref_state).max()
