@@ -145,8 +145,9 @@ def _blelloch(a, b):
 # --- checks ---------------------------------------------------------------------------------------
 
 
-def _prepare(a, b, initial, axis):
-    """Check a, b (same shape, float, finite), axis and initial; cast to one dtype."""
+def _prepare(a, b, initial, axis, names=("a", "b", "initial")):
+    """Check a, b (same shape, float, finite), axis and initial; cast to one dtype. names: what the caller calls
+    the three (the adjoint's are a, dh and dfinal)."""
     xp = array_module(a, b, initial)
     ndim = getattr(a, "ndim", None)
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
@@ -156,12 +157,12 @@ def _prepare(a, b, initial, axis):
     axis = int(axis) % ndim if ndim else 0
     letters = " ".join("T" if i == axis else f"n{i}" for i in range(ndim or 1))
     shapes = Shapes()
-    check_array("a", a, letters, shapes, xp)
-    check_array("b", b, letters, shapes, xp)
+    check_array(names[0], a, letters, shapes, xp)
+    check_array(names[1], b, letters, shapes, xp)
     if shapes["T"] < 1:
-        raise ValueError("a: expected at least one step (T >= 1) along the scanned axis, got T = 0")
+        raise ValueError(f"{names[0]}: expected at least one step (T >= 1) along the scanned axis, got T = 0")
     if initial is not None:
-        check_array("initial", initial, " ".join(d for d in letters.split() if d != "T"), shapes, xp)
+        check_array(names[2], initial, " ".join(d for d in letters.split() if d != "T"), shapes, xp)
     dtype = common_dtype(xp, a, b, initial)
     cast = (x if x is None else x.astype(dtype, copy=False) for x in (a, b, initial))
     return (xp, *cast, axis)
@@ -188,7 +189,7 @@ def adjoint_scan(a, dh, *, axis=1, dfinal=None, method="associative", chunk_size
     """
     if method not in SCANS:
         raise ValueError(f"method: expected one of {sorted(SCANS)}, got {method!r}")
-    xp, a, dh, dfinal, axis = _prepare(a, dh, dfinal, axis)
+    xp, a, dh, dfinal, axis = _prepare(a, dh, dfinal, axis, names=("a", "dh", "dfinal"))
     a_next = xp.concatenate([xp.moveaxis(a, axis, 0)[1:], xp.ones_like(xp.moveaxis(a, axis, 0)[:1])])
     reverse = (slice(None, None, -1),)
     kwargs = {"chunk_size": chunk_size} if method == "chunked" else {}
@@ -206,7 +207,12 @@ def scan_backward(a, b, dh, *, axis=1, initial=None, dfinal=None, h=None, method
 
     h: the forward's states when the caller has them (else recomputed with `method`). Shapes as the scans;
     returns (da, db, dinitial)."""
-    xp = array_module(a, b, dh)
+    if method not in SCANS:
+        raise ValueError(f"method: expected one of {sorted(SCANS)}, got {method!r}")
+    xp, _, b_checked, _, _ = _prepare(a, b, initial, axis)
+    if h is not None and getattr(h, "shape", None) != b_checked.shape:  # it would broadcast into wrong gradients
+        raise ValueError(f"h: expected the forward's states, of b's shape {list(b_checked.shape)}, got "
+                         f"{list(getattr(h, 'shape', [type(h).__name__]))}")
     if h is None:
         kwargs = {"chunk_size": chunk_size} if method == "chunked" else {}
         h = SCANS[method](a, b, axis=axis, initial=initial, **kwargs)

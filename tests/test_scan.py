@@ -152,3 +152,19 @@ def test_chunk_size_not_positive(rng, chunk_size):
     a, b = random_steps(rng, (2, 5))
     with pytest.raises(ValueError, match=rf"chunk_size: expected a positive integer, got {chunk_size}"):
         scan.chunked_scan(a, b, chunk_size=chunk_size)
+
+
+def test_scan_backward_checks_h_and_names_the_cotangents(rng):
+    """A given h of another shape broadcast into wrong gradients (da all zero for h[:, -1:]); dh's and dfinal's
+    errors named b and initial; an unknown method was a KeyError."""
+    a, b, dh = rng.uniform(0, 1, (2, 5, 3)), rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 5, 3))
+    h = scan.sequential_scan(a, b, axis=1)
+    with pytest.raises(ValueError, match=re.escape("h: expected the forward's states, of b's shape [2, 5, 3], got "
+                                                   "[2, 1, 3]")):
+        scan.scan_backward(a, b, dh, h=h[:, -1:])
+    with pytest.raises(ValueError, match=re.escape("dh: expected shape [n0, T, n2] = [2, 5, 3], got [2, 4, 3]")):
+        scan.scan_backward(a, b, dh[:, :4])
+    with pytest.raises(ValueError, match=re.escape("dfinal: expected shape [n0, n2] = [2, 3], got [2, 5]")):
+        scan.adjoint_scan(a, dh, dfinal=np.zeros((2, 5)))
+    with pytest.raises(ValueError, match=r"method: expected one of \['associative', 'chunked', 'sequential'\]"):
+        scan.scan_backward(a, b, dh, method="foo")
