@@ -294,3 +294,16 @@ def test_catalog_measures_approximations_against_exact(approx):
     args, kwargs = approx.example_inputs(2, 128, 2, 16, 16, seed=9)
     err = rel_err(approx.parallel(*args, **kwargs)[0], catalog.reference(name)(*args, **kwargs)[0])
     assert 1e-4 < err < 0.3, err
+
+
+def test_a_given_float64_projection_joins_the_working_dtype():
+    """E is an array input: float32 q, k, v with a float64 E compute in float64, as every mixer promotes (it was cast
+    down to q's float32, a relative error of ~1e-7 against the float64 computation)."""
+    from minilin.mixers import linformer
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 8, 2, 3)).astype(np.float32) for _ in range(3))
+    E = rng.standard_normal((3, 8))
+    o, _ = linformer.parallel(q, k, v, E=E)
+    o64, _ = linformer.parallel(*(x.astype(np.float64) for x in (q, k, v)), E=E)
+    assert o.dtype == np.float64 and np.array_equal(o, o64)

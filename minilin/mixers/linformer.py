@@ -84,8 +84,10 @@ def _prepare(q, k, v, rank, kind, seed, E, F, scale, initial_state):
         E = F = make_projection(T, rank, kind, seed=seed, dtype=q.dtype, xp=xp)
     else:
         dims = Shapes(T=T, **({} if rank is None else {"R": check_count("rank", rank)}))
-        E = check_array("E", E, "R T", dims, xp).astype(q.dtype, copy=False)
-        F = E if F is None else check_array("F", F, "R T", dims, xp).astype(q.dtype, copy=False)
+        E = check_array("E", E, "R T", dims, xp)
+        F = E if F is None else check_array("F", F, "R T", dims, xp)
+        dtype = xp.result_type(q.dtype, E.dtype, F.dtype)  # given projections join the working dtype (CONVENTIONS)
+        q, k, v, E, F = (x.astype(dtype, copy=False) for x in (q, k, v, E, F))
     return q * check_scale(scale, shapes["K"]), k, v, E, F, a
 
 
