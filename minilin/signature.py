@@ -28,7 +28,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 from .backend import array_module
-from .validation import Shapes, check_array, check_nonempty, common_dtype
+from .validation import EMPTY_ALLOWED, Shapes, check_array, check_nonempty, common_dtype
 from .varlen import check_cu_seqlens
 
 
@@ -159,7 +159,9 @@ class Signature:
         for i, (t, x) in enumerate(specs[inputs:], start=inputs):
             if x is not None:
                 check_array(t.name, x, t.step_dims() if step and i < per_call else t.dims, shapes, xp)
-        check_nonempty(shapes, [(t.name, t.dims) for t, x in specs if x is not None])
+        # A cache may hold no entries yet (its P or L = 0), but a letter an input uses (Mamba-2's P channels) may not.
+        in_inputs = {letter for t, x in specs[:inputs] if x is not None for letter in t.dims.split()}
+        check_nonempty(shapes, [(t.name, t.dims) for t, x in specs if x is not None], EMPTY_ALLOWED - in_inputs)
         dtype = common_dtype(xp, *given)
         cast = {t.name: None if x is None else x.astype(dtype, copy=False) for t, x in specs}
         if state_dims or self.state:

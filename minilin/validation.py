@@ -200,11 +200,11 @@ def state_name(step: bool) -> str:
 EMPTY_ALLOWED = frozenset("PL")
 
 
-def check_nonempty(shapes: Shapes, named_dims) -> None:
-    """Every size bound in `shapes` is >= 1 (but for EMPTY_ALLOWED letters); named_dims: (name, dims) in
+def check_nonempty(shapes: Shapes, named_dims, empty_allowed=EMPTY_ALLOWED) -> None:
+    """Every size bound in `shapes` is >= 1 (but for the `empty_allowed` letters); named_dims: (name, dims) in
     order, to name the first argument holding an empty dimension. T = 0 gets its own message."""
     for letter, size in shapes.sizes.items():
-        if size >= 1 or letter in EMPTY_ALLOWED:
+        if size >= 1 or letter in empty_allowed:
             continue
         first = next(name for name, dims in named_dims if letter in dims.split())
         if letter == "T":

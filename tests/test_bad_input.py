@@ -369,3 +369,12 @@ def test_range_checks_refuse_nan():
         check_min("x", np.array([1.0, np.nan]), 0.0, "x >= 0")
     with pytest.raises(ValueError, match="got max nan"):
         check_max("x", np.array([-1.0, np.nan]), 0.0, "x <= 0")
+
+
+def test_mamba2_with_no_channels_is_named():
+    """P = 0 may be an empty KV cache's length, never Mamba-2's channels per head (x [B, T, H, P])."""
+    from minilin.mixers import mamba2
+
+    args, _ = mamba2.example_inputs(1, 5, 2, 3, 4)
+    with pytest.raises(ValueError, match=re.escape("x: expected P >= 1, got P = 0")):
+        mamba2.chunked(args[0][..., :0], *args[1:])
