@@ -27,6 +27,8 @@ from minilin.course.commands import summary_line
 
 EXERCISES = tree.load(Path(__file__).resolve().parent.parent)
 _results: dict = {}   # exercise number -> list of outcomes, in the order the checks ran
+_checks: dict = {}    # exercise number -> the names of all its checks (whatever -k, --lf or a node id selects)
+_ran: dict = {}       # exercise number -> the names of the checks that ran
 _gpu = []             # gpu_status(), asked once
 
 
@@ -92,7 +94,12 @@ def pytest_runtest_call(item):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Exercise order, then the order the checks are written in."""
+    """Exercise order, then the order the checks are written in; and each exercise's whole set of checks, so that
+    a run of some of them (-k, --lf, a node id) does not call the exercise solved."""
+    for item in items:
+        ex = _exercise(item)
+        if ex is not None and ex.number not in _checks:
+            _checks[ex.number] = {f.__name__ for f in runner.check_functions(item.module)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: ((_exercise(item).number if _exercise(item) else 0), order[id(item)]))
 
@@ -122,6 +129,8 @@ def pytest_runtest_logreport(report):
     if ex is None:
         return
     outcomes = _results.setdefault(ex.number, [])
+    if report.when == "call" or report.skipped:
+        _ran.setdefault(ex.number, set()).add(report.nodeid.split("::")[-1].split("[")[0])
     if report.when == "call":
         outcomes.append(runner.TODO if getattr(report, "minilin_todo", None) else report.outcome)
     elif report.skipped:
@@ -137,16 +146,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     which = _tree(config)
     results = []
+    partial = {}  # exercise number -> (checks run, checks it has), where its checks all passed but some did not run
     for ex in EXERCISES:
         if ex.number in _results:
-            results.append(runner.ExerciseResult(ex, status=runner.status_of(_results[ex.number])))
+            status = runner.status_of(_results[ex.number])
+            ran, every = _ran.get(ex.number, set()), _checks.get(ex.number, set())
+            if status == runner.SOLVED and not every <= ran:
+                status, partial[ex.number] = runner.IN_PROGRESS, (len(ran & every), len(every))
+            results.append(runner.ExerciseResult(ex, status=status))
     write = terminalreporter.write_line
     terminalreporter.write_sep("=", f"minilin exercises ({which}/)")
     width = max(len(r.exercise.title) for r in results)
     for r in results:
         ex = r.exercise
         line = f"{ex.number:02d} {ex.title:<{width}}  {ex.points if r.status == runner.SOLVED else 0:>2}/{ex.points:<2}  "
-        if r.status == runner.NOT_STARTED:
+        if ex.number in partial:
+            line += (f"partial: {partial[ex.number][0]} of its {partial[ex.number][1]} checks ran and passed "
+                     f"(minilin check {ex.number} runs them all)")
+        elif r.status == runner.NOT_STARTED:
             line += f"not started: open {ex.relpath(which)} (minilin hint {ex.number})"
         elif r.status == runner.IN_PROGRESS:
             line += f"in progress: functions still TODO in {ex.relpath(which)} (minilin hint {ex.number})"

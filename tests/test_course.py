@@ -576,6 +576,15 @@ def test_pytest_runs_only_the_named_exercises(course):
     assert f"(ran 3 of {COUNT} exercises" in text
 
 
+def test_a_run_of_some_checks_is_not_called_solved(course):
+    """-k (or --lf, a node id) that selects some of an exercise's checks: they passed, but the exercise is partial,
+    with no points, until all of them run."""
+    code, text = _pytest(course, "--solutions", "-k", "softmax_attention and decode")
+    assert code == 0
+    line = next(l for l in text.splitlines() if l.startswith("01 "))
+    assert "0/5" in line and "partial: 1 of its 3 checks ran and passed (minilin check 1 runs them all)" in line
+
+
 def test_the_list_loads_without_tomllib(monkeypatch):
     """Python 3.10 has no tomllib: the course then reads the list with its own small reader."""
     monkeypatch.setattr(_toml, "_tomllib", None)
