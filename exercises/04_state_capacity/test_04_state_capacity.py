@@ -6,17 +6,21 @@ import numpy as np
 from minilin.course.checks import assert_close, unpack
 from minilin.mixers import linear_attention
 
-# (n pairs, d key width, d_v value width, orthonormal keys?)
-CASES = [(1, 4, 3, False), (6, 8, 5, True), (8, 8, 8, True), (20, 8, 4, False), (100, 16, 16, False)]
+# (n pairs, d key width, d_v value width, keys: "unit", "orthonormal" or "any norm" (unit keys times 0.5 .. 2, so
+# that a self term written as v_i rather than (k_i . k_i) v_i shows))
+CASES = [(1, 4, 3, "unit"), (6, 8, 5, "orthonormal"), (8, 8, 8, "orthonormal"), (20, 8, 4, "unit"),
+         (100, 16, 16, "unit"), (12, 8, 3, "any norm")]
 
 
-def _pairs(n, d, d_v, orthonormal, seed):
+def _pairs(n, d, d_v, kind, seed):
     rng = np.random.default_rng(seed)
-    if orthonormal:
+    if kind == "orthonormal":
         keys = np.linalg.qr(rng.standard_normal((d, d)))[0][:, :n].T  # n orthonormal rows
     else:
         keys = rng.standard_normal((n, d))
         keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+        if kind == "any norm":
+            keys *= rng.uniform(0.5, 2.0, (n, 1))
     return keys, rng.standard_normal((n, d_v))
 
 
@@ -31,10 +35,10 @@ def _reference(keys, values):
 
 
 def test_write_and_read(learner):
-    for seed, (n, d, d_v, ortho) in enumerate(CASES):
-        keys, values = _pairs(n, d, d_v, ortho, seed)
+    for seed, (n, d, d_v, kind) in enumerate(CASES):
+        keys, values = _pairs(n, d, d_v, kind, seed)
         S_ref, reads_ref, *_ = _reference(keys, values)
-        where = f"[n={n}, d={d}, d_v={d_v}{', orthonormal keys' if ortho else ''}]"
+        where = f"[n={n}, d={d}, d_v={d_v}, {kind} keys]"
         S = learner.write(keys, values)
         assert_close(f"write(keys, values) {where}", S, S_ref, dims="D V")
         queries = np.random.default_rng(seed + 100).standard_normal((3, d))
@@ -43,10 +47,10 @@ def test_write_and_read(learner):
 
 
 def test_split_read(learner):
-    for seed, (n, d, d_v, ortho) in enumerate(CASES, 10):
-        keys, values = _pairs(n, d, d_v, ortho, seed)
+    for seed, (n, d, d_v, kind) in enumerate(CASES, 10):
+        keys, values = _pairs(n, d, d_v, kind, seed)
         _, reads, self_ref, interference_ref, _ = _reference(keys, values)
-        where = f"[n={n}, d={d}, d_v={d_v}{', orthonormal keys' if ortho else ''}]"
+        where = f"[n={n}, d={d}, d_v={d_v}, {kind} keys]"
         self_term, interference = unpack("split_read(keys, values)", learner.split_read(keys, values), 2,
                                          "(self_term, interference)")
         # Interference is zero up to rounding for orthonormal keys: measure errors against the read's size.
