@@ -57,6 +57,8 @@ def test_select_by_number_or_name():
     assert tree.select(exercises, "6").slug == tree.select(exercises, "06_retnet").slug == "retnet"
     with pytest.raises(tree.CourseError, match="from 1 to"):
         tree.select(exercises, 99)
+    with pytest.raises(tree.CourseError, match="no exercise '²'"):  # a digit to str.isdigit, not to int()
+        tree.select(exercises, "²")
 
 
 # ---------------------------------------------------------------- assert_close and friends

@@ -156,7 +156,7 @@ def select(exercises: list[Exercise], number) -> Exercise:
     """Exercise `number` (an int or a string like '6', '06' or '06_retnet')."""
     text = str(number).strip()
     digits = text.split("_", 1)[0]
-    if digits.isdigit() and 1 <= int(digits) <= len(exercises):
+    if digits.isascii() and digits.isdigit() and 1 <= int(digits) <= len(exercises):  # not "²", which int() refuses
         return exercises[int(digits) - 1]
     for ex in exercises:
         if text in (ex.slug, ex.folder):
