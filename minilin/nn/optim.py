@@ -3,8 +3,9 @@
     m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2                    (moments, per parameter)
     p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + lr wd p    (decoupled weight decay)
 
-Weight decay applies to matrices only (projections, embeddings), not to norms' gains or convolution taps,
-as in most language-model recipes.
+Weight decay applies to every parameter of two or more dims but the convolution taps: the projections and
+embeddings, and so also the mixers' own matrices (Mamba-1's and S4's A_log, S4's B and C, RWKV-6's u); norms'
+gains, vectors such as Mamba-2's A_log and the taps are not decayed.
 """
 from __future__ import annotations
 
@@ -13,8 +14,21 @@ import math
 import numpy as np
 
 
+def _finite_number(name: str, value, low: float, *, strict: bool) -> float:
+    """A finite real number >= low (> low when strict), else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a real number, got {value!r}")
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        raise ValueError(f"{name}: expected a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
+    return float(value)
+
+
 class AdamW:
     def __init__(self, model, lr: float = 3e-3, betas=(0.9, 0.98), eps: float = 1e-8, weight_decay: float = 0.1):
+        lr, eps = _finite_number("lr", lr, 0.0, strict=True), _finite_number("eps", eps, 0.0, strict=False)
+        weight_decay = _finite_number("weight_decay", weight_decay, 0.0, strict=False)
+        if len(betas) != 2 or not all(0.0 <= _finite_number("betas", b, 0.0, strict=False) < 1.0 for b in betas):
+            raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}")
         self.model, self.lr, self.betas, self.eps, self.weight_decay = model, lr, betas, eps, weight_decay
         self.step_count = 0
         self.m = {name: np.zeros_like(p) for name, p, _ in model.named_params()}
@@ -49,8 +63,13 @@ class AdamW:
 
 
 def clip_grad_norm(model, max_norm: float) -> float:
-    """Scale every gradient by min(1, max_norm / ||g||), ||g|| over all parameters; returns ||g|| before."""
+    """Scale every gradient by min(1, max_norm / ||g||), ||g|| over all parameters; returns ||g|| before. max_norm
+    must be positive (a negative one flipped every gradient: training climbed the loss); a non-finite ||g||
+    raises, naming the gradients, rather than passing NaN on to the update."""
+    max_norm = _finite_number("clip", max_norm, 0.0, strict=True)
     total = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for _, _, g in model.named_params()))
+    if not math.isfinite(total):
+        raise ValueError(f"gradients: expected a finite global norm, got {total}")
     if total > max_norm:
         for _, _, g in model.named_params():
             g *= max_norm / (total + 1e-12)

@@ -25,6 +25,7 @@ import time
 
 from ..threads import is_one_thread, rerun
 from .loop import Run, state_bytes, train
+from ..validation import check_count
 from .mqar import MQAR
 
 # The sweeps (README: what they found, and their measured times on a 2-core CPU). Each number of pairs D gets the
@@ -43,8 +44,8 @@ def task_for(num_kv_pairs: int, seq_len: int | None = None, vocab: int | None = 
     enough for D distinct keys (at least 32), batches of about TOKENS_PER_STEP tokens, and 600 steps (1200 past
     16 pairs, where softmax attention needs them: measured, it reaches 100% at 64 pairs in 1200)."""
     D = num_kv_pairs
-    seq_len = seq_len or max(48, 3 * D)
-    vocab = vocab or max(32, 2 * D + 2)
+    seq_len = max(48, 3 * D) if seq_len is None else seq_len  # a 0 given is refused by MQAR, not replaced
+    vocab = max(32, 2 * D + 2) if vocab is None else vocab
     return MQAR(vocab=vocab, seq_len=seq_len, num_kv_pairs=D), max(4, TOKENS_PER_STEP // seq_len), 600 if D <= 16 else 1200
 
 
@@ -84,14 +85,16 @@ def runs_of(args) -> list[Run]:
                   for D in (args.kv_pairs or [D for D, _ in sweep["groups"]])]
     else:
         groups = sweep["groups"]
+    check_count("layers", args.layers)
     runs = []
     for D, widths in groups:
         task, batch_size, steps = task_for(D, args.seq_len, args.vocab)
         for width in widths:
             for spec in mixers:
                 runs.append(Run(mixers=model_mixers(spec, args.layers), d_model=width, heads=args.heads, task=task,
-                                steps=args.steps or steps, batch_size=args.batch_size or batch_size,
-                                lr=args.lr or LR, seed=args.seed))
+                                steps=steps if args.steps is None else args.steps,  # 0 given: refused by Run
+                                batch_size=batch_size if args.batch_size is None else args.batch_size,
+                                lr=LR if args.lr is None else args.lr, seed=args.seed))
     return runs
 
 

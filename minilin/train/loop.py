@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -59,7 +60,16 @@ class Run:
                 raise ValueError(f"mixer: expected one of {known} (the causal mixers), got {name!r}")
         for name in ("d_model", "heads", "steps", "batch_size", "eval_size", "eval_every", "chunk_size"):
             check_count(name, getattr(self, name))
-        check_count("warmup", self.warmup + 1)
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise (TypeError if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) else ValueError)(
+                f"warmup: expected a non-negative integer, got {self.warmup!r}")
+        if not self.mixers:
+            raise ValueError("mixers: expected at least one mixer, got none")
+        for name, low, strict in (("lr", 0.0, True), ("clip", 0.0, True), ("weight_decay", 0.0, False)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+                    value < low or (strict and value == low):
+                raise ValueError(f"{name}: expected a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
         if self.d_model % self.heads:
             raise ValueError(f"d_model: expected a multiple of heads = {self.heads}, got {self.d_model}")
         if "sliding_window" in self.mixers:
