@@ -3,10 +3,13 @@ model's too (at a tiny size, for several mixers and a hybrid), decoding equal to
 checkpoints that restore a model exactly."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from minilin import nn
+from minilin.nn import IGNORE
 from minilin.nn.layers import Embedding, Linear, RMSNorm, ShortConv, SwiGLU
 
 EPS = 1e-6
@@ -220,3 +223,22 @@ def test_signed_parameters_keep_their_sign_whatever_the_step():
         assert (layer._parameter("A") < 0).all()
         if mixers == ["s4"]:
             assert (layer._parameter("dt") > 0).all()
+
+
+def test_token_ids_and_targets_outside_the_vocabulary_are_named():
+    """-1 read the last token's row (and trained on the last class) without a word; past vocab NumPy's IndexError."""
+    emb = nn.Embedding(9, 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=re.escape("tokens: expected ids in [0, 9) (the vocabulary), got min -1")):
+        emb.forward(np.array([[-1, 2, 3]]))
+    with pytest.raises(TypeError, match="tokens: expected integer token ids, got float64"):
+        emb.forward(np.array([[1.0, 2.0]]))
+    logits = np.random.default_rng(1).standard_normal((1, 3, 5))
+    for targets, message in [(np.array([[-1, IGNORE, IGNORE]]), "targets: expected ids in [0, 5) or IGNORE = -100, "
+                                                                 "got -1"),
+                             (np.array([[5, 0, 1]]), "got 5"),
+                             (np.array([[0, 1]]), "targets: expected shape [1, 3] (the logits' without vocab)")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            nn.cross_entropy(logits, targets)
+    logits[0, 1, 2] = np.nan
+    with pytest.raises(ValueError, match="logits: expected finite values"):
+        nn.cross_entropy(logits, np.array([[0, 1, 2]]))

@@ -28,6 +28,15 @@ class Embedding(Module):
         self.weight = self.add_param("weight", (rng.standard_normal((vocab, d)) * d ** -0.5).astype(dtype))
 
     def forward(self, tokens):
+        """tokens: integers in [0, vocab); a negative id would index from the end (-1 read as the last token) and one
+        past vocab raise NumPy's IndexError, so both are refused, naming tokens."""
+        tokens = np.asarray(tokens)
+        vocab = self.weight.shape[0]
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"tokens: expected integer token ids, got {tokens.dtype}")
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise ValueError(f"tokens: expected ids in [0, {vocab}) (the vocabulary), got min {int(tokens.min())}, "
+                             f"max {int(tokens.max())}")
         return self.weight[tokens], tokens
 
     def backward(self, tokens, dy):

@@ -15,7 +15,20 @@ IGNORE = -100
 
 
 def cross_entropy(logits, targets):
-    """Returns (mean loss, dL/dlogits [B, T, vocab], number of counted positions)."""
+    """Returns (mean loss, dL/dlogits [B, T, vocab], number of counted positions). targets: integers in [0, vocab) or
+    IGNORE, of logits' leading shape (a negative target would pick from the end); logits finite."""
+    targets = np.asarray(targets)
+    vocab = logits.shape[-1]
+    if targets.dtype.kind not in "iu":
+        raise TypeError(f"targets: expected integer class ids, got {targets.dtype}")
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets: expected shape {list(logits.shape[:-1])} (the logits' without vocab), got "
+                         f"{list(targets.shape)}")
+    outside = (targets != IGNORE) & ((targets < 0) | (targets >= vocab))
+    if outside.any():
+        raise ValueError(f"targets: expected ids in [0, {vocab}) or IGNORE = {IGNORE}, got {int(targets[outside][0])}")
+    if not np.isfinite(logits).all():
+        raise ValueError("logits: expected finite values, got NaN or inf")
     counted = targets != IGNORE
     n = int(counted.sum())
     if n == 0:
