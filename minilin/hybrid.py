@@ -246,6 +246,10 @@ class HybridStack:
         head_dim defaults to d_model // heads."""
         d_model, heads = check_count("d_model", d_model), check_count("heads", heads)
         head_dim = check_count("head_dim", d_model // heads if head_dim is None else head_dim)
+        if np.dtype(dtype) not in (np.float32, np.float64):  # an integer dtype drew all-zero weights
+            raise TypeError(f"dtype: expected float32 or float64, got {np.dtype(dtype)}")
+        if isinstance(mixers, str) or not mixers:
+            raise ValueError(f"mixers: expected a non-empty list of mixer names, got {mixers!r}")
         known = supported_mixers()
         for name in mixers:
             if name not in known:
@@ -306,6 +310,8 @@ class HybridStack:
         """Run a block of tokens x [B, T, d_model] through every layer's chunked form, continuing from
         `cache` (None: an empty context). Returns (y [B, T, d_model], the cache after these tokens)."""
         x = self._check_hidden("x", x, "B T D")
+        if x.shape[1] < 1:
+            raise ValueError("x: expected at least one token (T >= 1), got T = 0")
         chunk_size = check_chunk_size(chunk_size)
         cache = self._check_cache(cache)
         for i, layer in enumerate(self.layers):

@@ -188,3 +188,16 @@ def test_decode_on_the_gpu_uses_the_decode_kernels(mixer, x):
         assert rel_err(cupy.asnumpy(y_gpu_t), y_ref_t) < 1e-3, f"token {i}"
     layer = next(l for l in gpu.layers if l.mixer == mixer)
     assert layer.step_form(cupy.zeros((2, D_MODEL), cupy.float32)) is not layer.module.step
+
+
+def test_a_stack_refuses_an_integer_dtype_no_layers_and_no_tokens():
+    """An integer dtype drew weights that were all zero; no mixers built a stack of the final norm alone; T = 0 was
+    named as the first layer's q."""
+    with pytest.raises(TypeError, match="dtype: expected float32 or float64, got int64"):
+        HybridStack.from_pattern("L", d_model=16, heads=2, dtype=np.int64)
+    for mixers in ([], "attention"):
+        with pytest.raises(ValueError, match="mixers: expected a non-empty list of mixer names"):
+            HybridStack.from_mixers(mixers, d_model=16, heads=2)
+    stack = HybridStack.from_pattern("LA", d_model=16, heads=2)
+    with pytest.raises(ValueError, match=r"^x: expected at least one token \(T >= 1\), got T = 0"):
+        stack.prefill(np.zeros((2, 0, 16)))
