@@ -242,3 +242,13 @@ def test_token_ids_and_targets_outside_the_vocabulary_are_named():
     logits[0, 1, 2] = np.nan
     with pytest.raises(ValueError, match="logits: expected finite values"):
         nn.cross_entropy(logits, np.array([[0, 1, 2]]))
+
+
+def test_a_language_model_checks_its_sizes_and_mixers():
+    for kwargs, error, message in [(dict(vocab=0), ValueError, "vocab: expected a positive integer, got 0"),
+                                   (dict(heads=0), ValueError, "heads: expected a positive integer, got 0"),
+                                   (dict(d_model=9), ValueError, "d_model: expected a multiple of heads = 2, got 9"),
+                                   (dict(mixers=["nope"]), ValueError, "mixers: expected a non-empty list of names")]:
+        options = dict(dict(mixers=["attention"], vocab=12, d_model=8, heads=2), **kwargs)
+        with pytest.raises(error, match=re.escape(message)):
+            nn.LanguageModel(options.pop("mixers"), **options)

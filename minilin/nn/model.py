@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..hybrid import supported_mixers
+from ..validation import check_count
 from .layers import Embedding, Linear, RMSNorm, SwiGLU
 from .loss import cross_entropy
 from .mixer_layer import MixerLayer
@@ -66,6 +68,12 @@ class LanguageModel(Module):
     def __init__(self, mixers, *, vocab: int, d_model: int, heads: int, mlp_ratio: int = 2, window: int | None = None,
                  chunk_size: int = 64, seed: int = 0, dtype=np.float32):
         super().__init__()
+        vocab, d_model, heads = check_count("vocab", vocab), check_count("d_model", d_model), check_count("heads", heads)
+        if d_model % heads:  # the heads split d_model: 9 over 2 ran with an inner width of 8
+            raise ValueError(f"d_model: expected a multiple of heads = {heads}, got {d_model}")
+        known = supported_mixers()
+        if isinstance(mixers, str) or not list(mixers) or any(m not in known for m in mixers):
+            raise ValueError(f"mixers: expected a non-empty list of names from {known}, got {mixers!r}")
         rng = np.random.default_rng(seed)
         self.mixers, self.vocab, self.d_model, self.heads = list(mixers), vocab, d_model, heads
         self.children = {"embed": Embedding(vocab, d_model, rng, dtype)}
