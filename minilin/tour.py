@@ -1,12 +1,13 @@
 """`minilin tour`: the chapters' claims, each reproduced with measured numbers.
 
-    minilin tour               every experiment, in order (under two minutes on a 2-core CPU)
+    minilin tour               every experiment, in order (~40 s on a 2-core CPU, about two minutes more the first
+                               time, when the MQAR models are trained and cached)
     minilin tour --quick       smaller problems (seconds)
     minilin tour NAME ...      only these experiments (`minilin tour --list` names them)
     minilin tour --plots DIR   also a PNG per experiment (needs the `plot` extra: matplotlib)
 
 Each experiment (minilin/experiments/) returns its data; this command prints a line with its count, name and
-title as it starts ("[3/13] capacity: Capacity of a d x d state"), then the one sentence it demonstrates and
+title as it starts ("[5/15] capacity: Capacity of a d x d state"), then the one sentence it demonstrates and
 its table, and, with --plots, asks it for a figure.
 """
 from __future__ import annotations
@@ -32,17 +33,20 @@ def register(subparsers) -> None:
 def main(args) -> int:
     from .experiments import EXPERIMENTS
 
-    if args.list:
-        width = max(len(e.name) for e in EXPERIMENTS)
-        for e in EXPERIMENTS:
-            print(f"{e.name:{width}s}  {e.title}")
-        return 0
     known = {e.name: e for e in EXPERIMENTS}
     unknown = [n for n in args.names if n not in known]
     if unknown:
         print(f"minilin tour: unknown experiment(s) {unknown}; choose from {list(known)}", file=sys.stderr)
         return 2
+    if args.plots is not None and not args.plots.strip():
+        print(f"minilin tour: --plots: expected a directory, got {args.plots!r}", file=sys.stderr)
+        return 2
     selected = [known[n] for n in args.names] if args.names else EXPERIMENTS
+    if args.list:  # the named experiments only, when some are named
+        width = max(len(e.name) for e in selected)
+        for e in selected:
+            print(f"{e.name:{width}s}  {e.title}")
+        return 0
     plotting = _plotting_ready(args.plots)
     if plotting is None:
         return 2
@@ -71,7 +75,7 @@ def main(args) -> int:
 
 
 def heading_line(i: int, count: int, e) -> str:
-    """The line printed as experiment i of count starts: "[3/13] capacity: Capacity of a d x d state"."""
+    """The line printed as experiment i of count starts: "[5/15] capacity: Capacity of a d x d state"."""
     return f"[{i}/{count}] {e.name}: {e.title}"
 
 

@@ -70,3 +70,25 @@ def test_list_names_every_experiment(capsys):
     assert cli.main(["tour", "--list"]) == 0
     out = capsys.readouterr().out
     assert [line.split()[0] for line in out.splitlines()] == [e.name for e in EXPERIMENTS]
+
+
+def test_list_takes_the_named_experiments_and_refuses_unknown_ones(capsys):
+    assert cli.main(["tour", "--list", "capacity", "write_rules"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["capacity", "write_rules"]
+    assert cli.main(["tour", "--list", "capacity", "nosuch"]) == 2
+    assert "unknown experiment(s) ['nosuch']" in capsys.readouterr().err
+
+
+def test_an_empty_plots_directory_is_refused(capsys):
+    assert cli.main(["tour", "exactness", "--plots", ""]) == 2
+    assert "--plots: expected a directory, got ''" in capsys.readouterr().err
+
+
+def test_the_hybrids_recall_is_checked_too():
+    """The claim names the hybrid; a hybrid at 5% is reported as not reproduced."""
+    from minilin.experiments import trained_recall
+
+    records = [{"mixer": m, "accuracy": a} for m, a in [("attention", 1.0), ("linear_attention", 0.24),
+                                                        ("gated_deltanet", 1.0), ("gated_deltanet+attention", 0.05)]]
+    hybrid = [c for c in trained_recall.checks({"records": records}) if "hybrid" in c["claim"]]
+    assert len(hybrid) == 1 and not hybrid[0]["reproduced"] and hybrid[0]["measured"] == "gated_deltanet+attention 5%"

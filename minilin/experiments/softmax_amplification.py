@@ -3,7 +3,7 @@
 A memory read gives pair j the weight w_j = sim(q, k_j): phi(q) . phi(k_j) for a linear-attention kernel,
 exp(s q . k_j) (normalized) for softmax. Querying pair i's own key, the ratio of the right pair's weight to a
 wrong pair's is
-    kernel:   phi(k_i) . phi(k_i) / phi(k_i) . phi(k_j)      a few times, at most (positive maps: ~1.5-3)
+    kernel:   phi(k_i) . phi(k_i) / phi(k_i) . phi(k_j)      a few times (elu+1, relu: ~1.5-3; FAVOR+ more)
     softmax:  exp(s (k_i . k_i - k_i . k_j))                 the score gap, exponentiated
 Each ratio involves two keys only, so it does not change with n; but the right pair's share of the total
 weight, 1 / (1 + (n - 1) / ratio), does. A kernel's small ratio lets the n - 1 wrong pairs take most of the
