@@ -11,7 +11,7 @@ checks (`Signature.check`), the named tuple of gradients (`Signature.gradients`)
 
 Dimension letters (CONVENTIONS.md): B batch, T tokens, H heads, HV value heads (grouped layout, below), K key /
 query width, V value width, N state size (Mamba-2) or packed sequences (cu_seqlens, below), P channels per
-head (Mamba-2), D channels (HGRN, Mamba-1, S4), R rank (Linformer). `step` drops T.
+head (Mamba-2), D channels (HGRN, Mamba-1; S4 calls its channels H), R rank (Linformer). `step` drops T.
 A tensor whose dims do not start with "B T" is a parameter (per head, per channel, per layer), not a
 per-token input: Mamba-2's `A`, RWKV-6's `u`, S4's `dt`, `A`, `B`, `C`.
 

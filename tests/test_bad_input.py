@@ -37,6 +37,12 @@ def test_wrong_rank_of_the_first_input(inputs):
         call(gated_deltanet, inputs)
 
 
+def test_a_missing_array_is_named(inputs):
+    inputs["g"] = None
+    with pytest.raises(TypeError, match=re.escape("g: expected an array of shape [B, T, HV], got None")):
+        call(gated_deltanet, inputs)
+
+
 def test_mismatched_batch(inputs):
     inputs["v"] = inputs["v"][:1]
     with pytest.raises(ValueError, match=re.escape("v: expected shape [B, T, HV, V] = [2, 10, HV, V], got [1, 10, 3, 5]")):
