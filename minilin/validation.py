@@ -10,6 +10,7 @@ first argument that disagrees is the one named.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 
 import numpy as np
@@ -135,6 +136,16 @@ def check_count(name: str, value, *, high=None, what: str = "") -> int:
     if value < 1 or (high is not None and value > high):
         raise ValueError(f"{name}: expected {expected}, got {value}")
     return int(value)
+
+
+def check_real(name: str, value, low: float, *, strict: bool) -> float:
+    """A finite real number >= low (> low when strict), such as a learning rate or a bound. Not a real number
+    (bools included): TypeError; not finite or out of range: ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {value!r}")
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        raise ValueError(f"{name}: expected a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
+    return float(value)
 
 
 def check_chunk_size(chunk_size, T: int | None = None) -> int:

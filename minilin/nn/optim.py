@@ -13,21 +13,14 @@ import math
 
 import numpy as np
 
-
-def _finite_number(name: str, value, low: float, *, strict: bool) -> float:
-    """A finite real number >= low (> low when strict), else an error naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a real number, got {value!r}")
-    if not math.isfinite(value) or value < low or (strict and value == low):
-        raise ValueError(f"{name}: expected a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
-    return float(value)
+from ..validation import check_real
 
 
 class AdamW:
     def __init__(self, model, lr: float = 3e-3, betas=(0.9, 0.98), eps: float = 1e-8, weight_decay: float = 0.1):
-        lr, eps = _finite_number("lr", lr, 0.0, strict=True), _finite_number("eps", eps, 0.0, strict=False)
-        weight_decay = _finite_number("weight_decay", weight_decay, 0.0, strict=False)
-        if len(betas) != 2 or not all(0.0 <= _finite_number("betas", b, 0.0, strict=False) < 1.0 for b in betas):
+        lr, eps = check_real("lr", lr, 0.0, strict=True), check_real("eps", eps, 0.0, strict=False)
+        weight_decay = check_real("weight_decay", weight_decay, 0.0, strict=False)
+        if len(betas) != 2 or not all(0.0 <= check_real("betas", b, 0.0, strict=False) < 1.0 for b in betas):
             raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}")
         self.model, self.lr, self.betas, self.eps, self.weight_decay = model, lr, betas, eps, weight_decay
         self.step_count = 0
@@ -66,7 +59,7 @@ def clip_grad_norm(model, max_norm: float) -> float:
     """Scale every gradient by min(1, max_norm / ||g||), ||g|| over all parameters; returns ||g|| before. max_norm
     must be positive (a negative one flipped every gradient: training climbed the loss); a non-finite ||g||
     raises, naming the gradients, rather than passing NaN on to the update."""
-    max_norm = _finite_number("clip", max_norm, 0.0, strict=True)
+    max_norm = check_real("clip", max_norm, 0.0, strict=True)
     total = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for _, _, g in model.named_params()))
     if not math.isfinite(total):
         raise ValueError(f"gradients: expected a finite global norm, got {total}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -26,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import cache as cache_accounting
-from .. import catalog
+from ..hybrid import supported_mixers
 from ..nn import AdamW, LanguageModel, accuracy, clip_grad_norm, cosine_schedule
-from ..validation import check_count
+from ..validation import check_count, check_real
 from .mqar import MQAR, batch, held_out
 
 
@@ -54,22 +53,21 @@ class Run:
 
     def __post_init__(self):
         object.__setattr__(self, "mixers", tuple(self.mixers))
-        known = [n for n in catalog.names() if callable(getattr(catalog.module(n), "step", None))]
+        known = supported_mixers()
         for name in self.mixers:
             if name not in known:
                 raise ValueError(f"mixer: expected one of {known} (the causal mixers), got {name!r}")
         for name in ("d_model", "heads", "steps", "batch_size", "eval_size", "eval_every", "chunk_size"):
             check_count(name, getattr(self, name))
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise (TypeError if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) else ValueError)(
-                f"warmup: expected a non-negative integer, got {self.warmup!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int):
+            raise TypeError(f"warmup: expected a non-negative integer, got {self.warmup!r}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup: expected a non-negative integer, got {self.warmup!r}")
         if not self.mixers:
             raise ValueError("mixers: expected at least one mixer, got none")
-        for name, low, strict in (("lr", 0.0, True), ("clip", 0.0, True), ("weight_decay", 0.0, False)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-                    value < low or (strict and value == low):
-                raise ValueError(f"{name}: expected a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
+        check_real("lr", self.lr, 0.0, strict=True)
+        check_real("clip", self.clip, 0.0, strict=True)
+        check_real("weight_decay", self.weight_decay, 0.0, strict=False)
         if self.d_model % self.heads:
             raise ValueError(f"d_model: expected a multiple of heads = {self.heads}, got {self.d_model}")
         if "sliding_window" in self.mixers:
