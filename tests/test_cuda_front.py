@@ -221,16 +221,21 @@ def test_the_default_passes_over_a_rung_measured_slower(monkeypatch):
     assert front._version_info("kda", 5, True, 90, 64, 64)["version"] == 5
 
 
+def three_rung_ladder(op: str) -> tuple:
+    """A stand-in build of `op`: the token loop v1, the CUDA-core chunked v2 (K <= 128) and a tensor-core v3."""
+    return ({"op": op, "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
+             "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
+            {"op": op, "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
+             "min_compute_capability": 80, "max_k": 128, "keys": None, "value_multiple": 8},
+            {"op": op, "version": 3, "name": "chunked_mma", "float32": False, "bfloat16": True,
+             "min_compute_capability": 80, **TENSOR_CORE_SHAPE})
+
+
 def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
     """version=None with K and V: the last rung whose shape rule takes them (a chunked CUDA-core rung takes
     K <= 128, the tensor-core one K = 64 or 128 and V a multiple of 64), the last rung when none does (its checks
     then say why); a version asked for by number is kept."""
-    ladder = ({"op": "delta", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
-              {"op": "delta", "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_k": 128, "keys": None, "value_multiple": 8},
-              {"op": "delta", "version": 3, "name": "chunked_mma", "float32": False, "bfloat16": True,
-               "min_compute_capability": 80, **TENSOR_CORE_SHAPE})
+    ladder = three_rung_ladder("delta")
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     chosen = lambda bf, K, V, version=None: front._version_info("delta", version, bf, 90, K, V)["version"]  # noqa: E731
     assert [chosen(True, K, V) for K, V in [(64, 64), (128, 192), (96, 64), (128, 96), (256, 64), (32, 256)]] == \
@@ -248,12 +253,7 @@ def test_the_default_version_is_the_last_one_that_takes_the_shape(monkeypatch):
 def test_gla_passes_over_its_cuda_core_v2_in_both_dtypes(monkeypatch):
     """gla v2 (chunked on CUDA cores) measured 5x slower than the token loop v1: where no tensor-core rung takes
     the shape (K = 32, V = 96) or runs, the default is v1 for bfloat16 as for float32."""
-    ladder = ({"op": "gla", "version": 1, "name": "recurrent", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, **TOKEN_LOOP_SHAPE},
-              {"op": "gla", "version": 2, "name": "chunked", "float32": True, "bfloat16": True,
-               "min_compute_capability": 80, "max_k": 128, "keys": None, "value_multiple": 8},
-              {"op": "gla", "version": 3, "name": "chunked_mma", "float32": False, "bfloat16": True,
-               "min_compute_capability": 80, **TENSOR_CORE_SHAPE})
+    ladder = three_rung_ladder("gla")
     monkeypatch.setattr(front, "_built_versions", lambda: ladder)
     chosen = lambda bf, K, V: front._version_info("gla", None, bf, 90, K, V)["version"]  # noqa: E731
     assert [chosen(True, K, V) for K, V in [(128, 128), (32, 64), (64, 96)]] == [3, 1, 1]
