@@ -34,13 +34,19 @@ from ..threads import is_one_thread, rerun
 QUICK_GPU = dict(lengths=[2048], repeats=5)  # --quick on the GPU: one length, 5 runs per measurement
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+def _as_positive(text: str) -> int | None:
+    """text as an integer >= 1 written plainly ('8', not '08' or '8.0'), or None."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1 or str(value) != text.strip():
+        return None
+    return value if value >= 1 and str(value) == text.strip() else None
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    value = _as_positive(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
@@ -103,11 +109,8 @@ def parse_shape(items: list[str], default: dict | None = None) -> dict:
         name, equals, value = item.partition("=")
         if not equals or name not in SHAPE_SIZES:
             raise ValueError(f"--shape: expected items NAME=N with NAME one of {', '.join(SHAPE_SIZES)}, got {item!r}")
-        try:
-            size = int(value)
-        except ValueError:
-            size = 0
-        if size <= 0 or str(size) != value.strip():
+        size = _as_positive(value)
+        if size is None:
             raise ValueError(f"--shape: {name} must be a positive integer, got {value!r}")
         problem[name] = size
     if "HV" in problem and problem["HV"] % problem["H"] != 0:
@@ -170,9 +173,9 @@ def _run(args) -> int:
 
 
 def _checked_run(args) -> int:
-    if args.json and args.json != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        return _refuse(f"--json: expected a file in an existing folder, got {args.json!r} (no folder "
-                       f"{os.path.dirname(os.path.abspath(args.json))!r})")
+    folder = os.path.dirname(os.path.abspath(args.json)) if args.json and args.json != "-" else None
+    if folder is not None and not os.path.isdir(folder):
+        return _refuse(f"--json: expected a file in an existing folder, got {args.json!r} (no folder {folder!r})")
     if args.device is None:
         args.device, said = default_device(args)
         if said:
