@@ -118,6 +118,9 @@ class FavorPlus:
 
 NAMED = {"identity": identity, "elu+1": elu_plus_one, "relu": relu, "favor+": FavorPlus()}
 BACKWARD = {identity: identity_backward, elu_plus_one: elu_plus_one_backward, relu: relu_backward}
+# The maps whose features are finite wherever their (checked) inputs are: nothing to check after them. FAVOR+'s
+# exponentials and a user's callable can overflow.
+KEEP_FINITE = frozenset(BACKWARD)
 
 
 def resolve(feature_map):

@@ -81,13 +81,14 @@ def _checked_with_signature(q, k, v, feature_map, normalize, scale, state, step=
 def _features(phi, x, name: str, xp):
     """phi(x) for q or k, checked: a user's map must keep every axis but the last ([..., K] -> [..., F], F >= 1) and
     return finite numbers (a map that overflows, exp of a large entry say, would otherwise come back as NaN
-    outputs). Errors name feature_map and the input it was applied to."""
+    outputs; the maps of `feature_maps.KEEP_FINITE` cannot, and skip that pass over the features). Errors name
+    feature_map and the input it was applied to."""
     features = phi(x)
     shape = getattr(features, "shape", None)
     if shape is None or tuple(shape[:-1]) != tuple(x.shape[:-1]) or shape[-1] < 1:
         raise ValueError(f"feature_map: expected phi({name}) of shape [{', '.join(map(str, x.shape[:-1]))}, F] "
                          f"(F >= 1), got {list(shape) if shape is not None else type(features).__name__}")
-    if not all_finite(features, xp):
+    if phi not in feature_maps.KEEP_FINITE and not all_finite(features, xp):
         raise ValueError(f"feature_map: expected finite features, got NaN or inf in phi({name})")
     return features
 
