@@ -209,11 +209,13 @@ def scan_backward(a, b, dh, *, axis=1, initial=None, dfinal=None, h=None, method
     returns (da, db, dinitial)."""
     if method not in SCANS:
         raise ValueError(f"method: expected one of {sorted(SCANS)}, got {method!r}")
-    xp, _, b_checked, _, _ = _prepare(a, b, initial, axis)
-    if h is not None and getattr(h, "shape", None) != b_checked.shape:  # it would broadcast into wrong gradients
-        raise ValueError(f"h: expected the forward's states, of b's shape {list(b_checked.shape)}, got "
-                         f"{list(getattr(h, 'shape', [type(h).__name__]))}")
-    if h is None:
+    xp = array_module(a, b, dh)
+    if h is not None:  # b is read only here then (without h, the scan below checks a, b and initial itself)
+        b = _prepare(a, b, initial, axis)[2]
+        if getattr(h, "shape", None) != b.shape:  # it would broadcast into wrong gradients
+            raise ValueError(f"h: expected the forward's states, of b's shape {list(b.shape)}, got "
+                             f"{list(getattr(h, 'shape', [type(h).__name__]))}")
+    else:
         kwargs = {"chunk_size": chunk_size} if method == "chunked" else {}
         h = SCANS[method](a, b, axis=axis, initial=initial, **kwargs)
     lam = adjoint_scan(a, dh, axis=axis, dfinal=dfinal, method=method, chunk_size=chunk_size)
